@@ -1,0 +1,34 @@
+# Two commands a newcomer needs: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= def fibonacci(n):
+
+.PHONY: run test lint install install-test clean
+
+$(BIN)/edge0: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(BIN)/edge0
+
+install: $(BIN)/edge0
+
+$(VENV)/.test-installed: $(BIN)/edge0 pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install-test: $(VENV)/.test-installed
+
+run: install
+	$(BIN)/edge0 run -p "$(PROMPT)"
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff check edge0 tiers tools tests examples
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build *.egg-info

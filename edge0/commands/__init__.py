@@ -1,0 +1,1 @@
+"""One module per `edge0` subcommand; each exposes `command`."""

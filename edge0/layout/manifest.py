@@ -1,0 +1,152 @@
+"""`edge0.json`: the manifest of an edge0-layout checkpoint, and the record offset rule.
+
+One record per (layer, expert) in `experts.bin`. Record r of MoE layer ordinal i
+(the i-th entry of `moe_layers`) and expert e sits at
+
+    offset = data_offset + (i * n_experts + e) * record_size
+
+`record_size` and `data_offset` are multiples of RECORD_ALIGN (16 KiB), so one
+aligned read fetches one expert. Inside a record, the fields (gate/up/down
+weight, scales, biases) sit at the byte offsets listed in `fields`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from edge0.errors import CheckpointError
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "edge0.json"
+RESIDENT_FILE = "resident.safetensors"
+EXPERTS_FILE = "experts.bin"
+ZSTD_FILE = "experts.zst"
+ZSTD_INDEX_FILE = "experts.zst.idx"
+RECORD_ALIGN = 16 * 1024
+FIELD_ALIGN = 64
+
+
+@attrs.frozen
+class RecordField:
+    """One tensor inside an expert record (e.g. `gate_proj.weight`)."""
+
+    name: str  # "gate_proj.weight", "gate_proj.scales", "gate_proj.biases", ...
+    dtype: str  # numpy dtype name: "uint32", "float16", "bfloat16", "float32"
+    shape: tuple[int, ...]  # per expert, e.g. (d_ff, d_model * bits // 32)
+    offset: int  # bytes from the record start
+    nbytes: int
+
+
+@attrs.frozen
+class Manifest:
+    """Everything needed to locate, size and check any expert record."""
+
+    format_version: int
+    model_type: str
+    config: dict[str, Any]  # the model's config.json, as loaded
+    quantization: dict[str, Any]  # {"bits": 4, "group_size": 64, "mode": "affine"}
+    moe_layers: tuple[int, ...]  # model layer indices that have routed experts
+    n_experts: int
+    record_size: int
+    data_offset: int
+    fields: tuple[RecordField, ...]
+    crc32: tuple[int, ...]  # one per record, in record order
+    compression: dict[str, Any] | None = None  # {"codec": "zstd", "level": 3} or None
+
+    # --- the offset rule -------------------------------------------------
+    def record_index(self, layer: int, expert: int) -> int:
+        """Index of the record of model layer `layer`, expert `expert`."""
+        try:
+            ordinal = self.moe_layers.index(layer)
+        except ValueError:
+            raise CheckpointError(
+                f"layer {layer} has no routed experts in this checkpoint "
+                f"(MoE layers: {list(self.moe_layers)})"
+            ) from None
+        if not 0 <= expert < self.n_experts:
+            raise CheckpointError(
+                f"expert {expert} out of range for layer {layer} (0..{self.n_experts - 1})"
+            )
+        return ordinal * self.n_experts + expert
+
+    def record_offset(self, layer: int, expert: int) -> int:
+        return self.data_offset + self.record_index(layer, expert) * self.record_size
+
+    def record_crc(self, layer: int, expert: int) -> int:
+        return self.crc32[self.record_index(layer, expert)]
+
+    @property
+    def n_records(self) -> int:
+        return len(self.moe_layers) * self.n_experts
+
+    @property
+    def experts_file_size(self) -> int:
+        return self.data_offset + self.n_records * self.record_size
+
+    def field(self, name: str) -> RecordField:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise CheckpointError(f"record has no field {name!r}")
+
+    # --- (de)serialisation ------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        d = attrs.asdict(self, recurse=True)
+        d["moe_layers"] = list(self.moe_layers)
+        d["crc32"] = list(self.crc32)
+        d["fields"] = [dict(attrs.asdict(f), shape=list(f.shape)) for f in self.fields]
+        return d
+
+    def save(self, directory: Path) -> None:
+        path = Path(directory) / MANIFEST_FILE
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> Manifest:
+        path = Path(directory) / MANIFEST_FILE
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path} not found: not an edge0-layout directory; create one with `edge0 convert`"
+            )
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{path} is unreadable ({exc}); re-run `edge0 convert`") from None
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise CheckpointError(
+                f"{path} has format version {version!r}, this Edge0 reads {FORMAT_VERSION}; "
+                "re-convert the model with this version of `edge0 convert`"
+            )
+        try:
+            fields = tuple(
+                RecordField(
+                    name=f["name"],
+                    dtype=f["dtype"],
+                    shape=tuple(f["shape"]),
+                    offset=f["offset"],
+                    nbytes=f["nbytes"],
+                )
+                for f in d["fields"]
+            )
+            return cls(
+                format_version=version,
+                model_type=d["model_type"],
+                config=d["config"],
+                quantization=d["quantization"],
+                moe_layers=tuple(d["moe_layers"]),
+                n_experts=d["n_experts"],
+                record_size=d["record_size"],
+                data_offset=d["data_offset"],
+                fields=fields,
+                crc32=tuple(d["crc32"]),
+                compression=d.get("compression"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(
+                f"{path} is missing or has a malformed entry {exc}; re-run `edge0 convert`"
+            ) from None

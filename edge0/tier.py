@@ -1,0 +1,47 @@
+"""The storage-tier contract: read one expert record into a caller's buffer; close.
+
+A tier is any object with `read_into` and `aclose`. Tiers compose: a RAM cache
+wraps a throttle that wraps a disk tier. Concrete tiers live in the top-level
+`tiers/` package and are found by name through the `edge0.tiers` entry points.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+
+@attrs.frozen
+class ExpertKey:
+    """A routed expert: model layer index and expert index within that layer."""
+
+    layer: int
+    expert: int
+
+
+@attrs.frozen
+class ReadInfo:
+    """What one `read_into` did."""
+
+    tier: str  # name of the tier that served the bytes ("ram", "direct", ...)
+    nbytes: int
+    started: float  # time.perf_counter() when the read began
+    finished: float  # time.perf_counter() when the buffer was complete
+    hit: bool = False  # served from a cache without touching the inner tier
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """The tier interface.
+
+    `read_into` fills `dest` (a writable buffer of exactly the record size)
+    with the record of `key`, or raises `TierReadError`. A read that raises or
+    is cancelled leaves `dest` with undefined content that callers must not use.
+    """
+
+    name: str
+
+    async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo: ...
+
+    async def aclose(self) -> None: ...
