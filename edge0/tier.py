@@ -29,15 +29,23 @@ class ReadInfo:
     started: float  # time.perf_counter() when the read began
     finished: float  # time.perf_counter() when the buffer was complete
     hit: bool = False  # served from a cache without touching the inner tier
+    attempts: int = 1  # disk reads tried (2 when the first failed and the retry succeeded)
+    waited: float = 0.0  # seconds spent queued (throttle slot, coalesced cache miss)
 
 
 @runtime_checkable
 class Tier(Protocol):
     """The tier interface.
 
-    `read_into` fills `dest` (a writable buffer of exactly the record size)
-    with the record of `key`, or raises `TierReadError`. A read that raises or
-    is cancelled leaves `dest` with undefined content that callers must not use.
+    `read_into` fills `dest` (a writable, C-contiguous buffer of exactly the
+    record size) with the record of `key`, or raises `TierReadError`. A read
+    that raises or is cancelled leaves `dest` with undefined content that
+    callers must not use; once it has raised or been cancelled, no worker thread
+    writes into `dest` any more, so the buffer may be reused at once.
+    `aclose` waits for reads in flight and releases files and threads.
+
+    Built-in tiers (the `tiers/` package) also accept their options as keyword
+    arguments; see `edge0.tierspec` for how a spec string builds a stack.
     """
 
     name: str

@@ -1,0 +1,180 @@
+"""Shared code of the disk tiers: worker pool, cancellation-safe thread hops, CRC check, retry."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from edge0.errors import CheckpointError, TierReadError
+from edge0.layout.manifest import EXPERTS_FILE, Manifest
+from edge0.log import get_logger
+from edge0.tier import ExpertKey, ReadInfo
+from edge0.tierspec import parse_bool, parse_int
+
+log = get_logger("edge0.tiers")
+T = TypeVar("T")
+
+
+class ReadFault(Exception):
+    """A failed attempt (short read, CRC mismatch) that is worth one retry."""
+
+
+def flat_bytes(dest: Any) -> memoryview:
+    """`dest` (any writable C-contiguous buffer) as a flat uint8 memoryview."""
+    mv = memoryview(dest)
+    if mv.readonly:
+        raise ValueError("read_into needs a writable buffer")
+    if not mv.c_contiguous:
+        raise ValueError("read_into needs a C-contiguous buffer")
+    return mv.cast("B") if (mv.format != "B" or mv.ndim != 1) else mv
+
+
+def byte_view(dest: Any, size: int) -> memoryview:
+    """`dest` as a flat writable uint8 memoryview of exactly `size` bytes."""
+    mv = flat_bytes(dest)
+    if mv.nbytes != size:
+        raise ValueError(f"buffer holds {mv.nbytes} bytes, the record is {size}")
+    return mv
+
+
+async def run_in_pool(pool: ThreadPoolExecutor, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn(*args)` in `pool`; on cancellation, wait for the thread before re-raising.
+
+    The thread writes into the caller's buffer: returning while it still runs
+    would let the caller reuse a buffer that is being written.
+    """
+    fut = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            try:
+                await asyncio.wait([fut])
+            except asyncio.CancelledError:
+                continue
+        if not fut.cancelled() and fut.exception() is not None:
+            fut.exception()  # retrieved: no "exception never retrieved" warning
+        raise
+
+
+def check_crc(dest: memoryview, expected: int) -> None:
+    got = zlib.crc32(dest)
+    if got != expected:
+        raise ReadFault(f"CRC32 mismatch (record {got:#010x}, manifest {expected:#010x})")
+
+
+class DiskTier:
+    """Base of tiers that read records from a file of the model directory.
+
+    Subclasses implement `_read_raw(offset, dest) -> bytes read` (blocking; it
+    runs in a worker thread) and may override `_locate` and `_close_files`.
+    """
+
+    name: ClassVar[str] = "disk"
+    WRAPS: ClassVar[bool] = False
+    POSITIONAL: ClassVar[str | None] = None
+    OPTIONS: ClassVar[dict[str, Callable[[str], Any]]] = {
+        "verify": parse_bool,
+        "workers": parse_int,
+        "retries": lambda t: int(t),
+    }
+
+    def __init__(
+        self,
+        model_dir: Path,
+        manifest: Manifest,
+        *,
+        verify: bool = True,
+        workers: int = 4,
+        retries: int = 1,
+        file: str = EXPERTS_FILE,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.manifest = manifest
+        self.verify = verify
+        self.retries = retries
+        self.path = self.model_dir / file
+        if not self.path.is_file():
+            raise CheckpointError(
+                f"{self.path} not found; the tier {self.name!r} needs it (re-run `edge0 convert`)"
+            )
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tier-{self.name}")
+        self._closed = False
+
+    def check_file_size(self, expected: int) -> None:
+        """Fail up front, naming the file, when it is shorter than the manifest says."""
+        actual = self.path.stat().st_size
+        if actual < expected:
+            raise CheckpointError(
+                f"{self.path} is {actual} bytes, the manifest needs {expected}: the file is "
+                "truncated; re-run `edge0 convert`"
+            )
+
+    # --- the Tier interface ----------------------------------------------
+    async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        started = time.perf_counter()
+        if self._closed:
+            raise RuntimeError(f"tier {self.name!r} is closed")
+        offset, length = self._locate(key)
+        view = byte_view(dest, self.manifest.record_size)
+        crc = self.manifest.record_crc(key.layer, key.expert)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await run_in_pool(self._pool, self._attempt, offset, length, view, crc)
+                break
+            except (OSError, ReadFault) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                log.warning("tier.read_failed", tier=self.name, file=str(self.path),
+                            layer=key.layer, expert=key.expert, offset=offset,
+                            attempt=attempt, reason=reason)  # fmt: skip
+                if attempt > self.retries:
+                    raise TierReadError(
+                        f"{reason} (after {attempt} attempts)",
+                        file=str(self.path), layer=key.layer, expert=key.expert, offset=offset,
+                    ) from exc  # fmt: skip
+        size = self.manifest.record_size
+        return ReadInfo(self.name, size, started, time.perf_counter(), attempts=attempt)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._pool.shutdown, True)
+        self._close_files()
+
+    # --- for subclasses --------------------------------------------------
+    def _locate(self, key: ExpertKey) -> tuple[int, int]:
+        """(file offset, bytes on disk) of the record of `key`."""
+        return self.manifest.record_offset(key.layer, key.expert), self.manifest.record_size
+
+    def _attempt(self, offset: int, length: int, dest: memoryview, crc: int) -> None:
+        n = self._read_raw(offset, length, dest)
+        if n != dest.nbytes:
+            raise ReadFault(f"short read ({n} of {dest.nbytes} bytes)")
+        if self.verify:
+            check_crc(dest, crc)
+
+    def _read_raw(self, offset: int, length: int, dest: memoryview) -> int:
+        raise NotImplementedError
+
+    def _close_files(self) -> None:
+        pass
+
+
+def pread_full(fd: int, dest: memoryview, offset: int) -> int:
+    """os.preadv until `dest` is full or the file ends; returns the bytes read."""
+    done = 0
+    while done < dest.nbytes:
+        n = os.preadv(fd, [dest[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done

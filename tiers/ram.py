@@ -1,0 +1,173 @@
+"""`ram`: a byte-budgeted in-memory cache of expert records over an inner tier (LRU or LFUDA)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, ClassVar, cast
+
+import attrs
+import numpy as np
+
+from edge0.errors import TierReadError
+from edge0.log import get_logger
+from edge0.tier import ExpertKey, ReadInfo, Tier
+from edge0.tierspec import choice, parse_size
+from tiers._disk import byte_view, flat_bytes
+from tiers._evict import make_policy
+
+log = get_logger("edge0.tiers.ram")
+
+# What a leader's miss hands to readers of the same key that waited for it:
+# (record copy, error, inner ReadInfo). A None copy without error means the leader
+# was cancelled (or failed unexpectedly): the waiter reads the record itself.
+_Outcome = tuple["np.ndarray | None", "TierReadError | None", "ReadInfo | None"]
+
+
+@attrs.define
+class RamStats:
+    hits: int = 0  # served from the cache
+    misses: int = 0  # read from the inner tier by this reader
+    coalesced: int = 0  # waited for another reader's miss of the same key
+    inserts: int = 0
+    evictions: int = 0
+    not_cached: int = 0  # a read record that did not fit (budget full of pinned records)
+    bytes_used: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses + self.coalesced
+        return self.hits / total if total else 0.0
+
+
+class RamTier:
+    """Keeps copies of recently or frequently read records within `budget` bytes.
+
+    A record enters the cache only after the inner tier returned it (and, for
+    disk tiers, verified its CRC): a failed or cancelled read is never cached.
+    Concurrent misses of one key are coalesced into one inner read. Pinned keys
+    are never evicted.
+    """
+
+    name: ClassVar[str] = "ram"
+    WRAPS: ClassVar[bool] = True
+    POSITIONAL: ClassVar[str | None] = "budget"
+    OPTIONS: ClassVar[dict[str, Callable[[str], Any]]] = {
+        "budget": parse_size,
+        "policy": choice("lru", "lfuda"),
+    }
+
+    def __init__(self, inner: Tier, *, budget: int = 1 << 30, policy: str = "lru") -> None:
+        self.inner = inner
+        self.budget = budget
+        self.policy_name = policy
+        self.stats = RamStats()
+        self._policy = make_policy(policy)
+        self._entries: dict[ExpertKey, np.ndarray] = {}  # key -> (record_size,) uint8 copy
+        self._pinned: set[ExpertKey] = set()
+        self._inflight: dict[ExpertKey, asyncio.Future[_Outcome]] = {}
+
+    # --- the Tier interface ----------------------------------------------
+    async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        started = time.perf_counter()
+        while True:
+            rec = self._entries.get(key)
+            if rec is not None:  # 1. hit: copy our record into the caller's buffer
+                byte_view(dest, rec.nbytes)[:] = rec.data
+                self.stats.hits += 1
+                if key not in self._pinned:
+                    self._policy.touch(key)
+                return ReadInfo(self.name, rec.nbytes, started, time.perf_counter(), hit=True)
+            fut = self._inflight.get(key)
+            if fut is None:  # 2. miss: this reader reads from the inner tier
+                return await self._miss(key, dest, started)
+            # 3. another reader is fetching this key: wait for it, copy its record
+            rec, err, info = await asyncio.shield(fut)
+            if err is not None:
+                raise err
+            if rec is not None and info is not None:
+                byte_view(dest, rec.nbytes)[:] = rec.data
+                self.stats.coalesced += 1
+                now = time.perf_counter()
+                return ReadInfo(info.tier, rec.nbytes, started, now, waited=now - started)
+            # the leader was cancelled: loop and read it ourselves
+
+    async def aclose(self) -> None:
+        self._entries.clear()
+        self.stats.bytes_used = 0
+        await self.inner.aclose()
+
+    # --- pinning and inspection -------------------------------------------
+    def pin(self, keys: Iterable[ExpertKey]) -> None:
+        """Never evict these keys (now cached or cached later) until `unpin`."""
+        for key in keys:
+            if key not in self._pinned and key in self._entries:
+                self._policy.remove(key)
+            self._pinned.add(key)
+
+    def unpin(self, keys: Iterable[ExpertKey]) -> None:
+        for key in keys:
+            if key in self._pinned:
+                self._pinned.discard(key)
+                if key in self._entries:
+                    self._policy.insert(key)
+
+    async def prefetch(
+        self, keys: Iterable[ExpertKey], record_size: int, *, pin: bool = False
+    ) -> None:
+        """Read `keys` into the cache (pinning them first if asked)."""
+        keys = list(keys)
+        if pin:
+            self.pin(keys)
+        scratch = np.empty(record_size, np.uint8)
+        for key in keys:
+            if key not in self._entries:
+                await self.read_into(key, scratch.data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    @property
+    def pinned(self) -> frozenset[ExpertKey]:
+        return frozenset(self._pinned)
+
+    # --- internals --------------------------------------------------------
+    async def _miss(self, key: ExpertKey, dest: memoryview, started: float) -> ReadInfo:
+        fut: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        outcome: _Outcome = (None, None, None)
+        try:
+            info = await self.inner.read_into(key, dest)
+            rec = np.frombuffer(flat_bytes(dest), np.uint8).copy()  # (record_size,) our own copy
+            outcome = (rec, None, info)
+            self.stats.misses += 1
+            self._insert(key, rec)
+            return attrs.evolve(info, started=started, finished=time.perf_counter())
+        except TierReadError as exc:
+            outcome = (None, exc, None)
+            raise
+        finally:  # success, error or cancellation: release the waiters either way
+            del self._inflight[key]
+            fut.set_result(outcome)
+
+    def _insert(self, key: ExpertKey, rec: np.ndarray) -> None:
+        if rec.nbytes > self.budget:
+            self.stats.not_cached += 1
+            return
+        while self.stats.bytes_used + rec.nbytes > self.budget:
+            victim: Hashable | None = self._policy.victim()
+            if victim is None:  # everything left is pinned
+                self.stats.not_cached += 1
+                log.debug("ram.not_cached", layer=key.layer, expert=key.expert,
+                          reason="budget full of pinned records")  # fmt: skip
+                return
+            self._policy.evicted(victim)
+            evicted = self._entries.pop(cast(ExpertKey, victim))
+            self.stats.bytes_used -= evicted.nbytes
+            self.stats.evictions += 1
+        self._entries[key] = rec
+        self.stats.bytes_used += rec.nbytes
+        self.stats.inserts += 1
+        if key not in self._pinned:
+            self._policy.insert(key)
