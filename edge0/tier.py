@@ -31,6 +31,7 @@ class ReadInfo:
     hit: bool = False  # served from a cache without touching the inner tier
     attempts: int = 1  # disk reads tried (2 when the first failed and the retry succeeded)
     waited: float = 0.0  # seconds spent queued (throttle slot, coalesced cache miss)
+    disk_bytes: int | None = None  # bytes read from storage, when not nbytes (zstd frames)
 
 
 @runtime_checkable

@@ -15,8 +15,13 @@ from edge0.tierspec import open_tiers
 SPECS = [
     "pread",
     "pread:verify=false,workers=1",
+    "mmap",
+    "direct",
+    "zstd",
     "ram:64KiB>pread",
-    "ram:1GiB,policy=lfuda>pread",
+    "ram:1GiB,policy=lfuda>mmap",
+    "ram:48KiB,policy=lfuda>throttle:bw=1GB/s,lat=50us,qd=2>direct",
+    "throttle:nvme4>zstd:workers=2",
 ]
 
 

@@ -141,7 +141,8 @@ class DiskTier:
                         file=str(self.path), layer=key.layer, expert=key.expert, offset=offset,
                     ) from exc  # fmt: skip
         size = self.manifest.record_size
-        return ReadInfo(self.name, size, started, time.perf_counter(), attempts=attempt)
+        finished = time.perf_counter()
+        return ReadInfo(self.name, size, started, finished, attempts=attempt, disk_bytes=length)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -169,12 +170,16 @@ class DiskTier:
         pass
 
 
-def pread_full(fd: int, dest: memoryview, offset: int) -> int:
-    """os.preadv until `dest` is full or the file ends; returns the bytes read."""
+def pread_full(fd: int, dest: memoryview, offset: int, align: int = 1) -> int:
+    """os.preadv until `dest` is full or the file ends; returns the bytes read.
+
+    With `align` > 1 (O_DIRECT), a partial read that is not a multiple of
+    `align` means end of file: the next request could not be aligned.
+    """
     done = 0
     while done < dest.nbytes:
         n = os.preadv(fd, [dest[done:]], offset + done)
-        if n == 0:
-            break
         done += n
+        if n == 0 or n % align:
+            break
     return done
