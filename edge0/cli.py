@@ -45,5 +45,10 @@ def _register() -> None:
 
     main.add_command(run.command)
 
+    from edge0.commands import convert, verify
+
+    main.add_command(convert.command)
+    main.add_command(verify.command)
+
 
 _register()

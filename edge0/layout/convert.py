@@ -1,0 +1,229 @@
+"""`edge0 convert`: an HF (bf16/fp16/fp32) or mlx-community int4 checkpoint -> the edge0 layout.
+
+Steps: open the source (headers only); build the float-shaped mlx-lm model to learn the
+MoE layers and expert shapes; write resident.safetensors tensor by tensor; write one
+record per (layer, expert), quantizing HF experts one at a time (MLX experts are
+repacked bit-exactly, never requantized); copy tokenizer files; write edge0.json last.
+Everything goes to a temporary directory renamed to DST only on success.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import numpy as np
+from tqdm import tqdm
+
+from edge0.errors import ConversionError
+from edge0.layout.atomic import atomic_directory, check_destination
+from edge0.layout.manifest import (
+    FORMAT_VERSION,
+    RESIDENT_FILE,
+    ZSTD_FILE,
+    ZSTD_INDEX_FILE,
+    Manifest,
+)
+from edge0.layout.model import build_float_model
+from edge0.layout.quant import conversion_dtype, quantize, switch_modules
+from edge0.layout.records import PROJECTIONS, RecordSpec, pack_record, record_layout
+from edge0.layout.resident import write_resident
+from edge0.layout.safetensors_io import mx_dtype_name, to_mx, to_raw
+from edge0.layout.sources import Source, expert_count, open_source
+from edge0.layout.writer import RecordWriter
+from edge0.log import get_logger
+
+log = get_logger(__name__)
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "tiktoken.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+
+
+@attrs.frozen
+class ConvertOptions:
+    """Options of `edge0 convert` (None: 4 bits / group 64 for HF, the source's for MLX)."""
+
+    bits: int | None = None
+    group_size: int | None = None
+    compress: str | None = None  # None or "zstd"
+    zstd_level: int = 3
+    force: bool = False
+
+
+@attrs.frozen
+class ExpertShape:
+    layers: tuple[int, ...]  # model layer indices with routed experts
+    n_experts: int
+    d_model: int
+    d_ff: int
+
+
+def _expert_shape(source: Source, model: Any) -> ExpertShape:
+    switch = switch_modules(model)
+    layers = tuple(switch)
+    if set(layers) != set(source.experts):
+        raise ConversionError(
+            f"{source.path}: the config has routed experts in layers {list(layers)}, the "
+            f"weights in layers {sorted(source.experts)}; the checkpoint does not match its config"
+        )
+    n, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape  # (E, ff, d)
+    for layer in layers:
+        found = expert_count(source.experts[layer])
+        if found != n:
+            raise ConversionError(f"{source.path}: layer {layer} has {found} experts, config {n}")
+    return ExpertShape(layers, n, d_model, d_ff)
+
+
+def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) -> dict[str, Any]:
+    if not source.quantized:
+        return {"group_size": opts.group_size or 64, "bits": opts.bits or 4, "mode": "affine"}
+    le = source.experts[shape.layers[0]]
+    w, s = le.tensors["gate_proj.weight"], le.tensors["gate_proj.scales"]
+    found = {
+        "group_size": shape.d_model // s.shape[-1],
+        "bits": w.shape[-1] * 32 // shape.d_model,
+        "mode": source.config["quantization"].get("mode", "affine"),
+    }
+    for name, want in (("bits", opts.bits), ("group_size", opts.group_size)):
+        if want is not None and want != found[name]:
+            raise ConversionError(
+                f"{source.path} is already quantized with {name}={found[name]}; Edge0 repacks "
+                f"MLX checkpoints without requantizing: drop --{name.replace('_', '-')} or "
+                "convert from the full-precision checkpoint"
+            )
+    return found
+
+
+def _scale_dtype(source: Source) -> str:
+    le = next(iter(source.experts.values()))
+    if source.quantized:
+        return le.tensors["gate_proj.scales"].dtype
+    cast = conversion_dtype(source.config)
+    if cast is not None:
+        return mx_dtype_name(mx.zeros((0,), dtype=cast))
+    return next(iter(le.tensors.values())).dtype
+
+
+def _expert_arrays(
+    source: Source, layer: int, expert: int, params: dict[str, Any], cast: mx.Dtype | None
+) -> dict[str, np.ndarray]:
+    parts = source.read_expert(layer, expert)
+    if source.quantized:
+        return {name: raw for name, (raw, _) in parts.items()}
+    out: dict[str, np.ndarray] = {}
+    for proj in PROJECTIONS:
+        raw, dtype = parts[proj]
+        w = to_mx(raw, dtype)
+        if cast is not None:
+            w = w.astype(cast)
+        triple = quantize(w, params)
+        mx.eval(*triple)
+        for part, arr in zip(("weight", "scales", "biases"), triple, strict=True):
+            out[f"{proj}.{part}"] = to_raw(arr)
+    return out
+
+
+def _write_experts(
+    source: Source,
+    shape: ExpertShape,
+    spec: RecordSpec,
+    params: dict[str, Any],
+    tmp: Path,
+    opts: ConvertOptions,
+) -> RecordWriter:
+    cast = None if source.quantized else conversion_dtype(source.config)
+    level = opts.zstd_level if opts.compress == "zstd" else None
+    record = np.zeros(spec.record_size, dtype=np.uint8)
+    total = len(shape.layers) * shape.n_experts * spec.record_size
+    with (
+        RecordWriter(tmp, spec.record_size, level) as writer,
+        tqdm(total=total, desc="experts", unit="B", unit_scale=True, disable=None) as bar,
+    ):
+        for layer in shape.layers:
+            for expert in range(shape.n_experts):
+                pack_record(spec, _expert_arrays(source, layer, expert, params, cast), out=record)
+                writer.write(record)
+                bar.update(spec.record_size)
+    return writer
+
+
+def _copy_side_files(src: Path, dst: Path, config: dict[str, Any]) -> None:
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None) -> Manifest:
+    """Convert the checkpoint in `src` into an edge0-layout directory `dst`.
+
+    Raises:
+        ConversionError: unsupported or inconsistent source, DST exists without force, or
+            options that would requantize an already-quantized checkpoint.
+    """
+    opts = opts or ConvertOptions()
+    src, dst = Path(src), Path(dst)
+    if opts.compress not in (None, "zstd"):
+        raise ConversionError(f"unknown --compress {opts.compress!r}; the choice is zstd")
+    check_destination(dst, opts.force)
+    start = time.perf_counter()
+    source = open_source(src)
+    model = build_float_model(source.config)
+    shape = _expert_shape(source, model)
+    params = _quant_defaults(source, shape, opts)
+    spec = record_layout(
+        shape.d_model, shape.d_ff, params["bits"], params["group_size"], _scale_dtype(source)
+    )
+    with atomic_directory(dst, opts.force) as tmp:
+        config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
+        writer = _write_experts(source, shape, spec, params, tmp, opts)
+        compression = None
+        if opts.compress == "zstd":
+            compression = {
+                "codec": "zstd",
+                "level": opts.zstd_level,
+                "file": ZSTD_FILE,
+                "index": ZSTD_INDEX_FILE,
+                "bytes": writer.zstd_bytes,
+            }
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            model_type=config["model_type"],
+            config=config,
+            quantization=dict(params),
+            moe_layers=shape.layers,
+            n_experts=shape.n_experts,
+            record_size=spec.record_size,
+            data_offset=0,
+            fields=spec.fields,
+            crc32=tuple(writer.crc32),
+            compression=compression,
+        )
+        _copy_side_files(src, tmp, config)
+        manifest.save(tmp)  # last: a directory without edge0.json is never taken for valid
+    log.info(
+        "convert.done",
+        src=str(src),
+        dst=str(dst),
+        format=source.format,
+        records=manifest.n_records,
+        record_size=spec.record_size,
+        seconds=round(time.perf_counter() - start, 2),
+    )
+    return manifest

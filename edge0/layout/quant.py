@@ -1,0 +1,86 @@
+"""Which resident tensors get quantized, and how: the same choices as mlx-lm's own convert.
+
+mlx-lm's `convert -q` casts floating parameters to the config's dtype (except where the
+model's `cast_predicate` says no, e.g. `A_log`), then quantizes every module that has
+`to_quantized` and whose input width is a multiple of the group size, asking the model's
+`quant_predicate` for per-module overrides (routers `mlp.gate` and `shared_expert_gate`
+get 8 bits in the Qwen MoE families). Edge0 makes the same choices so that an edge0
+checkpoint computes exactly what mlx-lm's int4 conversion of the same source computes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.switch_layers import SwitchGLU
+
+from edge0.errors import ConversionError
+
+CONVERSION_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def conversion_dtype(config: dict[str, Any]) -> mx.Dtype | None:
+    """The dtype mlx-lm's convert casts floating parameters to (None: keep the source's)."""
+    name = config.get("torch_dtype")
+    if name is None and isinstance(config.get("text_config"), dict):
+        name = config["text_config"].get("dtype")
+    return CONVERSION_DTYPES.get(name) if isinstance(name, str) else None
+
+
+def cast_allowed(model: nn.Module, key: str) -> bool:
+    predicate = getattr(model, "cast_predicate", None)
+    return True if predicate is None else bool(predicate(key))
+
+
+def switch_modules(model: nn.Module) -> dict[int, tuple[str, SwitchGLU]]:
+    """Model layer index -> (module path, SwitchGLU) for every layer with routed experts."""
+    out: dict[int, tuple[str, SwitchGLU]] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, SwitchGLU):
+            m = _LAYER.search(path)
+            if m is None or path.startswith("mtp"):
+                continue
+            out[int(m.group(1))] = (path, module)
+    if not out:
+        raise ConversionError("the model has no SwitchGLU (routed expert) blocks")
+    return dict(sorted(out.items()))
+
+
+def quant_params(
+    model: nn.Module, path: str, module: nn.Module, defaults: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Quantization parameters for one module, or None to keep it in float.
+
+    Mirrors mlx-lm's `quantize_model`: only modules with `to_quantized` whose input width
+    divides the group size, then the model's `quant_predicate` (True, False or a dict).
+    """
+    if not hasattr(module, "to_quantized") or not hasattr(module, "weight"):
+        return None
+    if module.weight.shape[-1] % defaults["group_size"] != 0:
+        return None
+    predicate = getattr(model, "quant_predicate", None)
+    decision: Any = True if predicate is None else predicate(path, module)
+    if isinstance(decision, dict):
+        return {"mode": defaults["mode"], **decision}
+    return dict(defaults) if decision else None
+
+
+def quantized_shapes(
+    shape: tuple[int, ...], params: dict[str, Any]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of (packed weight, scales/biases) for a float weight of `shape`."""
+    *lead, in_dims = shape
+    bits, gs = params["bits"], params["group_size"]
+    return (*lead, in_dims * bits // 32), (*lead, in_dims // gs)
+
+
+def quantize(w: mx.array, params: dict[str, Any]) -> tuple[mx.array, mx.array, mx.array]:
+    """Affine-quantize `w` along its last axis; returns (packed weight, scales, biases)."""
+    if params.get("mode", "affine") != "affine":
+        raise ConversionError(f"quantization mode {params['mode']!r} is not supported (affine)")
+    wq, scales, biases = mx.quantize(w, group_size=params["group_size"], bits=params["bits"])
+    return wq, scales, biases

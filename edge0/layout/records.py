@@ -1,0 +1,119 @@
+"""One expert record: the field layout, packing fields into a record buffer, numpy views of one.
+
+A record holds gate_proj, up_proj and down_proj of one expert, each as weight (uint32,
+packed as `mx.quantize` produces), scales and biases (the checkpoint's float dtype),
+in that order, each field starting at a FIELD_ALIGN boundary; the record is zero-padded
+to a multiple of RECORD_ALIGN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from edge0.errors import CheckpointError
+from edge0.layout.manifest import FIELD_ALIGN, RECORD_ALIGN, Manifest, RecordField
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+PARTS = ("weight", "scales", "biases")
+FIELD_NAMES = tuple(f"{p}.{q}" for p in PROJECTIONS for q in PARTS)
+
+# numpy dtype used to view each logical dtype (numpy has no bfloat16: its bits as uint16)
+VIEW_DTYPES = {"uint32": "uint32", "bfloat16": "uint16", "float16": "float16", "float32": "float32"}
+
+
+@attrs.frozen
+class RecordSpec:
+    """The record layout alone (what `Manifest` carries as `fields` and `record_size`)."""
+
+    fields: tuple[RecordField, ...]
+    record_size: int
+
+
+def _align(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def record_layout(
+    d_model: int, d_ff: int, bits: int, group_size: int, scale_dtype: str
+) -> RecordSpec:
+    """Fields and padded size (a multiple of RECORD_ALIGN) of one expert's record.
+
+    d_model is the model width, d_ff the expert's hidden width.
+    """
+    if scale_dtype not in VIEW_DTYPES or scale_dtype == "uint32":
+        raise CheckpointError(f"unsupported scales dtype {scale_dtype!r}")
+    for dim in (d_model, d_ff):
+        if dim % group_size or (dim * bits) % 32:
+            raise CheckpointError(
+                f"expert dimension {dim} is not a multiple of group size {group_size}; "
+                "pick a --group-size that divides both the model width and expert width"
+            )
+    # (out_dims, in_dims) of each projection's weight
+    dims = {"gate_proj": (d_ff, d_model), "up_proj": (d_ff, d_model), "down_proj": (d_model, d_ff)}
+    scale_size = np.dtype(VIEW_DTYPES[scale_dtype]).itemsize
+    fields = []
+    offset = 0
+    for proj in PROJECTIONS:
+        out_d, in_d = dims[proj]
+        specs = [
+            ("weight", "uint32", (out_d, in_d * bits // 32), 4),
+            ("scales", scale_dtype, (out_d, in_d // group_size), scale_size),
+            ("biases", scale_dtype, (out_d, in_d // group_size), scale_size),
+        ]
+        for part, dtype, shape, itemsize in specs:
+            nbytes = shape[0] * shape[1] * itemsize
+            fields.append(RecordField(f"{proj}.{part}", dtype, shape, offset, nbytes))
+            offset = _align(offset + nbytes, FIELD_ALIGN)
+    return RecordSpec(tuple(fields), _align(offset, RECORD_ALIGN))
+
+
+def field_views(manifest: Manifest | RecordSpec, buffer: Any) -> dict[str, np.ndarray]:
+    """Numpy views, one per field, into a record-sized buffer (no copy).
+
+    `buffer` is anything exposing the buffer protocol with at least `record_size` bytes
+    (bytearray, memoryview, a numpy uint8 array, `np.asarray` of an evaluated MLX array).
+    The views are writable when the buffer is. bfloat16 fields are viewed as uint16.
+    """
+    mem = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer
+    mem = mem.reshape(-1).view(np.uint8)
+    if mem.nbytes < manifest.record_size:
+        raise CheckpointError(
+            f"record buffer has {mem.nbytes} bytes, a record needs {manifest.record_size}"
+        )
+    views = {}
+    for f in manifest.fields:
+        chunk = mem[f.offset : f.offset + f.nbytes]
+        views[f.name] = chunk.view(VIEW_DTYPES[f.dtype]).reshape(f.shape)
+    return views
+
+
+def pack_record(
+    manifest: Manifest | RecordSpec, arrays: Mapping[str, np.ndarray], out: Any = None
+) -> np.ndarray:
+    """Pack one expert's fields into a record (a new zeroed uint8 array, or `out`).
+
+    `arrays` maps every field name to a numpy array of the field's shape whose itemsize
+    matches (bfloat16 given as uint16). Padding bytes are zero.
+    """
+    buf = np.zeros(manifest.record_size, dtype=np.uint8) if out is None else out
+    if out is not None:
+        np.frombuffer(buf, dtype=np.uint8)[:] = 0
+    views = field_views(manifest, buf)
+    for f in manifest.fields:
+        src = arrays[f.name]
+        if tuple(src.shape) != f.shape or src.dtype.itemsize != views[f.name].dtype.itemsize:
+            raise CheckpointError(
+                f"field {f.name}: got {src.dtype}{tuple(src.shape)}, "
+                f"record wants {f.dtype}{f.shape}"
+            )
+        views[f.name][...] = src.view(views[f.name].dtype)
+    return np.asarray(buf) if out is None else np.frombuffer(buf, dtype=np.uint8)
+
+
+def unpack_record(manifest: Manifest | RecordSpec, buffer: Any) -> dict[str, np.ndarray]:
+    """Copies of every field of a record (bfloat16 as uint16)."""
+    return {k: v.copy() for k, v in field_views(manifest, buffer).items()}

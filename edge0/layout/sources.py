@@ -1,0 +1,186 @@
+"""Source checkpoints for `edge0 convert`: find tensors across shards and read experts one by one.
+
+Three ways routed experts appear in a source, all read per (layer, expert) by byte range:
+- per-expert HF tensors: `...layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (qwen3_moe);
+- fused HF tensors: `...layers.N.mlp.experts.gate_up_proj` (E, 2*ff, d) and
+  `...experts.down_proj` (E, d, ff) (qwen3_5_moe; gate is the first half of gate_up);
+- stacked MLX tensors: `...layers.N.mlp.switch_mlp.{gate,up,down}_proj.{weight,scales,biases}`,
+  quantized (mlx-community int4) or plain float.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from edge0.errors import ConversionError
+from edge0.layout.records import PROJECTIONS
+from edge0.layout.safetensors_io import TensorInfo, read_header, read_raw
+from edge0.log import get_logger
+
+log = get_logger(__name__)
+
+_PER_EXPERT = re.compile(
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp)\.experts\.(?P<e>\d+)\."
+    r"(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+_FUSED = re.compile(
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp)\.experts\.(?P<proj>gate_up_proj|down_proj)$"
+)
+_STACKED = re.compile(
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp)\.switch_mlp\."
+    r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<part>weight|scales|biases)$"
+)
+_DROPPED_PREFIXES = ("mtp.", "model.mtp.", "vision_tower", "model.visual")
+
+
+@attrs.define
+class LayerExperts:
+    """The source tensors holding one layer's routed experts."""
+
+    kind: str  # "per_expert" | "fused" | "stacked"
+    tensors: dict[str, TensorInfo] = attrs.field(factory=dict)  # key: see _classify
+
+
+@attrs.define
+class Source:
+    """An opened source checkpoint directory (nothing but headers read yet)."""
+
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    experts: dict[int, LayerExperts]  # model layer index -> expert tensors
+    resident_keys: list[str]
+    quantized: bool  # an MLX checkpoint with "quantization" in its config
+
+    @property
+    def format(self) -> str:
+        return "mlx" if self.quantized else "hf"
+
+    def read_expert(self, layer: int, expert: int) -> dict[str, Any]:
+        """One expert's tensors as raw numpy arrays (storage dtype) plus their dtype names.
+
+        Returns:
+            {"gate_proj": (raw, dtype), ...} for float sources, or
+            {"gate_proj.weight": (raw, dtype), "gate_proj.scales": ..., ...} for quantized ones.
+        """
+        le = self.experts[layer]
+        out: dict[str, Any] = {}
+        if le.kind == "per_expert":
+            for proj in PROJECTIONS:
+                info = le.tensors[f"{expert}.{proj}"]
+                out[proj] = (read_raw(info), info.dtype)
+        elif le.kind == "fused":
+            gu, down = le.tensors["gate_up_proj"], le.tensors["down_proj"]
+            both = read_raw(gu, (expert, expert + 1))[0]  # (2*ff, d)
+            mid = both.shape[0] // 2
+            out["gate_proj"] = (both[:mid], gu.dtype)
+            out["up_proj"] = (both[mid:], gu.dtype)
+            out["down_proj"] = (read_raw(down, (expert, expert + 1))[0], down.dtype)
+        else:
+            for name, info in le.tensors.items():
+                raw = read_raw(info, (expert, expert + 1))[0]
+                key = name if self.quantized else name.split(".")[0]
+                out[key] = (raw, info.dtype)
+        return out
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConversionError(f"{index} is unreadable ({exc}); fix or remove it") from None
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ConversionError(f"{index} lists missing shards: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ConversionError(f"{path} has no *.safetensors files; point at a model directory")
+    return files
+
+
+def _classify(tensors: dict[str, TensorInfo]) -> tuple[dict[int, LayerExperts], list[str]]:
+    experts: dict[int, LayerExperts] = {}
+    resident: list[str] = []
+
+    def add(layer: str, kind: str, key: str, info: TensorInfo) -> None:
+        le = experts.setdefault(int(layer), LayerExperts(kind))
+        if le.kind != kind:
+            raise ConversionError(f"layer {layer} mixes {le.kind} and {kind} expert tensors")
+        le.tensors[key] = info
+
+    for name, info in tensors.items():
+        if name.startswith(_DROPPED_PREFIXES):
+            continue  # multi-token-prediction / vision weights: mlx-lm drops them too
+        if m := _PER_EXPERT.match(name):
+            add(m["layer"], "per_expert", f"{m['e']}.{m['proj']}", info)
+        elif m := _FUSED.match(name):
+            add(m["layer"], "fused", m["proj"], info)
+        elif m := _STACKED.match(name):
+            add(m["layer"], "stacked", f"{m['proj']}.{m['part']}", info)
+        else:
+            resident.append(name)
+    return experts, sorted(resident)
+
+
+def open_source(path: Path) -> Source:
+    """Read config.json and every safetensors header of a source checkpoint."""
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ConversionError(f"{cfg_path} not found: SRC must be a Hugging Face or MLX model dir")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{cfg_path} is unreadable ({exc})") from None
+    tensors: dict[str, TensorInfo] = {}
+    for f in _weight_files(path):
+        tensors.update(read_header(f))
+    experts, resident = _classify(tensors)
+    if not experts:
+        raise ConversionError(
+            f"{path}: found no routed-expert tensors (per-expert, fused or switch_mlp); "
+            "only Mixture-of-Experts checkpoints can be converted"
+        )
+    quantized = "quantization" in config
+    for layer, le in experts.items():
+        if (
+            quantized
+            and le.kind == "stacked"
+            and not any(k.endswith(".scales") for k in le.tensors)
+        ):
+            raise ConversionError(f"{path}: config says quantized but layer {layer} has no scales")
+    log.info(
+        "source.opened",
+        path=str(path),
+        format="mlx" if quantized else "hf",
+        tensors=len(tensors),
+        moe_layers=len(experts),
+    )
+    return Source(path, config, tensors, experts, resident, quantized)
+
+
+def expert_count(le: LayerExperts) -> int:
+    """Number of experts stored for one layer."""
+    if le.kind == "per_expert":
+        return len({k.split(".")[0] for k in le.tensors})
+    any_info = next(iter(le.tensors.values()))
+    return any_info.shape[0]
+
+
+def float_dtype_of(source: Source) -> str:
+    """The float dtype of the source's expert weights (for HF) or scales (for MLX)."""
+    le = next(iter(source.experts.values()))
+    for key, info in le.tensors.items():
+        if not source.quantized or key.endswith(".scales"):
+            return info.dtype
+    return str(np.float32)

@@ -1,0 +1,165 @@
+"""`edge0 verify`: check an edge0-layout directory: manifest, file sizes, every record CRC."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from pathlib import Path
+
+import attrs
+import numpy as np
+from tqdm import tqdm
+
+from edge0.errors import CheckpointError
+from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
+from edge0.layout.safetensors_io import read_header
+from edge0.log import get_logger
+
+log = get_logger(__name__)
+_FIX = "re-run `edge0 convert` (or copy the directory again)"
+CHUNK = 64 * 1024 * 1024
+
+
+@attrs.frozen
+class VerifyReport:
+    """What `verify` checked."""
+
+    records: int
+    bytes: int  # bytes read and checksummed (experts.bin, plus experts.zst when present)
+    seconds: float
+    zstd: bool
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / 1e9 / max(self.seconds, 1e-9)
+
+
+def _where(manifest: Manifest, index: int) -> str:
+    layer = manifest.moe_layers[index // manifest.n_experts]
+    return f"layer {layer} expert {index % manifest.n_experts}"
+
+
+def check_files(path: Path, manifest: Manifest) -> None:
+    """Presence and sizes of resident.safetensors and experts.bin (cheap)."""
+    resident = path / RESIDENT_FILE
+    if not resident.is_file():
+        raise CheckpointError(f"{resident} is missing; {_FIX}")
+    infos = read_header(resident)
+    end = max((i.start + i.nbytes for i in infos.values()), default=0)
+    if resident.stat().st_size < end:
+        raise CheckpointError(
+            f"{resident} is truncated ({resident.stat().st_size} < {end} bytes); {_FIX}"
+        )
+    experts = path / EXPERTS_FILE
+    if not experts.is_file():
+        raise CheckpointError(f"{experts} is missing; {_FIX}")
+    size, want = experts.stat().st_size, manifest.experts_file_size
+    if size != want:
+        detail = ""
+        if size < want:
+            cut = max(0, (size - manifest.data_offset) // manifest.record_size)
+            detail = f"; records from {_where(manifest, cut)} on are cut off"
+        raise CheckpointError(
+            f"{experts} has {size} bytes, the manifest says {want}{detail}; {_FIX}"
+        )
+    if len(manifest.crc32) != manifest.n_records:
+        raise CheckpointError(
+            f"{path / 'edge0.json'} lists {len(manifest.crc32)} CRCs for "
+            f"{manifest.n_records} records; {_FIX}"
+        )
+
+
+def _check_experts(path: Path, manifest: Manifest, bar: tqdm) -> None:
+    rs = manifest.record_size
+    per_chunk = max(1, CHUNK // rs)
+    buf = np.empty(per_chunk * rs, dtype=np.uint8)
+    index = 0
+    with open(path / EXPERTS_FILE, "rb", buffering=0) as f:
+        f.seek(manifest.data_offset)
+        while index < manifest.n_records:
+            n = min(per_chunk, manifest.n_records - index)
+            mem = buf.data[: n * rs]
+            got = f.readinto(mem)
+            if got != n * rs:
+                raise CheckpointError(
+                    f"{path / EXPERTS_FILE}: short read at {_where(manifest, index)}; {_FIX}"
+                )
+            for i in range(n):
+                if zlib.crc32(mem[i * rs : (i + 1) * rs]) != manifest.crc32[index + i]:
+                    raise CheckpointError(
+                        f"{path / EXPERTS_FILE}: {_where(manifest, index + i)} fails its CRC32 "
+                        f"check (record {index + i}, "
+                        f"offset {manifest.data_offset + (index + i) * rs}); {_FIX}"
+                    )
+            index += n
+            bar.update(n * rs)
+
+
+def _check_zstd(path: Path, manifest: Manifest, bar: tqdm) -> int:
+    import zstandard
+
+    comp = manifest.compression or {}
+    zfile, ifile = path / comp.get("file", ZSTD_FILE), path / comp.get("index", ZSTD_INDEX_FILE)
+    for f in (zfile, ifile):
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing but edge0.json lists zstd compression; {_FIX}")
+    index = np.fromfile(ifile, dtype="<u8")
+    if index.size != 2 * manifest.n_records:
+        raise CheckpointError(
+            f"{ifile} has {index.size // 2} entries for {manifest.n_records} records; {_FIX}"
+        )
+    index = index.reshape(-1, 2)
+    end = int(index[-1, 0] + index[-1, 1]) if len(index) else 0
+    if os.path.getsize(zfile) != end:
+        raise CheckpointError(
+            f"{zfile} has {os.path.getsize(zfile)} bytes, its index ends at {end}; {_FIX}"
+        )
+    dctx = zstandard.ZstdDecompressor()
+    with open(zfile, "rb") as f:
+        for i, (off, length) in enumerate(index.tolist()):
+            f.seek(off)
+            try:
+                record = dctx.decompress(f.read(length), max_output_size=manifest.record_size)
+            except zstandard.ZstdError as exc:
+                raise CheckpointError(
+                    f"{zfile}: {_where(manifest, i)} does not decompress ({exc}); {_FIX}"
+                ) from None
+            if len(record) != manifest.record_size or zlib.crc32(record) != manifest.crc32[i]:
+                raise CheckpointError(
+                    f"{zfile}: {_where(manifest, i)} fails its CRC32 check; {_FIX}"
+                )
+            bar.update(length)
+    return end
+
+
+def verify(path: Path | str, progress: bool | None = None) -> VerifyReport:
+    """Check everything; raise CheckpointError naming the first bad file / layer / expert.
+
+    Args:
+        path: an edge0-layout directory.
+        progress: show a tqdm bar (None: only on a terminal).
+    """
+    path = Path(path)
+    start = time.perf_counter()
+    manifest = Manifest.load(path)
+    check_files(path, manifest)
+    total = manifest.n_records * manifest.record_size
+    disable = None if progress is None else not progress
+    with tqdm(total=total, desc="verify", unit="B", unit_scale=True, disable=disable) as bar:
+        _check_experts(path, manifest, bar)
+    zbytes = 0
+    if manifest.compression:
+        with tqdm(desc="verify zstd", unit="B", unit_scale=True, disable=disable) as bar:
+            zbytes = _check_zstd(path, manifest, bar)
+    report = VerifyReport(
+        manifest.n_records, total + zbytes, time.perf_counter() - start, bool(manifest.compression)
+    )
+    log.info(
+        "verify.ok",
+        path=str(path),
+        records=report.records,
+        bytes=report.bytes,
+        seconds=round(report.seconds, 3),
+    )
+    return report

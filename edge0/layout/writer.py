@@ -1,0 +1,80 @@
+"""Append expert records to experts.bin (and experts.zst), computing each record's CRC32."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+import numpy as np
+
+from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, ZSTD_INDEX_FILE
+
+
+class RecordWriter:
+    """Writes fixed-size records in record order.
+
+    With `zstd_level` set, every record is also compressed as one zstd frame into
+    experts.zst, and experts.zst.idx gets one little-endian (offset, length) uint64 pair
+    per record.
+    """
+
+    def __init__(self, directory: Path, record_size: int, zstd_level: int | None = None) -> None:
+        self.record_size = record_size
+        self.crc32: list[int] = []
+        self._bin: BinaryIO = open(Path(directory) / EXPERTS_FILE, "wb")  # noqa: SIM115
+        self._zst: BinaryIO | None = None
+        self._index: list[tuple[int, int]] = []
+        self._zst_offset = 0
+        self._dir = Path(directory)
+        if zstd_level is not None:
+            import zstandard
+
+            self._compressor = zstandard.ZstdCompressor(level=zstd_level, write_content_size=True)
+            self._zst = open(self._dir / ZSTD_FILE, "wb")  # noqa: SIM115
+
+    def write(self, record: np.ndarray) -> int:
+        """Append one record (uint8, exactly record_size bytes); returns its CRC32."""
+        if record.nbytes != self.record_size:
+            raise ValueError(f"record has {record.nbytes} bytes, expected {self.record_size}")
+        mem = np.ascontiguousarray(record).reshape(-1).view(np.uint8).data
+        crc = zlib.crc32(mem)
+        self._bin.write(mem)
+        if self._zst is not None:
+            frame = self._compressor.compress(mem)
+            self._zst.write(frame)
+            self._index.append((self._zst_offset, len(frame)))
+            self._zst_offset += len(frame)
+        self.crc32.append(crc)
+        return crc
+
+    def close(self) -> None:
+        for f in (self._bin, self._zst):
+            if f is not None and not f.closed:
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+        if self._zst is not None:
+            np.asarray(self._index, dtype="<u8").reshape(-1, 2).tofile(self._dir / ZSTD_INDEX_FILE)
+
+    @property
+    def zstd_bytes(self) -> int:
+        return self._zst_offset
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            for f in (self._bin, self._zst):
+                if f is not None:
+                    f.close()
