@@ -1,0 +1,157 @@
+"""Building an engine: load the resident model, predictor, streaming blocks, tier stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.nn as nn
+
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.log import get_logger
+from edge0.memory import MemoryPlan, apply_to_spec, kv_bytes, plan
+from edge0.moe import sparse_blocks
+from edge0.moe.block import StreamingMoE
+from edge0.moe.families import family_for
+from edge0.moe.slotmem import SlotMemory
+from edge0.predictors import NAMES, Predictor, make_predictor
+from edge0.runner import MODES, StreamContext
+from edge0.scheduler import ComputeThread, Scheduler
+from edge0.slots import SlotTable
+from edge0.tier import Tier
+from edge0.tierspec import open_tiers
+from edge0.trace import Tracer
+
+log = get_logger("edge0.engine")
+KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves
+
+
+@attrs.frozen
+class EngineOptions:
+    """How an engine runs (the CLI flags of `edge0 run` map onto these)."""
+
+    tiers: Any = "ram:1GiB>pread"  # a spec string or a Tier object
+    mode: str = "route"
+    top_k: int | None = None  # routing capacity K; None: the model's top-k
+    predictor: str = "init"
+    memory_budget: str | int | None = None
+    trace: str | Path | None = None  # Chrome trace JSON written at close
+    first_layer: str = "wrap"  # wrap: the last layer's head predicts the first; reactive
+    io_workers: int = 2
+    recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
+    record_routing: bool = False  # keep true routing in ctx.recording (to replay as oracle)
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.predictor not in NAMES:
+            raise ConfigError(
+                f"unknown predictor {self.predictor!r}; choose one of {', '.join(NAMES)}"
+            )
+        if self.first_layer not in ("wrap", "reactive"):
+            raise ConfigError(f"first_layer must be 'wrap' or 'reactive', not {self.first_layer!r}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.io_workers < 1:
+            raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
+
+
+@attrs.define
+class Setup:
+    """Everything an Engine runs with."""
+
+    options: EngineOptions
+    model: nn.Module
+    tokenizer: Any
+    manifest: Manifest
+    ctx: StreamContext
+    tracer: Tracer
+    scheduler: Scheduler | None = None
+    tier: Tier | None = None
+    memory_plan: MemoryPlan | None = None
+
+
+def model_top_k(block: nn.Module) -> int:
+    for attr in ("top_k", "num_experts_per_tok"):
+        k = getattr(block, attr, None)
+        if isinstance(k, int):
+            return k
+    raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
+
+
+def _set_top_k(block: nn.Module, k: int) -> None:
+    for attr in ("top_k", "num_experts_per_tok"):
+        if isinstance(getattr(block, attr, None), int):
+            setattr(block, attr, k)
+
+
+def prepare(
+    model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
+    tracer: Tracer,
+) -> tuple[StreamContext, SlotMemory | None, SlotTable | None]:  # fmt: skip
+    """On the compute thread: predictor, slot memory, streaming blocks (model changed in place)."""
+    blocks = sparse_blocks(model)
+    layers = [i for i, _, _ in blocks]
+    k = opts.top_k or model_top_k(blocks[0][2])
+    if k > manifest.n_experts:
+        raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
+    if opts.mode == "resident":
+        for _, _, block in blocks:
+            _set_top_k(block, k)
+        return StreamContext("resident", k, tracer), None, None
+    predictor: Predictor | None = None
+    if opts.mode in ("hint", "route"):
+        predictor = make_predictor(
+            opts.predictor, model, layers, model_dir, wrap=opts.first_layer == "wrap",
+            recording=opts.recording,
+        )  # fmt: skip
+    n_slots = 2 * k
+    memory = SlotMemory(manifest, layers, n_slots)
+    table = SlotTable(layers, n_slots)
+    ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
+                        predictor=predictor)  # fmt: skip
+    if opts.record_routing:
+        ctx.recording = {}
+    family = family_for(manifest.model_type)
+    for i, attr, block in blocks:
+        setattr(model.layers[i], attr, StreamingMoE(block, i, family, ctx))
+    return ctx, memory, table
+
+
+async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
+    """Load `path` on the compute thread, then open the tier stack and the scheduler."""
+    from edge0.layout.load import load_layout
+    from edge0.loader import LoadedModel
+
+    opts.check()
+    manifest = Manifest.load(path)
+    experts = "resident" if opts.mode == "resident" else "none"
+    loaded: LoadedModel = await compute.run(lambda: load_layout(path, experts=experts))
+    tracer = Tracer(chrome=opts.trace is not None)
+    ctx, memory, table = await compute.run(
+        lambda: prepare(loaded.model, manifest, opts, path, tracer)
+    )
+    setup = Setup(opts, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
+    if memory is None or table is None:
+        return setup
+    spec = opts.tiers
+    if opts.memory_budget is not None and isinstance(spec, str):
+        resident = sum(int(v.nbytes) for _, v in _flat_params(loaded.model))
+        setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
+                                 kv_bytes(manifest.config, KV_CONTEXT))  # fmt: skip
+        spec = apply_to_spec(spec, setup.memory_plan.cache)
+        log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec)
+    setup.tier = open_tiers(spec, path, manifest)
+    layers = list(table.layers)
+    setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
+    ctx.scheduler = setup.scheduler
+    return setup
+
+
+def _flat_params(model: nn.Module) -> list[tuple[str, Any]]:
+    from mlx.utils import tree_flatten
+
+    flat: Any = tree_flatten(model.parameters())
+    return list(flat)

@@ -1,0 +1,22 @@
+"""Streaming sparse-MoE blocks: routing families, slot memory, and installing blocks in a model."""
+
+from __future__ import annotations
+
+import mlx.nn as nn
+
+from edge0.errors import ModelLoadError
+
+SPARSE_ATTRS = ("mlp", "block_sparse_moe")
+
+
+def sparse_blocks(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
+    """(layer index, attribute name, block) for every layer with a routed-expert block."""
+    out = []
+    for i, layer in enumerate(model.layers):
+        for attr in SPARSE_ATTRS:
+            block = getattr(layer, attr, None) if attr in layer else None
+            if block is not None and ("switch_mlp" in block or hasattr(block, "ctx")):
+                out.append((i, attr, block))
+    if not out:
+        raise ModelLoadError("the model has no sparse MoE layers; Edge0 streams MoE models")
+    return out
