@@ -50,5 +50,9 @@ def _register() -> None:
     main.add_command(convert.command)
     main.add_command(verify.command)
 
+    from edge0.commands import bench
+
+    main.add_command(bench.command)
+
 
 _register()

@@ -147,3 +147,25 @@ def test_register_tier_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     tier = open_tiers("counting2>ram:1MiB>pread", tmp_path, m)
     assert isinstance(tier, _Counting)
     asyncio.run(tier.aclose())
+
+
+def test_example_custom_tier_through_an_entry_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/custom_tier.py, registered as a package would register it, is found by name."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "examples"))
+    real = tierspec._entry_points()
+    ep = metadata.EntryPoint(
+        name="histogram", value="custom_tier:HistogramTier", group=tierspec.ENTRY_POINT_GROUP
+    )
+    monkeypatch.setattr(tierspec, "_entry_points", lambda: {**real, "histogram": ep})
+    monkeypatch.setattr(tierspec, "_registered", {})
+    m = tiny_store(tmp_path)
+    tier = open_tiers("histogram:2ms>ram:1MiB>pread", tmp_path, m)
+    assert type(tier).__name__ == "HistogramTier" and tier.slow == pytest.approx(2e-3)  # type: ignore[attr-defined]
+    asyncio.run(tier.aclose())
+
+    import custom_tier
+
+    hist = asyncio.run(custom_tier.demo(tmp_path))  # the script path: register_tier
+    assert dict(hist.reads_per_layer) == {layer: 2 * m.n_experts for layer in m.moe_layers}

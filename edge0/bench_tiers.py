@@ -1,0 +1,205 @@
+"""`edge0 bench tiers`: MB/s and latency of random expert reads per tier stack, cold and warm."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, Manifest
+from edge0.log import get_logger
+from edge0.tier import ExpertKey, Tier
+from edge0.tierspec import open_tiers
+
+log = get_logger("edge0.bench")
+
+DEFAULT_SPECS = (
+    "pread", "mmap", "direct", "zstd", "ram:1GiB>direct",
+    "throttle:m2>pread", "throttle:nvme4>pread", "throttle:sata>pread",
+    "throttle:usb3>pread", "throttle:hdd>pread",
+)  # fmt: skip
+MLX_OFFSET = 24  # MLX CPU buffers sit at address % 4096 == 24 (FACTS.md)
+
+
+@attrs.frozen
+class BenchRow:
+    spec: str
+    qd: int
+    phase: str  # "cold": page cache of the store dropped, fresh tier stack; "warm": same keys again
+    reads: int
+    mb_s: float  # decimal MB of records delivered per second of wall time
+    p50_ms: float
+    p99_ms: float
+    hit_rate: float  # reads served by a RAM tier without touching the inner tier
+    set_mb_s: float | None  # a throttle's configured bandwidth, for comparison
+
+
+def drop_page_cache(model_dir: Path) -> bool:
+    """Ask the kernel to drop the store's cached pages (POSIX_FADV_DONTNEED); False if it can't."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for name in (EXPERTS_FILE, ZSTD_FILE):
+        path = Path(model_dir) / name
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True
+
+
+def sample_keys(manifest: Manifest, n: int, seed: int) -> list[ExpertKey]:
+    """n distinct random records (all of them, shuffled, if n >= the record count)."""
+    keys = [ExpertKey(layer, e) for layer in manifest.moe_layers for e in range(manifest.n_experts)]
+    return random.Random(seed).sample(keys, min(n, len(keys)))
+
+
+def slot_buffers(n: int, size: int, aligned: bool) -> tuple[list[np.ndarray], list[memoryview]]:
+    """n record buffers, page-aligned or at MLX's alignment (address % 4096 == 24)."""
+    owners, views = [], []
+    for _ in range(n):
+        raw = np.empty(size + 8192, np.uint8)
+        base = (-raw.ctypes.data) % 4096 + (0 if aligned else MLX_OFFSET)
+        owners.append(raw)
+        views.append(raw[base : base + size].data)
+    return owners, views
+
+
+def _stack(tier: Any) -> Iterator[Any]:
+    while tier is not None:
+        yield tier
+        tier = getattr(tier, "inner", None)
+
+
+async def _one_pass(tier: Tier, keys: Sequence[ExpertKey], bufs: list[memoryview]) -> tuple:
+    """Read `keys` with len(bufs) reads in flight; returns (latencies s, wall s, hits)."""
+    todo = iter(keys)
+    lat: list[float] = []
+    hits = 0
+
+    async def worker(buf: memoryview) -> None:
+        nonlocal hits
+        for key in todo:
+            t = time.perf_counter()
+            info = await tier.read_into(key, buf)
+            lat.append(time.perf_counter() - t)
+            hits += info.hit
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(b) for b in bufs))
+    return lat, time.perf_counter() - t0, hits
+
+
+async def bench_spec(
+    spec: str,
+    model_dir: Path,
+    manifest: Manifest,
+    keys: Sequence[ExpertKey],
+    qds: Sequence[int] = (1, 2, 3, 4),
+    aligned: bool = False,
+) -> list[BenchRow]:
+    rows = []
+    for qd in qds:
+        drop_page_cache(model_dir)
+        tier = open_tiers(spec, model_dir, manifest)  # fresh: an empty RAM cache
+        throttle = next((t for t in _stack(tier) if hasattr(t, "bandwidth")), None)
+        set_mb_s = throttle.bandwidth / 1e6 if throttle is not None else None
+        _owners, bufs = slot_buffers(qd, manifest.record_size, aligned)
+        try:
+            for phase in ("cold", "warm"):
+                lat, wall, hits = await _one_pass(tier, keys, bufs)
+                ms = np.asarray(lat) * 1e3
+                rows.append(BenchRow(
+                    spec, qd, phase, len(keys), len(keys) * manifest.record_size / wall / 1e6,
+                    float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
+                    hits / len(keys), set_mb_s,
+                ))  # fmt: skip
+        finally:
+            await tier.aclose()
+    return rows
+
+
+def run_bench(
+    model_dir: Path,
+    specs: Sequence[str],
+    *,
+    reads: int = 64,
+    qds: Sequence[int] = (1, 2, 3, 4),
+    seed: int = 0,
+    aligned: bool = False,
+) -> list[BenchRow]:
+    """Benchmark each spec in turn on the same random records (see `bench_spec`)."""
+    manifest = Manifest.load(model_dir)
+    keys = sample_keys(manifest, reads, seed)
+    rows: list[BenchRow] = []
+    for spec in specs:
+        rows += asyncio.run(bench_spec(spec, model_dir, manifest, keys, qds, aligned))
+    return rows
+
+
+def format_table(rows: Sequence[BenchRow]) -> str:
+    w = max([len("tiers"), *(len(r.spec) for r in rows)])
+    head = f"{'tiers':<{w}} {'qd':>2} {'pass':<4} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+    head += f"{'hit%':>5} {'set MB/s':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        set_bw = f"{r.set_mb_s:8.0f}" if r.set_mb_s is not None else f"{'':8}"
+        lines.append(
+            f"{r.spec:<{w}} {r.qd:>2} {r.phase:<4} {r.mb_s:8.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} "
+            f"{100 * r.hit_rate:5.0f} {set_bw}"
+        )
+    return "\n".join(lines)
+
+
+# --- the aiofiles-versus-executor measurement behind the pread tier's design ---
+def compare_readers(model_dir: Path, reads: int = 200, seed: int = 0) -> dict[str, float]:
+    """Mean microseconds per page-cache-hot record read: sync preadv, executor preadv into a
+    preallocated buffer, aiofiles seek+read (returns new bytes)."""
+    import aiofiles
+
+    manifest = Manifest.load(model_dir)
+    path = Path(model_dir) / EXPERTS_FILE
+    keys = sample_keys(manifest, reads, seed)
+    offsets = [manifest.record_offset(k.layer, k.expert) for k in keys]
+    size = manifest.record_size
+    buf = memoryview(bytearray(size))
+    fd = os.open(path, os.O_RDONLY)
+    for off in offsets:  # make the page cache hot
+        os.preadv(fd, [buf], off)
+    out: dict[str, float] = {}
+    t = time.perf_counter()
+    for off in offsets:
+        os.preadv(fd, [buf], off)
+    out["sync preadv"] = (time.perf_counter() - t) / len(offsets) * 1e6
+
+    async def executor() -> float:
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as pool:
+            t = time.perf_counter()
+            for off in offsets:
+                await loop.run_in_executor(pool, os.preadv, fd, [buf], off)
+            return (time.perf_counter() - t) / len(offsets) * 1e6
+
+    async def aio() -> float:
+        async with aiofiles.open(path, "rb") as f:
+            t = time.perf_counter()
+            for off in offsets:
+                await f.seek(off)
+                data = await f.read(size)
+                buf[:] = data  # into the slot, as the engine needs
+            return (time.perf_counter() - t) / len(offsets) * 1e6
+
+    out["executor preadv"] = asyncio.run(executor())
+    out["aiofiles seek+read"] = asyncio.run(aio())
+    os.close(fd)
+    return out
