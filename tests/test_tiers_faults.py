@@ -8,6 +8,7 @@ import errno
 import mmap
 import os
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,24 @@ def test_corrupted_file(store, spec: str) -> None:  # type: ignore[no-untyped-de
     assert _read(_open(spec, store), m, other)[0] == plain_read(d, m, other)
     if spec != "zstd":  # verify=false hands over the bytes as they are on disk
         data, _ = _read(_open(spec + ":verify=false", store), m, key)
-        assert data == plain_read(d, m, key) and data != bytes(raw[pos - 200 : pos - 200])
+        assert data == plain_read(d, m, key)
+        assert zlib.crc32(data) != m.record_crc(key.layer, key.expert)
+
+
+def test_verify_once_checks_only_the_first_read(store) -> None:  # type: ignore[no-untyped-def]
+    d, m = store
+    key = all_keys(m)[3]
+    tier = _open("pread:verify=once", store)
+    _inject(tier, "corrupt", 1)
+    data, info = _read(tier, m, key)  # first read: checked, retried
+    assert info.attempts == 2 and data == plain_read(d, m, key)
+    _inject(tier, "corrupt", 1)
+    data, info = _read(tier, m, key)  # later reads of that record are trusted
+    assert info.attempts == 1 and data != plain_read(d, m, key)
+    other = all_keys(m)[4]
+    _inject(tier, "corrupt", 2)
+    with pytest.raises(TierReadError, match="CRC32"):
+        _read(tier, m, other)
 
 
 def test_cancel_waits_for_the_worker_thread(store) -> None:  # type: ignore[no-untyped-def]

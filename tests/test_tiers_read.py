@@ -16,6 +16,7 @@ SPECS = [
     "pread",
     "pread:verify=false,workers=1",
     "mmap",
+    "mmap:verify=once",
     "direct",
     "zstd",
     "ram:64KiB>pread",
