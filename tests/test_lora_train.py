@@ -13,7 +13,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from edge0 import lora
 from edge0.prerouter import PrerouterSet
-from edge0.train import routed, sft
+from edge0.train import distill, routed, sft
 from edge0.train.capture import recording
 
 FAMILIES = [tiny.qwen3_moe_config, tiny.qwen3_5_moe_config]
@@ -103,3 +103,66 @@ def test_train_sft_improves_heldout_and_saves(tmp_path):
     assert summary["heldout_best"] <= summary["heldout_before"]
     lora.save_adapters(student, tmp_path, lora.LoraConfig(rank=4, alpha=8))
     assert (tmp_path / lora.WEIGHTS_FILE).exists()
+
+
+def test_distill_loss_parts():
+    mx.random.seed(0)
+    t = mx.random.normal((3, 5, 16)) * 2
+    s = mx.random.normal((3, 5, 16)) * 2
+    mask = mx.ones((3, 5))
+    cfg = distill.DistillConfig(loop=sft.SftConfig(k=1), tail_k=16, tail_weight=1.0)
+    same, parts = distill.distill_loss(t, t, mask, cfg)
+    assert float(parts["reverse_kl"]) == pytest.approx(0.0, abs=1e-6)
+    # With k = V the tail is empty: TAIL is the full cross-entropy H(p, s) = H(p) at s = p.
+    lt, ls = distill.log_probs(t), distill.log_probs(s)
+    ce = -(mx.exp(lt) * ls).sum(-1)
+    np.testing.assert_allclose(np.array(distill.tail_term(lt, ls, 16)), np.array(ce), rtol=1e-5)
+    assert float(same) == pytest.approx(float((-(mx.exp(lt) * lt).sum(-1)).mean()), rel=1e-5)
+    # With k < V the tail is one lumped outcome: TAIL_k >= 0 and <= the full cross-entropy.
+    tk = np.array(distill.tail_term(lt, ls, 4))
+    assert (tk >= 0).all() and (tk <= np.array(ce) + 1e-5).all()
+    # beta mixes reverse and forward KL.
+    fwd_only = distill.DistillConfig(loop=sft.SftConfig(k=1), beta=0.0, tail_weight=0.0)
+    loss, parts = distill.distill_loss(s, t, mask, fwd_only)
+    assert float(loss) == pytest.approx(float(parts["forward_kl"]), rel=1e-6)
+    assert float(parts["forward_kl"]) != pytest.approx(float(parts["reverse_kl"]), rel=1e-3)
+
+
+@pytest.mark.parametrize("make", FAMILIES)
+def test_one_distill_step_lowers_the_loss_on_a_fixed_on_policy_batch(make):
+    teacher, student = _teacher_and_student(make)
+    heads = PrerouterSet.from_model(student)
+    cfg = distill.DistillConfig(loop=sft.SftConfig(k=1), tail_k=4)
+    prompts = tiny.tokens(n=4, batch=3, seed=5)
+    lora.mark_trainable(student)
+    opt = optim.Adam(learning_rate=1e-2)
+    with routed.routed(student, heads, k=1) as state:
+        mx.random.seed(0)
+        seqs, plan = routed.generate(student, state, prompts, 6, temperature=1.0)
+        seqs = seqs[:, :-1]
+        teacher_logits = teacher(seqs)
+        mask = sft.continuation_mask((3, seqs.shape[1] + 1), 4)
+
+        def loss_fn(m):
+            logits = routed.replay_logits(m, state, seqs, plan)
+            return distill.distill_loss(logits, teacher_logits, mask, cfg)[0]
+
+        before, grads = nn.value_and_grad(student, loss_fn)(student)
+        opt.update(student, grads)
+        mx.eval(student.parameters())
+        after = loss_fn(student)
+    assert float(after) < float(before)
+
+
+def test_train_distill_runs_mixed_policy_and_tracks_heldout_kl():
+    teacher, student = _teacher_and_student(tiny.qwen3_moe_config)
+    heads = PrerouterSet.from_model(student)
+    prompts = np.array(tiny.tokens(n=4, batch=8, seed=5))
+    mx.random.seed(0)
+    data = sft.teacher_samples(teacher, prompts, 6, 1.0, batch=8)
+    cfg = distill.DistillConfig(
+        loop=sft.SftConfig(k=1, steps=6, batch=3, lr=1e-2, eval_every=3), on_policy=0.5, gen_len=6
+    )
+    summary = distill.train_distill(student, heads, teacher, prompts[:6], data[:6], data[6:], cfg)
+    assert 0 < summary["on_policy_steps"] < 6
+    assert summary["heldout_best"] <= summary["heldout_before"]

@@ -48,7 +48,7 @@ def teacher_samples(
     return np.concatenate(out).astype(np.int32)
 
 
-def continuation_mask(shape: tuple[int, int], prompt_len: int) -> mx.array:
+def continuation_mask(shape: tuple[int, ...], prompt_len: int) -> mx.array:
     """(B, S-1) float mask over next-token targets: 1 where the target is a generated token."""
     pos = mx.arange(1, shape[1])  # target positions
     return mx.broadcast_to((pos >= prompt_len)[None, :], (shape[0], shape[1] - 1)).astype(
