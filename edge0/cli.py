@@ -50,6 +50,12 @@ def _register() -> None:
     main.add_command(convert.command)
     main.add_command(verify.command)
 
+    from edge0.commands import eval as eval_cmd
+    from edge0.commands import train
+
+    main.add_command(train.command)
+    main.add_command(eval_cmd.command)
+
     from edge0.commands import bench
 
     main.add_command(bench.command)

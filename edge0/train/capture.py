@@ -1,0 +1,95 @@
+"""Record each MoE layer's router input, router logits and executed top-k during a forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from edge0.prerouter import block_top_k, moe_blocks
+
+
+class _RecordingGate(nn.Module):
+    """Wraps a router: passes through, and keeps (input, logits) of the last call."""
+
+    def __init__(self, gate: nn.Module, sink: dict[int, tuple[mx.array, mx.array]], layer: int):
+        super().__init__()
+        self.inner = gate
+        # plain attributes (object.__setattr__ keeps them out of the module's parameter tree)
+        object.__setattr__(self, "_sink", sink)
+        object.__setattr__(self, "_layer", layer)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        logits = self.inner(x)
+        self._sink[self._layer] = (x, logits)
+        return logits
+
+
+@attrs.frozen
+class Routing:
+    """One forward pass, per MoE layer (axis 1), as numpy.
+
+    hidden: (B, L, S, d) post-attention-norm hidden entering each sparse block.
+    logits: (B, L, S, E) router logits (pre-softmax).
+    topk:   (B, L, S, k) executed experts (the router's top-k set, ascending indices).
+    """
+
+    hidden: np.ndarray
+    logits: np.ndarray
+    topk: np.ndarray
+
+
+def topk_sets(logits: mx.array, k: int) -> mx.array:
+    """(..., E) logits -> (..., k) indices of the k largest, sorted ascending (a canonical set)."""
+    inds = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
+    return mx.sort(inds, axis=-1)
+
+
+@contextmanager
+def recording(model: nn.Module) -> Iterator[dict[int, tuple[mx.array, mx.array]]]:
+    """Install recording routers on every MoE layer for the duration of the block."""
+    sink: dict[int, tuple[mx.array, mx.array]] = {}
+    blocks = moe_blocks(model)
+    originals = [(block, block.gate) for _, block in blocks]
+    try:
+        for layer, block in blocks:
+            block.gate = _RecordingGate(block.gate, sink, layer)
+        yield sink
+    finally:
+        for block, gate in originals:
+            block.gate = gate
+
+
+def run_and_record(model: nn.Module, tokens: mx.array, hidden_dtype: np.dtype) -> Routing:
+    """Forward (B, S) tokens (no cache) and return the routing of every MoE layer."""
+    blocks = moe_blocks(model)
+    k = block_top_k(blocks[0][1])
+    with recording(model) as sink:
+        out = model(tokens)
+        layers = [i for i, _ in blocks]
+        hidden = mx.stack([sink[i][0] for i in layers], axis=1)  # (B, L, S, d)
+        logits = mx.stack([sink[i][1] for i in layers], axis=1).astype(mx.float32)
+        topk = topk_sets(logits, k)
+        mx.eval(out, hidden, logits, topk)
+    return Routing(
+        hidden=np.asarray(hidden.astype(mx.float32)).astype(hidden_dtype),
+        logits=np.array(logits),
+        topk=np.array(topk).astype(np.int16),
+    )
+
+
+def quantize_student(model: nn.Module, bits: int = 4, group_size: int = 64) -> nn.Module:
+    """Quantize in place to the int4 student path (the model's predicate keeps routers 8-bit)."""
+    predicate = getattr(model, "quant_predicate", None)
+
+    def pick(path: str, module: nn.Module) -> bool | dict[str, int]:
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
+            return False
+        return predicate(path, module) if predicate is not None else True
+
+    nn.quantize(model, group_size, bits, class_predicate=pick)
+    return model
