@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any
 from edge0.errors import Edge0Error
 
 if TYPE_CHECKING:
+    from edge0.engine import Engine, SyncEngine
     from edge0.loader import LoadedModel, load
 
 __version__ = "0.1.0"
 
-__all__ = ["Edge0Error", "LoadedModel", "__version__", "load"]
+__all__ = ["Edge0Error", "Engine", "LoadedModel", "SyncEngine", "__version__", "load"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from edge0 import loader
 
         return getattr(loader, name)
+    if name in ("Engine", "SyncEngine"):
+        from edge0 import engine
+
+        return getattr(engine, name)
     raise AttributeError(f"module 'edge0' has no attribute {name!r}")

@@ -1,0 +1,129 @@
+"""Engine API: text then stats, FIFO concurrent requests, cancellation, sync wrapper, options."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runtime_helpers import PROMPT, MockTier, build_store
+
+from edge0.engine import Engine, SyncEngine
+from edge0.errors import ConfigError
+from edge0.runtime_stats import RunStats
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("engine"), "qwen3_5_moe")
+
+
+async def collect(eng: Engine, prompt: Any, n: int = 8) -> tuple[str, RunStats]:
+    pieces = [p async for p in eng.generate(prompt, max_tokens=n)]
+    *text, stats = pieces
+    assert all(isinstance(t, str) for t in text)
+    assert isinstance(stats, RunStats)
+    return "".join(text), stats
+
+
+def test_generate_streams_text_then_stats(store: Path) -> None:
+    async def main() -> tuple[str, RunStats, str]:
+        async with Engine.open(store, mode="resident") as eng:
+            ref, _ = await collect(eng, "hello world")
+        async with Engine.open(store, mode="route", tiers="ram:1MiB>pread") as eng:
+            text, stats = await collect(eng, "hello world")
+        return ref, stats, text
+
+    ref, stats, text = asyncio.run(main())
+    assert isinstance(text, str) and stats.generated_tokens >= 1
+    assert stats.mode == "route" and stats.predictor == "init"
+    assert stats.prompt_tokens > 0 and stats.decode_tps >= 0
+    assert "decode" in stats.summary()
+
+
+def test_concurrent_requests_are_served_fifo(store: Path) -> None:
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        order: list[str] = []
+        async with Engine.open(store, mode="hint", tiers=MockTier(store, delay=0.001)) as eng:
+            solo = [(await collect(eng, p))[0] for p in ("first", "second")]
+
+            async def client(name: str) -> str:
+                pieces = []
+                async for p in eng.generate(name, max_tokens=8):
+                    if isinstance(p, str):
+                        order.append(name)
+                        pieces.append(p)
+                return "".join(pieces)
+
+            t1 = asyncio.create_task(client("first"))
+            await asyncio.sleep(0)
+            t2 = asyncio.create_task(client("second"))
+            both = list(await asyncio.gather(t1, t2))
+        return solo, both, order
+
+    solo, both, order = asyncio.run(main())
+    assert both == solo
+    assert order == sorted(order, key=lambda n: n != "first"), "second waited for first"
+
+
+def test_caller_that_stops_iterating_releases_the_engine(store: Path) -> None:
+    async def main() -> tuple[list[int], list[int], str]:
+        async with Engine.open(store, mode="reactive", tiers=MockTier(store)) as eng:
+            ref = [t async for t in eng.tokens(PROMPT, max_tokens=6, stop=False)]
+            async with contextlib.aclosing(eng.tokens(PROMPT, max_tokens=50, stop=False)) as it:
+                async for _ in it:
+                    break
+            reason = eng.last_stats.finish_reason if eng.last_stats else ""
+            # a task cancelled mid-request also releases it
+            task = asyncio.create_task(
+                asyncio.wait_for(collect(eng, "a long one", n=200), timeout=0.05)
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await task
+            again = [t async for t in eng.tokens(PROMPT, max_tokens=6, stop=False)]
+        return ref, again, reason
+
+    ref, again, reason = asyncio.run(main())
+    assert again == ref
+    assert reason == "cancelled"
+
+
+def test_sync_wrapper(store: Path) -> None:
+    with SyncEngine(store, mode="hint", tiers="pread") as eng:
+        pieces = list(eng.generate("hello", max_tokens=4))
+    assert isinstance(pieces[-1], RunStats)
+    assert all(isinstance(p, str) for p in pieces[:-1])
+
+
+def test_memory_budget_sizes_the_ram_cache(store: Path) -> None:
+    async def main(budget: str) -> Any:
+        async with Engine.open(store, mode="route", tiers="ram>pread", memory_budget=budget) as eng:
+            return eng.setup.memory_plan, eng.setup.tier
+
+    plan, tier = asyncio.run(main("64MiB"))
+    assert plan.cache == plan.budget - plan.resident - plan.slots - plan.kv > 0
+    assert tier.name == "ram"
+    with pytest.raises(ConfigError, match="memory-budget"):
+        asyncio.run(main("1KiB"))
+
+
+@pytest.mark.parametrize(
+    "opts, match",
+    [
+        ({"mode": "fast"}, "unknown mode"),
+        ({"predictor": "magic"}, "unknown predictor"),
+        ({"top_k": 0}, "top-k"),
+        ({"top_k": 99}, "exceeds"),
+        ({"mode": "route", "predictor": "heads"}, "prerouter"),
+        ({"mode": "route", "tiers": "nosuchtier"}, "unknown tier"),
+    ],
+)
+def test_bad_options_raise_config_errors(store: Path, opts: dict[str, Any], match: str) -> None:
+    async def main() -> None:
+        async with Engine.open(store, **opts):
+            pass
+
+    with pytest.raises(ConfigError, match=match):
+        asyncio.run(main())
