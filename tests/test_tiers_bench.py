@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from tiers_helpers import tiny_store
 
@@ -39,8 +40,10 @@ def test_bench_tiers_json(tmp_path: Path) -> None:
     assert [r["hit_rate"] for r in ram] == [0.0, 1.0, 0.0, 1.0]
     assert all(r["set_mb_s"] == 50.0 for r in ram)
     assert all(r["set_mb_s"] is None for r in rows if r["spec"] == "pread")
+    model = 16384 / (100e-6 + 16384 / 50e6) / 1e6  # QD1 device: one record per lat + xfer
+    assert all(r["model_mb_s"] == pytest.approx(model) for r in ram)
     cold_throttled = [r for r in ram if r["phase"] == "cold"]
-    assert all(r["mb_s"] <= 50.0 * 1.02 for r in cold_throttled)  # never faster than set
+    assert all(r["mb_s"] <= model * 1.02 for r in cold_throttled)  # never faster than the model
 
 
 def test_bench_tiers_table_and_errors(tmp_path: Path) -> None:

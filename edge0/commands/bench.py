@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import attrs
@@ -63,7 +64,9 @@ def tiers(
 
     Cold: the store's page cache is dropped (posix_fadvise DONTNEED) and the
     stack is opened fresh. Warm: the same records read again right after.
-    Throttle rows show the set bandwidth next to the measured one.
+    Throttle rows show the set bandwidth and what the device model allows at
+    that queue depth (min(bw, QD x bytes / (lat + bytes / bw))) next to the
+    measured MB/s.
     """
     from edge0 import bench_tiers
 
@@ -77,10 +80,13 @@ def tiers(
             model_dir, [spec], reads=reads, qds=depths, seed=seed, aligned=aligned
         )
     size = manifest.record_size
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     if as_json:
         out: dict = {
             "model_dir": str(model_dir),
             "record_size": size,
+            "load_average": load,
+            "cpus": os.cpu_count(),
             "rows": [attrs.asdict(r) for r in rows],
         }
         if compare_readers:
@@ -89,7 +95,8 @@ def tiers(
         return
     click.echo(
         f"{model_dir}: {manifest.n_records} records of {size / 2**20:.2f} MiB, "
-        f"{len(rows) // (2 * len(depths))} stacks x {reads} reads per pass"
+        f"{len(rows) // (2 * len(depths))} stacks x {reads} reads per pass; "
+        f"load average {load:.1f} on {os.cpu_count()} CPUs at the end"
     )
     click.echo(bench_tiers.format_table(rows))
     if compare_readers:
