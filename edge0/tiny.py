@@ -37,6 +37,14 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SUPPORTED = ("qwen3_moe", "qwen3_5_moe")
+# Output-head scale: logits of roughly +-5. The fp32 noise floor of the reference itself
+# (transformers' chunked vs recurrent Gated DeltaNet paths) grows with the logit scale;
+# at +-15 it reaches 7e-5, too close to the 1e-4 reference tolerance.
+LM_HEAD_GAIN = 1.5
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @attrs.frozen
@@ -63,10 +71,17 @@ class TinySpec:
 
 def build_tokenizer(out: Path, vocab_size: int) -> int:
     """Train a byte-level BPE on TOKENIZER_TEXT, write tokenizer files; return its size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen's split pattern then byte-level: what transformers' Qwen3_5Tokenizer imposes
+    # anyway, so the tokenizer.json and transformers' tokenizer encode alike.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -173,7 +188,7 @@ def _qwen3_moe_weights(spec: TinySpec, vocab: int, rng: np.random.Generator) -> 
             t[f"{p}.mlp.experts.{e}.up_proj.weight"] = w.linear(spec.moe_ff, d)
             t[f"{p}.mlp.experts.{e}.down_proj.weight"] = w.linear(d, spec.moe_ff)
     t["model.norm.weight"] = w.norm(d, center=1.0)
-    t["lm_head.weight"] = w.linear(vocab, d, gain=4.0)
+    t["lm_head.weight"] = w.linear(vocab, d, gain=LM_HEAD_GAIN)
     return t
 
 
@@ -219,7 +234,7 @@ def _qwen3_5_moe_weights(spec: TinySpec, vocab: int, rng: np.random.Generator) -
         t[f"{g}.shared_expert.down_proj.weight"] = w.linear(d, spec.shared_ff)
         t[f"{g}.shared_expert_gate.weight"] = w.linear(1, d)
     t[f"{m}.norm.weight"] = w.norm(d, center=0.0)
-    t["lm_head.weight"] = w.linear(vocab, d, gain=4.0)
+    t["lm_head.weight"] = w.linear(vocab, d, gain=LM_HEAD_GAIN)
     return t
 
 
@@ -278,3 +293,10 @@ def _save(tensors: dict[str, mx.array], out: Path, shards: int) -> None:
     total = sum(v.nbytes for v in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+# The committed test fixtures (tests/fixtures/<model_type>/): spec and shard count.
+FIXTURES: dict[str, tuple[TinySpec, int]] = {
+    "qwen3_moe": (TinySpec(model_type="qwen3_moe", layers=2, top_k=2), 2),
+    "qwen3_5_moe": (TinySpec(model_type="qwen3_5_moe", layers=4, top_k=4), 1),
+}

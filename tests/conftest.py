@@ -1,0 +1,67 @@
+"""Shared test fixtures: the committed tiny checkpoints (tests/fixtures/) and their models.
+
+- `qwen3_moe_path`, `qwen3_5_moe_path`: the committed HF checkpoint directories
+  (read-only: copy them with `model_copy` before changing anything).
+- `tiny_model_path`: parametrised over both architectures.
+- `model_copy(model_type)`: a writable copy under tmp_path.
+- `loaded_model(model_type)`: `edge0.load` of a fixture, cached for the session.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe")
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_path() -> Path:
+    return FIXTURES / "qwen3_moe"
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_moe_path() -> Path:
+    return FIXTURES / "qwen3_5_moe"
+
+
+@pytest.fixture(params=MODEL_TYPES)
+def tiny_model_path(request: pytest.FixtureRequest) -> Path:
+    return FIXTURES / str(request.param)
+
+
+@pytest.fixture
+def model_copy(tmp_path: Path) -> Callable[[str], Path]:
+    def copy(model_type: str) -> Path:
+        target = tmp_path / model_type
+        shutil.copytree(FIXTURES / model_type, target)
+        return target
+
+    return copy
+
+
+_LOADED: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def loaded_model() -> Callable[[str], Any]:
+    """Load a fixture once per session. Do not modify the returned model."""
+    from edge0.loader import load
+
+    def get(model_type: str) -> Any:
+        if model_type not in _LOADED:
+            _LOADED[model_type] = load(FIXTURES / model_type)
+        return _LOADED[model_type]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def _edge0_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The demo model is built into EDGE0_CACHE; keep tests away from ~/.cache.
+    monkeypatch.setenv("EDGE0_CACHE", str(tmp_path_factory.getbasetemp() / "edge0-cache"))
