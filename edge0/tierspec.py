@@ -235,6 +235,19 @@ def open_tiers(spec: str | Tier, model_dir: Path, manifest: Manifest) -> Tier:
     # 2. build innermost first
     cls, opts = plan[-1]
     tier: Tier = cls(Path(model_dir), manifest, **opts)
-    for cls, opts in reversed(plan[:-1]):
-        tier = cls(tier, **opts)
+    try:
+        for cls, opts in reversed(plan[:-1]):
+            tier = cls(tier, **opts)
+    except BaseException:
+        _abandon(tier)
+        raise
     return tier
+
+
+def _abandon(tier: Any) -> None:
+    """Release the files of a half-built stack (tiers that offer `close_sync`)."""
+    while tier is not None:
+        close = getattr(tier, "close_sync", None)
+        if close is not None:
+            close()
+        tier = getattr(tier, "inner", None)

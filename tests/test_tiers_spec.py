@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from importlib import metadata
 from pathlib import Path
 
@@ -169,3 +170,12 @@ def test_example_custom_tier_through_an_entry_point(
 
     hist = asyncio.run(custom_tier.demo(tmp_path))  # the script path: register_tier
     assert dict(hist.reads_per_layer) == {layer: 2 * m.n_experts for layer in m.moe_layers}
+
+
+def test_failed_stack_releases_the_storage_tier(tmp_path: Path) -> None:
+    m = tiny_store(tmp_path)
+    before = set(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").is_dir() else None
+    with pytest.raises(ConfigError, match="throttle needs a bandwidth"):
+        open_tiers("throttle:lat=1ms>pread", tmp_path, m)
+    if before is not None:
+        assert set(os.listdir("/proc/self/fd")) <= before

@@ -160,6 +160,13 @@ class DiskTier:
         await asyncio.to_thread(self._pool.shutdown, True)
         self._close_files()
 
+    def close_sync(self) -> None:
+        """Close without awaiting: only for a tier that never read (its stack failed to build)."""
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            self._close_files()
+
     # --- for subclasses --------------------------------------------------
     def _locate(self, key: ExpertKey) -> tuple[int, int]:
         """(file offset, bytes on disk) of the record of `key`."""

@@ -56,8 +56,11 @@ class ZstdTier(DiskTier):
         return int(offset), int(length)
 
     def _read_raw(self, offset: int, length: int, dest: memoryview) -> int:
-        frame = bytearray(length)
-        got = pread_full(self._fd, memoryview(frame), offset)
+        buf: bytearray | None = getattr(self._local, "frame", None)
+        if buf is None or len(buf) < length:  # one frame buffer per thread, reused
+            buf = self._local.frame = bytearray(length)
+        frame = memoryview(buf)[:length]
+        got = pread_full(self._fd, frame, offset)
         if got != length:
             raise ReadFault(f"short read of the compressed frame ({got} of {length} bytes)")
         dctx: zstandard.ZstdDecompressor | None = getattr(self._local, "dctx", None)
