@@ -102,3 +102,23 @@ def test_object_composition_matches_spec(store) -> None:  # type: ignore[no-unty
         await tier.aclose()
 
     asyncio.run(main())
+
+
+def test_every_tier_reads_a_converted_checkpoint(qwen3_moe_path: Path, tmp_path: Path) -> None:
+    """The tiers read what `edge0 convert --compress zstd` writes, record for record."""
+    from edge0.layout.convert import ConvertOptions, convert
+
+    out = tmp_path / "layout"
+    m = convert(qwen3_moe_path, out, ConvertOptions(group_size=32, compress="zstd"))
+    keys = all_keys(m)
+    want = [plain_read(out, m, k) for k in keys]
+
+    async def main() -> None:
+        for spec in ("pread", "mmap", "direct", "zstd", "ram:1MiB>throttle:nvme4>zstd"):
+            tier = open_tiers(spec, out, m)
+            try:
+                assert await _read_all(tier, keys, m.record_size) == want, spec
+            finally:
+                await tier.aclose()
+
+    asyncio.run(main())
