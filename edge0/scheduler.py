@@ -157,8 +157,9 @@ class Scheduler:
                 info = await self.tier.read_into(
                     ExpertKey(t.layer, t.expert), self.memory.dest(t.layer, t.slot)
                 )
-            except asyncio.CancelledError:
-                self._finish(t, error=TierReadError("cancelled", layer=t.layer, expert=t.expert))
+            except asyncio.CancelledError:  # the engine is closing
+                self._finish(t, error=TierReadError("cancelled", layer=t.layer, expert=t.expert),
+                             quiet=True)  # fmt: skip
                 raise
             except Exception as exc:  # noqa: BLE001 - any tier failure fails this read only
                 err = exc if isinstance(exc, Edge0Error) else TierReadError(
@@ -170,7 +171,9 @@ class Scheduler:
                 self._finish(t)
             self.tracer.read(t)
 
-    def _finish(self, t: FetchTicket, error: BaseException | None = None) -> None:
+    def _finish(
+        self, t: FetchTicket, error: BaseException | None = None, quiet: bool = False
+    ) -> None:
         with self._cond:
             t.finished = time.perf_counter()
             self._in_flight -= 1
@@ -184,11 +187,12 @@ class Scheduler:
                 self.stats.hits += int(t.hit)
                 self.stats.by_tier[t.tier] = self.stats.by_tier.get(t.tier, 0) + 1
             else:
-                t.outcome, t.error = "error", error
-                self.stats.failed += 1
+                t.outcome, t.error = ("cancelled" if quiet else "error"), error
+                self.stats.failed += int(not quiet)
                 layer_slots.mark_failed(t.slot, t.expert)
                 self._errors[(t.layer, t.slot)] = error
-                log.warning("read_failed", layer=t.layer, expert=t.expert, error=str(error))
+                if not quiet:
+                    log.warning("read_failed", layer=t.layer, expert=t.expert, error=str(error))
             self._cond.notify_all()
 
     # --- compute thread side ------------------------------------------------------------

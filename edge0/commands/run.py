@@ -9,7 +9,11 @@ from typing import Any
 
 import click
 
-from edge0.errors import PromptError
+from edge0.errors import ConfigError, PromptError
+from edge0.stream_cli import is_layout, run_streaming, runtime_options
+
+RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
+                "trace_file", "run_log_json", "io_workers")  # fmt: skip
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -37,7 +41,8 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Nucleus sampling mass; 1.0 is off.",
         ),
         click.option(
-            "--top-k",
+            "--sample-top-k",
+            "top_k",
             default=0,
             show_default=True,
             type=click.IntRange(0),
@@ -77,6 +82,7 @@ def read_prompt(prompt: str) -> str:
     show_default=True,
     help="Wrap the prompt in the tokenizer's chat template (if it has one).",
 )
+@runtime_options
 def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
     """Generate text with MODEL (a model directory; default: the demo model).
 
@@ -88,7 +94,17 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
     from edge0.loader import load
 
     text = read_prompt(prompt)
-    loaded = load(model if model is not None else default_model_path())
+    runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
+    path = model if model is not None else default_model_path()
+    if is_layout(path) and runtime["mode"] != "resident":
+        run_streaming(path, text, chat, sampling, runtime)  # the streaming engine (docs/runtime.md)
+        return
+    if runtime["mode"] not in (None, "resident"):
+        raise ConfigError(
+            f"--mode {runtime['mode']} streams experts from an edge0-layout directory; "
+            f"convert {path} first with `edge0 convert {path} OUT`"
+        )
+    loaded = load(path)
     tokens = encode_prompt(loaded.tokenizer, text, chat=chat)
     settings = SamplingSettings(**sampling)
     last = ""

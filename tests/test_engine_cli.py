@@ -1,0 +1,68 @@
+"""`edge0 run` with the streaming runtime: flags, trace file, summary, errors, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edge0 import log
+from edge0.cli import main
+from edge0.runner import MODES
+from edge0.stream_cli import MODES as CLI_MODES
+from runtime_helpers import build_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("cli"), "qwen3_moe")
+
+
+def test_cli_modes_match_the_runtime() -> None:
+    assert CLI_MODES == MODES
+
+
+def test_run_streams_and_writes_trace_and_json_log(store: Path, tmp_path: Path) -> None:
+    trace, logs = tmp_path / "t.json", tmp_path / "log.jsonl"
+    args = ["run", str(store), "-p", "hello", "--max-tokens", "4", "--mode", "hint",
+            "--top-k", "2", "--tiers", "ram:1MiB>pread", "--trace", str(trace),
+            "--log-json", str(logs), "--sample-top-k", "0"]  # fmt: skip
+    try:
+        res = CliRunner().invoke(main, args)
+    finally:  # the JSON sink stays open for the process; close it for the next tests
+        if log._json_sink is not None and log._json_sink is not sys.stderr:
+            log._json_sink.close()
+        log.configure("warning")
+    assert res.exit_code == 0, res.output
+    assert "blocked load" in res.output and "mode hint (top-k 2" in res.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("cat", "").startswith("read.") for e in events)
+    kinds = {json.loads(line)["event"] for line in logs.read_text().splitlines()}
+    assert {"read", "compute", "request_done"} <= kinds
+
+
+def test_streaming_modes_need_a_layout_dir(tmp_path: Path) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    res = CliRunner().invoke(main, ["run", str(hf), "-p", "hi", "--mode", "route"])
+    assert res.exit_code == 2 and "edge0-layout" in res.output
+
+
+def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path) -> None:
+    edge0 = str(Path(sys.executable).parent / "edge0")
+    cmd = [edge0, "run", str(store), "-p", "hello", "--no-chat",
+           "--max-tokens", "100000", "--tiers", "throttle:bw=1MB/s>pread"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(8)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "interrupted" in text and "decode" in text and "Traceback" not in text
