@@ -88,7 +88,7 @@ def heldout_kl(
     total = count = 0.0
     for i in range(0, len(seqs), batch):
         s = mx.array(seqs[i : i + batch])[:, :-1]
-        ls, _ = routed.plan_logits(student, state, s)
+        ls, _ = routed.plan_logits(student, state, s, prefill=prompt_len)
         kl = token_kl(log_probs(ls), log_probs(teacher(s)))
         mask = continuation_mask((s.shape[0], s.shape[1] + 1), prompt_len)
         total += float((kl * mask).sum())
@@ -122,7 +122,7 @@ def train_distill(
         else:
             rows = offpolicy[np.sort(rng.choice(len(offpolicy), size=n, replace=False))]
             seqs = mx.array(rows)[:, :-1]
-            _, plan = routed.plan_logits(model, state, seqs)
+            _, plan = routed.plan_logits(model, state, seqs, prefill=prompt_len)
         teacher_logits = teacher(seqs)
         mask = continuation_mask((seqs.shape[0], seqs.shape[1] + 1), prompt_len)
         mx.eval(teacher_logits, mask)

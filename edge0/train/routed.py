@@ -2,8 +2,8 @@
 
 Route mode at decode step t runs MoE layer b on the set that the head of the
 previous MoE layer predicted at step t-1 (the last layer's wrap-around head
-predicts the first layer; without a head, or at the first token, a layer runs
-its true top-K). Gate weights come from the true router scores of the set,
+predicts the first layer; without a head, at the first token, or while the
+prompt is prefilled, a layer runs its true top-K, as edge0.runner does). Gate weights come from the true router scores of the set,
 renormalised by the family's rule. This module reproduces that arithmetic over
 whole sequences with resident experts, in two passes:
 
@@ -41,13 +41,17 @@ class RouteState:
         self.replay: Plan = {}
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, prefill: int = 0) -> None:
+        """Start a sequence; its first `prefill` positions run their true top-K (the prompt)."""
+        self.prefill = prefill
+        self.pos = -1
         self.current: dict[int, mx.array] = {}  # target layer -> (B, 1, K), made at t-1
         self.next: dict[int, mx.array] = {}  # target layer -> (B, 1, K), made at t
         self.prev_exec: dict[int, mx.array] = {}  # layer -> (B, 1, K) executed at t-1
         self.record: dict[int, list[mx.array]] = {}
 
     def begin_step(self) -> None:
+        self.pos += 1
         self.current, self.next = self.next, {}
 
     def plan(self) -> Plan:
@@ -71,8 +75,8 @@ class RoutedMoE(nn.Module):
 
     def _plan_sets(self, x: mx.array, scores: mx.array) -> mx.array:
         st, layer = self.route, self.layer
-        planned = st.current.get(layer)
-        if planned is None:  # no prediction for this layer at this step: true top-K
+        planned = st.current.get(layer) if st.pos >= st.prefill else None
+        if planned is None:  # prompt, or no prediction for this layer at this step: true top-K
             inds = self.family.select(self, scores, st.k)[0]
         else:
             inds = planned
@@ -123,10 +127,15 @@ def routed(model: nn.Module, heads: PrerouterSet | None, k: int) -> Iterator[Rou
             layers[i].mlp = block
 
 
-def plan_logits(model: nn.Module, state: RouteState, tokens: mx.array) -> tuple[mx.array, Plan]:
-    """Teacher-forced route-mode logits (B, S, V) token by token, and the executed sets."""
+def plan_logits(
+    model: nn.Module, state: RouteState, tokens: mx.array, prefill: int = 0
+) -> tuple[mx.array, Plan]:
+    """Teacher-forced route-mode logits (B, S, V) token by token, and the executed sets.
+
+    The first `prefill` tokens are treated as the prompt (true top-K routing).
+    """
     state.mode = "plan"
-    state.reset()
+    state.reset(prefill)
     cache = make_prompt_cache(model)
     outs = []
     for t in range(tokens.shape[1]):
@@ -163,11 +172,13 @@ def generate(
 ) -> tuple[mx.array, Plan]:
     """Continue (B, P) prompts by `new_tokens` sampled tokens (route mode when `state`).
 
-    Returns (B, P + new_tokens) tokens and the sets executed for inputs 0..P+n-2.
+    The prompt is prefilled with true top-K routing and the continuation is routed
+    by the prediction, as in edge0.runner. Returns (B, P + new_tokens) tokens and the
+    sets executed for inputs 0..P+n-2.
     """
     if state is not None:
         state.mode = "plan"
-        state.reset()
+        state.reset(prefill=prompt.shape[1])
     cache = make_prompt_cache(model)
     seq = [prompt[:, t : t + 1] for t in range(prompt.shape[1])]
     logits: Any = None

@@ -76,7 +76,7 @@ def heldout_loss(
     total = count = 0.0
     for i in range(0, len(seqs), batch):
         s = mx.array(seqs[i : i + batch])
-        logits, _ = routed.plan_logits(model, state, s[:, :-1])
+        logits, _ = routed.plan_logits(model, state, s[:, :-1], prefill=prompt_len)
         ce = nn.losses.cross_entropy(logits.astype(mx.float32), s[:, 1:], reduction="none")
         mask = continuation_mask(s.shape, prompt_len)
         total += float((ce * mask).sum())
@@ -159,7 +159,8 @@ def train_sft(
     def prepare(model: nn.Module, state: routed.RouteState, step: int) -> Any:
         pick = rng.choice(len(train), size=min(cfg.batch, len(train)), replace=False)
         seqs = mx.array(train[np.sort(pick)])
-        _, plan = routed.plan_logits(model, state, seqs[:, :-1])  # sets under current weights
+        # the sets the runtime would execute under the current weights (prompt prefilled)
+        _, plan = routed.plan_logits(model, state, seqs[:, :-1], prefill=prompt_len)
         return seqs, plan
 
     def loss_fn(model: nn.Module, state: routed.RouteState, batch: Any) -> mx.array:
