@@ -1,4 +1,4 @@
-"""The training/eval route-mode simulation decodes what the streaming Engine decodes; adapter hook."""
+"""The route-mode simulation used by training and eval decodes what the streaming Engine decodes."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Route mode at decode step t runs MoE layer b on the set that the head of the
 previous MoE layer predicted at step t-1 (the last layer's wrap-around head
 predicts the first layer; without a head, at the first token, or while the
-prompt is prefilled, a layer runs its true top-K, as edge0.runner does). Gate weights come from the true router scores of the set,
-renormalised by the family's rule. This module reproduces that arithmetic over
+prompt is prefilled, a layer runs its true top-K, as edge0.runner does). Gate
+weights come from the true router scores of the set, renormalised by the
+family's rule. This module reproduces that arithmetic over
 whole sequences with resident experts, in two passes:
 
   plan    token by token with a KV cache (no gradient): the sets each layer
