@@ -63,7 +63,9 @@ class StreamContext:
         self.pos = -1  # position within the current request
         self.prefill = False
         self.request = 0
-        self.predictions: dict[int, tuple[int, list[int]]] = {}  # layer -> (step, experts)
+        # (layer, step) -> (step, experts): what the predictor said `layer` runs at `step`
+        self.predictions: dict[tuple[int, int], tuple[int, list[int]]] = {}
+        self.routed_by_prediction = 0  # layer-steps whose routing was the prediction
         self.prev_executed: dict[int, list[int]] = {}
         self.recording: dict[tuple[int, int], list[int]] | None = None
         self.records: list[StepRecord] = []
@@ -82,6 +84,8 @@ class StreamContext:
         self.pos += 1
         self.prefill = prefill
         self.cur = StepRecord(self.step, prefill)
+        for key in [k for k in self.predictions if k[1] < self.step]:
+            del self.predictions[key]
         if self.scheduler is not None:
             self.scheduler.begin_step(self.step)
 
@@ -104,8 +108,11 @@ class StreamContext:
         """The expert set of `layer` predicted for this step, when it is the routing."""
         if self.mode != "route" or self.prefill:
             return None
-        got = self.predictions.get(layer)
-        return got[1] if got is not None and got[0] == self.step else None
+        got = self.predictions.get((layer, self.step))
+        if got is None:
+            return None
+        self.routed_by_prediction += 1
+        return got[1]
 
     def after_routing(self, layer: int, x: mx.array, executed: list[int], true: list[int]) -> None:
         """Record routing; run the predictor owned by `layer` and prefetch for the next step."""
@@ -124,7 +131,7 @@ class StreamContext:
         if experts is None:
             return
         target = pred.targets[layer]
-        self.predictions[target] = (self.step + 1, experts)
+        self.predictions[(target, self.step + 1)] = (self.step + 1, experts)
         assert self.scheduler is not None
         self.scheduler.prefetch(target, self.step + 1, experts)
 

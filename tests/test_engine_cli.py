@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from runtime_helpers import build_store
 
 from edge0 import log
 from edge0.cli import main
 from edge0.runner import MODES
 from edge0.stream_cli import MODES as CLI_MODES
-from runtime_helpers import build_store
 
 
 @pytest.fixture(scope="module")

@@ -133,6 +133,10 @@ def test_route_with_oracle_reads_nothing_on_demand_while_decoding(store: Path) -
                                tiers=MockTier(store)) as eng:  # fmt: skip
             sched = eng.setup.scheduler
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=8, stop=False)]
+            n_layers = len(eng.setup.manifest.moe_layers)
+            # 7 decode steps (the last prompt step yields the first token), every layer routed
+            # by the prediction made one step earlier
+            assert eng.setup.ctx.routed_by_prediction == 7 * n_layers
             return eng.last_stats, sched.stats
 
     stats, reads = asyncio.run(main())
