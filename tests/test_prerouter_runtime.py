@@ -13,6 +13,7 @@ from runtime_helpers import PROMPT, MockTier, build_store
 
 import edge0.loader
 from edge0.engine import Engine
+from edge0.predictors import HeadPredictor
 from edge0.prerouter import PrerouterSet
 from edge0.train.heads import HeadTrainConfig, train_heads
 from edge0.train.traces import TraceSet, collect
@@ -49,18 +50,12 @@ def test_route_mode_runs_trained_heads(store: Path, trained: PrerouterSet) -> No
     toks, eng, _ = asyncio.run(_decode(store, 8, mode="route", predictor="heads"))
     assert len(toks) == 8
     pred = eng.setup.ctx.predictor
+    assert isinstance(pred, HeadPredictor)
     assert pred.name == "heads" and pred.heads.config.trained
     assert pred.heads.config.info["k"] == 2
     assert eng.last_stats is not None and eng.last_stats.tickets_issued > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug (edge0/runner.py StreamContext): ctx.predictions is keyed by target "
-    "layer only, so the head of layer N, run at step t, overwrites the prediction for layer N+1 "
-    "at step t before layer N+1 consumes it; planned() then sees step t+1 != t and layers "
-    "after the first run their true routing. Remove this mark when predictions are kept per step.",
-)
 def test_route_mode_executes_what_the_heads_predict(store: Path, trained: PrerouterSet) -> None:
     """Heads steered to always say STEER: after the prompt, no other expert is ever read."""
     e = trained.config.num_experts
