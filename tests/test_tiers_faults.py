@@ -292,3 +292,16 @@ def test_zstd_needs_its_side_files(tmp_path: Path) -> None:
     (tmp_path / "z" / "experts.zst.idx").write_bytes(b"\0" * 16)
     with pytest.raises(CheckpointError, match="holds 1 entries, the manifest has 12"):
         open_tiers("zstd", tmp_path / "z", m)
+
+
+def test_retries_option(store) -> None:  # type: ignore[no-untyped-def]
+    d, m = store
+    key = all_keys(m)[1]
+    tier = _open("pread:retries=0", store)
+    _inject(tier, "eio", 1)
+    with pytest.raises(TierReadError, match="after 1 attempts"):
+        _read(tier, m, key)
+    tier = _open("pread:retries=3", store)
+    _inject(tier, "corrupt", 3)
+    data, info = _read(tier, m, key)
+    assert info.attempts == 4 and data == plain_read(d, m, key)

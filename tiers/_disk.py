@@ -74,8 +74,9 @@ class DiskTier:
 
     `verify`: True checks every record read against the manifest's CRC32,
     "once" only the first read of each record in this process, False never.
-    Subclasses implement `_read_raw(offset, dest) -> bytes read` (blocking; it
-    runs in a worker thread) and may override `_locate` and `_close_files`.
+    Subclasses implement `_read_raw(offset, length, dest) -> bytes read`
+    (blocking; it runs in a worker thread) and may override `_locate` (where a
+    record is, for files other than experts.bin) and `_close_files`.
     """
 
     name: ClassVar[str] = "disk"
@@ -84,7 +85,7 @@ class DiskTier:
     OPTIONS: ClassVar[dict[str, Callable[[str], Any]]] = {
         "verify": lambda t: "once" if t.strip().lower() == "once" else parse_bool(t),
         "workers": parse_int,
-        "retries": lambda t: int(t),
+        "retries": lambda t: parse_int(t) if t.strip() != "0" else 0,
     }
 
     def __init__(
