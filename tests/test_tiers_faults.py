@@ -305,3 +305,24 @@ def test_retries_option(store) -> None:  # type: ignore[no-untyped-def]
     _inject(tier, "corrupt", 3)
     data, info = _read(tier, m, key)
     assert info.attempts == 4 and data == plain_read(d, m, key)
+
+
+def test_direct_uses_f_nocache_where_there_is_no_o_direct(
+    store, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The macOS path, driven through a stand-in fcntl module."""
+    import types
+
+    import tiers.direct
+
+    calls: list[tuple[int, int, int]] = []
+    fake = types.SimpleNamespace(fcntl=lambda fd, cmd, arg: calls.append((fd, cmd, arg)))
+    monkeypatch.setattr(tiers.direct, "O_DIRECT", None)
+    monkeypatch.setattr(tiers.direct, "F_NOCACHE", 48)  # F_NOCACHE's value on macOS
+    monkeypatch.setattr(tiers.direct, "fcntl", fake)
+    d, m = store
+    tier = _open("direct", store)
+    assert tier.mode == "f_nocache"  # type: ignore[attr-defined]
+    assert calls == [(tier._fd, 48, 1)]  # type: ignore[attr-defined]
+    key = all_keys(m)[10]
+    assert _read(tier, m, key)[0] == plain_read(d, m, key)
