@@ -192,7 +192,7 @@ def derived(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """KL-gap closed by the last unmerged adapter, and how much of that gain survives merging."""
     by = {r["variant"]: r for r in rows}
     base = by.get("route-trained") or by.get("route-init")
-    stage3 = by.get("lora-distill") or by.get("lora-sft")
+    stage3 = by.get("lora-distill") or by.get("lora-final") or by.get("lora-sft")
     merged = by.get("lora-merged")
     out: dict[str, float | None] = {"kl_gap_closed": None, "merge_retention": None}
     if base and stage3 and base["kl_mean"] > 0:

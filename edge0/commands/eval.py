@@ -87,3 +87,9 @@ def routing(
     click.echo(markdown(result))
     if json_out:
         Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+# Student vs teacher quality (edge0/commands/lora_cmds.py).
+from edge0.commands.lora_cmds import quality as _quality  # noqa: E402
+
+command.add_command(_quality)

@@ -167,3 +167,11 @@ def heads(
         f"held-out recall@{cfg.k}: {summary['heldout_recall_init']:.3f} (init) -> "
         f"{summary['heldout_recall']:.3f} (trained); wrote {path}"
     )
+
+
+# Recovery LoRA stages 2 and 3 (edge0/commands/lora_cmds.py).
+from edge0.commands.lora_cmds import distill as _distill  # noqa: E402
+from edge0.commands.lora_cmds import sft as _sft  # noqa: E402
+
+command.add_command(_sft)
+command.add_command(_distill)
