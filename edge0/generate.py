@@ -39,11 +39,46 @@ class SamplingSettings:
 
 @attrs.frozen
 class Piece:
-    """A chunk of generated text. The last piece of a generation carries the stats."""
+    """One generated token and the text it completes ("" while a character is partial).
+
+    The last piece of a generation has token None, the remaining text, and the stats.
+    """
 
     text: str
     token: int | None = None
     stats: GenerationStats | None = None
+
+
+class TextStream:
+    """Incremental detokenizer: the pieces always join to `tokenizer.decode(tokens)`.
+
+    Decodes a short window of recent tokens and emits the new text once it does not end
+    in a partial UTF-8 character (mlx-lm's streaming detokenizers drop a leading space,
+    which would corrupt plain continuations).
+    """
+
+    MAX_PENDING = 16  # emit even a broken character after this many tokens
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._decode = tokenizer.decode
+        self._ids: list[int] = []
+        self._start = 0  # window start (context for the decoder)
+        self._done = 0  # tokens whose text was emitted
+
+    def add(self, token: int) -> str:
+        self._ids.append(token)
+        new = self._decode(self._ids[self._start :])
+        if new.endswith("\ufffd") and len(self._ids) - self._done < self.MAX_PENDING:
+            return ""
+        return self._emit(new)
+
+    def flush(self) -> str:
+        return self._emit(self._decode(self._ids[self._start :]))
+
+    def _emit(self, new: str) -> str:
+        old = self._decode(self._ids[self._start : self._done])
+        self._start, self._done = self._done, len(self._ids)
+        return new[len(old) :]
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool = True) -> list[int]:
@@ -81,7 +116,8 @@ def generate(
         cache: a prompt cache from `make_prompt_cache`; a fresh one by default.
 
     Yields:
-        `Piece`s of text; the final piece (possibly empty text) has `stats` set.
+        One `Piece` per generated token (an end-of-sequence token is not yielded), then
+        a final piece with `token=None` and `stats` set.
 
     Raises:
         PromptError: the prompt is empty or longer than the model's context.
@@ -102,7 +138,7 @@ def generate(
     model, tokenizer = loaded.model, loaded.tokenizer
     cache = cache if cache is not None else make_prompt_cache(model)
     eos = set(tokenizer.eos_token_ids)
-    detok = tokenizer.detokenizer
+    detok = TextStream(tokenizer)
     stats = GenerationStats(prompt_tokens=len(prompt_tokens))
     mx.reset_peak_memory()
 
@@ -136,16 +172,13 @@ def generate(
         if n < max_tokens:
             nxt = step(y)
             mx.async_eval(nxt)
-        detok.add_token(token)
-        if segment := detok.last_segment:
-            yield Piece(text=segment, token=token)
+        yield Piece(text=detok.add(token), token=token)  # text "" mid-character
         if nxt is None:
             break
         y = nxt
-    detok.finalize()
     stats.decode_seconds = time.perf_counter() - start
     stats.decode_tokens = max(n - 1, 0)  # tokens that came out of decode steps
     stats.peak_mlx_bytes = peak_mlx_bytes()
     stats.peak_rss_bytes = peak_rss_bytes()
     stats.finish_reason = finish
-    yield Piece(text=detok.last_segment, token=None, stats=stats)
+    yield Piece(text=detok.flush(), token=None, stats=stats)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from conftest import FIXTURES, MODEL_TYPES
-
 TOL = 1e-4
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe")
 
 
 def _golden_tool() -> Any:
