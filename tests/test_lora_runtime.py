@@ -49,16 +49,10 @@ def test_true_routing_at_capacity_k_matches_the_engine(stores, family, k):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime bug (edge0/runner.py StreamContext): ctx.predictions is keyed by target "
-    "layer only, so layer N's head at step t overwrites layer N+1's prediction for step t "
-    "before it is consumed and most layers run their true routing. With predictions keyed "
-    "by (layer, step) the simulation and the Engine decode identical tokens (checked by hand "
-    "for both families, K=1 and 2). Remove this mark when the runtime is fixed.",
-)
+@pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
-def test_route_mode_with_init_heads_matches_the_engine(stores, family):
-    assert simulated_tokens(stores[family], 1, "init") == engine_tokens(
-        stores[family], mode="route", predictor="init", top_k=1
+def test_route_mode_with_init_heads_matches_the_engine(stores, family, k):
+    # Training and eval see exactly the routing `edge0 run --mode route` executes.
+    assert simulated_tokens(stores[family], k, "init") == engine_tokens(
+        stores[family], mode="route", predictor="init", top_k=k
     )
