@@ -1,0 +1,81 @@
+"""Write a random-weight checkpoint with the exact shape of a real MoE model.
+
+    python tools/synth_checkpoint.py --shape qwen3.5-35b-a3b /work/scratch/synth/qwen35-35b-a3b
+    python tools/synth_checkpoint.py --shape small --format hf /tmp/small-hf
+
+The default format is the edge0 layout at int4 (random packed weights, sane scales);
+`--format hf` writes a bf16 Hugging Face checkpoint (small shapes only), input for
+`edge0 convert`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edge0.errors import Edge0Error  # noqa: E402
+from edge0.layout.synth import SHAPES, synthesize  # noqa: E402
+from edge0.layout.synth_hf import MAX_HF_BYTES, write_hf  # noqa: E402
+
+
+@click.command()
+@click.option("--shape", type=click.Choice(SHAPES), required=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["edge0", "hf"]), default="edge0", show_default=True
+)
+@click.option("--bits", default=4, show_default=True)
+@click.option("--group-size", default=64, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--shards", default=0, help="HF format: number of shards (0: ~2 GB each).")
+@click.option(
+    "--compress",
+    type=click.Choice(["zstd"]),
+    default=None,
+    help="Edge0 format: also write experts.zst.",
+)
+@click.option("--force", is_flag=True, help="Replace DST if it exists.")
+@click.argument("dst", type=click.Path(file_okay=False))
+def main(
+    shape: str,
+    fmt: str,
+    bits: int,
+    group_size: int,
+    seed: int,
+    shards: int,
+    compress: str | None,
+    force: bool,
+    dst: str,
+) -> None:
+    """Write a random checkpoint of SHAPE into DST."""
+    start = time.perf_counter()
+    try:
+        if fmt == "hf":
+            size = write_hf(shape, Path(dst), seed=seed, shards=shards, force=force)
+        else:
+            m = synthesize(
+                shape,
+                dst,
+                bits=bits,
+                group_size=group_size,
+                seed=seed,
+                force=force,
+                compress=compress,
+            )
+            size = sum(f.stat().st_size for f in Path(dst).iterdir())
+            click.echo(f"{m.n_records} records of {m.record_size} B")
+    except Edge0Error as exc:
+        click.echo(f"synth_checkpoint: error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(
+        f"wrote {dst}: {size / 1e9:.2f} GB in {time.perf_counter() - start:.1f} s"
+        + (f" (HF format is limited to {MAX_HF_BYTES / 1e9:.0f} GB)" if fmt == "hf" else "")
+    )
+
+
+if __name__ == "__main__":
+    main()
