@@ -56,3 +56,33 @@ def test_route_mode_with_init_heads_matches_the_engine(stores, family, k):
     assert simulated_tokens(stores[family], k, "init") == engine_tokens(
         stores[family], mode="route", predictor="init", top_k=k
     )
+
+
+def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path, monkeypatch):
+    """With maybe_apply_adapters where the lead wires it (after load_layout, on the compute
+    thread), the streaming Engine in route mode decodes the simulation's tokens."""
+    import edge0.layout.load as layout_load
+    from edge0 import lora
+
+    store = build_store(tmp_path, "qwen3_moe", seed=1)
+    model = edge0.loader.load(store).model
+    lora.apply_lora(model, lora.LoraConfig(rank=4, alpha=8))
+    mx.random.seed(5)
+    for _, m in lora.lora_modules(model):
+        m.lora_b = 0.3 * mx.random.normal(m.lora_b.shape)
+    lora.save_adapters(model, store / lora.ADAPTER_DIR, lora.LoraConfig(rank=4, alpha=8))
+    with routed.routed(model, PrerouterSet.from_model(model), 1) as state:
+        seq, _ = routed.generate(model, state, mx.array([PROMPT]), N, temperature=0.0)
+    want = seq[0, len(PROMPT) :].tolist()
+
+    plain = engine_tokens(store, mode="route", predictor="init", top_k=1)
+    original = layout_load.load_layout
+
+    def load_with_adapters(path: Any, **kw: Any) -> Any:
+        loaded = original(path, **kw)
+        assert lora.maybe_apply_adapters(loaded.model, path)
+        return loaded
+
+    monkeypatch.setattr(layout_load, "load_layout", load_with_adapters)
+    assert engine_tokens(store, mode="route", predictor="init", top_k=1) == want
+    assert plain != want  # the adapter changes the output
