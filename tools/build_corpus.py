@@ -127,10 +127,11 @@ def main() -> None:
     tok.save(str(args.out / "tokenizer.json"))
     cfg = tokenizer_config(args.max_length)
     (args.out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    tokens: dict[str, int] = {}
     for split in ("train", "heldout"):
         text = (args.out / f"{split}.txt").read_text(encoding="utf-8")
-        ids = tok.encode(text).ids
-        summary.setdefault("tokens", {})[split] = len(ids)  # type: ignore[union-attr]
+        tokens[split] = len(tok.encode(text).ids)
+    summary["tokens"] = tokens
     summary["vocab_size"] = tok.get_vocab_size()
     (args.out / "corpus.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

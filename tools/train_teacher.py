@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def model_config(vocab_size: int, eot_id: int, pad_id: int, ctx: int) -> Qwen3MoeConfig:
     """The teacher's shape: ~29M parameters, 8 MoE layers of 32 experts, top-4."""
-    return Qwen3MoeConfig(
+    shape: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=256,
         intermediate_size=512,  # unused: every layer is sparse
@@ -46,6 +48,7 @@ def model_config(vocab_size: int, eot_id: int, pad_id: int, ctx: int) -> Qwen3Mo
         eos_token_id=eot_id,
         pad_token_id=pad_id,
     )
+    return Qwen3MoeConfig(**shape)
 
 
 def load_tokens(tok: Tokenizer, path: Path) -> np.ndarray:
@@ -95,8 +98,8 @@ def lr_at(step: int, progress: float, peak: float, warmup: int, floor: float) ->
 def save_hf(model: Qwen3MoeForCausalLM, corpus: Path, out: Path, eot_id: int) -> None:
     """Write the bf16 HF checkpoint plus tokenizer and generation config."""
     out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    model.to(torch.float32)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)  # type: ignore[arg-type]
+    model.to(torch.float32)  # type: ignore[arg-type]
     for name in TOKENIZER_FILES:
         shutil.copy(corpus / name, out / name)
     cfg = json.loads((out / "config.json").read_text())
@@ -123,8 +126,9 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-windows", type=int, default=32)
     p.add_argument("--ckpt-every", type=int, default=100)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="1 is fastest on a busy machine")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--experts-impl", default="grouped_mm", choices=["grouped_mm", "eager"])
     p.add_argument("--bench", type=int, default=0, help="only time this many steps and exit")
     args = p.parse_args()
 
@@ -132,9 +136,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
     tok = Tokenizer.from_file(str(args.corpus / "tokenizer.json"))
     eot_id, pad_id = tok.token_to_id(EOT), tok.token_to_id("<|pad|>")
+    assert eot_id is not None and pad_id is not None, "corpus tokenizer lacks special tokens"
     train_ids = load_tokens(tok, args.corpus / "train.txt")
     held_ids = load_tokens(tok, args.corpus / "heldout.txt")
     config = model_config(tok.get_vocab_size(), eot_id, pad_id, args.ctx)
+    # grouped_mm is ~1.6x faster than the per-expert loop on CPU (same losses); not saved.
+    config._experts_implementation = args.experts_impl
     model = Qwen3MoeForCausalLM(config).float()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f}M, train tokens {len(train_ids):,}, held {len(held_ids):,}")
@@ -170,9 +177,9 @@ def main() -> None:
     model.train()
     run_loss, run_aux, run_n = 0.0, 0.0, 0
     t0 = time.perf_counter() - elapsed
-    total = None if budget_s > 0 else steps
     done = start_step
-    bar = tqdm(range(start_step, steps), initial=start_step, total=total, dynamic_ncols=True)
+    step_iter = itertools.count(start_step) if budget_s > 0 else range(start_step, steps)
+    bar = tqdm(step_iter, initial=start_step, total=None if budget_s > 0 else steps)
     for step in bar:
         if progress(step) >= 1.0 and budget_s > 0:
             break
