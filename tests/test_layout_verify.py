@@ -111,3 +111,15 @@ def test_truncated_resident(ckpt: Path) -> None:
         verify(ckpt, progress=False)
     with pytest.raises(CheckpointError, match="resident.safetensors is truncated"):
         load_layout(ckpt)
+
+
+def test_missing_resident_tensor_is_named(ckpt: Path) -> None:
+    import mlx.core as mx
+
+    weights = mx.load(str(ckpt / RESIDENT_FILE))
+    name = sorted(k for k in weights if k.endswith("input_layernorm.weight"))[0]
+    del weights[name]
+    mx.save_safetensors(str(ckpt / RESIDENT_FILE), weights)
+    for mode in ("none", "resident"):
+        with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
+            load_layout(ckpt, experts=mode)

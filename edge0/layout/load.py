@@ -123,14 +123,15 @@ def load_layout(
     assert isinstance(weights, dict)
     _quantize(model, manifest, weights)
     model.eval()
+    expert_weights = _expert_weights(path, manifest, model, experts)
+    if experts == "none":  # make the placeholders the expected shapes, then load strictly
+        model.load_weights(expert_weights, strict=False)
     try:
-        model.load_weights(
-            list(weights.items()) + _expert_weights(path, manifest, model, experts),
-            strict=experts == "resident",
-        )
+        model.load_weights(list(weights.items()) + expert_weights, strict=True)
     except ValueError as exc:
         raise CheckpointError(
-            f"{path}: resident weights do not match the config ({exc}); {_FIX}"
+            f"{path}: resident weights do not match the config "
+            f"({' '.join(str(exc).split())}); {_FIX}"
         ) from None
     if isinstance(dtype, str):
         dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -70,30 +71,50 @@ def check_files(path: Path, manifest: Manifest) -> None:
         )
 
 
+def _read_chunk(fd: int, buf: np.ndarray, offset: int, nbytes: int) -> int:
+    got = os.preadv(fd, [buf.data[:nbytes]], offset)
+    if hasattr(os, "posix_fadvise"):  # read once: do not push other data out of the page cache
+        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+    return got
+
+
 def _check_experts(path: Path, manifest: Manifest, bar: tqdm) -> None:
+    """CRC every record; the next chunk is read in a thread while this one is summed."""
     rs = manifest.record_size
     per_chunk = max(1, CHUNK // rs)
-    buf = np.empty(per_chunk * rs, dtype=np.uint8)
-    index = 0
-    with open(path / EXPERTS_FILE, "rb", buffering=0) as f:
-        f.seek(manifest.data_offset)
-        while index < manifest.n_records:
-            n = min(per_chunk, manifest.n_records - index)
-            mem = buf.data[: n * rs]
-            got = f.readinto(mem)
-            if got != n * rs:
-                raise CheckpointError(
-                    f"{path / EXPERTS_FILE}: short read at {_where(manifest, index)}; {_FIX}"
-                )
-            for i in range(n):
-                if zlib.crc32(mem[i * rs : (i + 1) * rs]) != manifest.crc32[index + i]:
+    bufs = [np.empty(per_chunk * rs, dtype=np.uint8) for _ in range(2)]
+    fd = os.open(path / EXPERTS_FILE, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+
+            def submit(index: int, buf: np.ndarray) -> Future[int]:
+                n = min(per_chunk, manifest.n_records - index)
+                return pool.submit(_read_chunk, fd, buf, manifest.data_offset + index * rs, n * rs)
+
+            index, turn = 0, 0
+            pending = submit(0, bufs[0])
+            while index < manifest.n_records:
+                n = min(per_chunk, manifest.n_records - index)
+                got = pending.result()
+                mem = bufs[turn].data[: n * rs]
+                if index + n < manifest.n_records:
+                    pending = submit(index + n, bufs[1 - turn])
+                if got != n * rs:
                     raise CheckpointError(
-                        f"{path / EXPERTS_FILE}: {_where(manifest, index + i)} fails its CRC32 "
-                        f"check (record {index + i}, "
-                        f"offset {manifest.data_offset + (index + i) * rs}); {_FIX}"
+                        f"{path / EXPERTS_FILE}: short read at {_where(manifest, index)}; {_FIX}"
                     )
-            index += n
-            bar.update(n * rs)
+                for i in range(n):
+                    if zlib.crc32(mem[i * rs : (i + 1) * rs]) != manifest.crc32[index + i]:
+                        raise CheckpointError(
+                            f"{path / EXPERTS_FILE}: {_where(manifest, index + i)} fails its CRC32 "
+                            f"check (record {index + i}, "
+                            f"offset {manifest.data_offset + (index + i) * rs}); {_FIX}"
+                        )
+                index += n
+                turn = 1 - turn
+                bar.update(n * rs)
+    finally:
+        os.close(fd)
 
 
 def _check_zstd(path: Path, manifest: Manifest, bar: tqdm) -> int:
