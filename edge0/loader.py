@@ -87,6 +87,15 @@ def read_config(path: Path) -> dict[str, Any]:
         if eos is not None:
             config["eos_token_id"] = eos
     models.check_supported(config, str(file))
+    hf_quant = config.get("quantization_config") or models.text_config(config).get(
+        "quantization_config"
+    )
+    if isinstance(hf_quant, dict) and "quantization" not in config:
+        raise ModelLoadError(
+            f"{file}: a Hugging Face quantized checkpoint (quant_method "
+            f"{hf_quant.get('quant_method')!r}) is not supported; use the bf16/fp16 "
+            "checkpoint or an mlx-lm / mlx-community quantized one"
+        )
     try:
         return models.normalize_config(config)
     except ModelLoadError as exc:

@@ -296,7 +296,7 @@ def _save(tensors: dict[str, mx.array], out: Path, shards: int) -> None:
 
 
 # The committed test fixtures (tests/fixtures/<model_type>/): spec and shard count.
-FIXTURES: dict[str, tuple[TinySpec, int]] = {
+FIXTURE_SPECS: dict[str, tuple[TinySpec, int]] = {
     "qwen3_moe": (TinySpec(model_type="qwen3_moe", layers=2, top_k=2), 2),
     "qwen3_5_moe": (TinySpec(model_type="qwen3_5_moe", layers=4, top_k=4), 1),
 }

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 import edge0
 from edge0.errors import ModelLoadError
 from edge0.loader import activation_dtype, build_model, load
-from edge0.tiny import FIXTURES, write_checkpoint
+from edge0.tiny import FIXTURE_SPECS, write_checkpoint
 
 PROMPT = [5, 17, 42, 7, 99, 3]
 
@@ -50,7 +50,7 @@ def test_load_fixture(model_type: str, loaded_model: Callable[[str], Any]) -> No
 
 def test_fixtures_are_reproducible(tmp_path: Path) -> None:
     # tools/make_fixture.py is deterministic, so the committed golden logits stay valid.
-    for name, (spec, shards) in FIXTURES.items():
+    for name, (spec, shards) in FIXTURE_SPECS.items():
         out = write_checkpoint(spec, tmp_path / name, shards=shards)
         committed = Path(__file__).parent / "fixtures" / name
         files = sorted(p.name for p in committed.iterdir())
@@ -231,4 +231,11 @@ def test_missing_tokenizer(model_copy: Callable[[str], Path]) -> None:
     (path / "tokenizer.json").unlink()
     (path / "tokenizer_config.json").unlink()
     with pytest.raises(ModelLoadError, match="no tokenizer.json"):
+        load(path)
+
+
+def test_hf_quantized_checkpoint_is_refused(model_copy: Callable[[str], Path]) -> None:
+    path = model_copy("qwen3_moe")
+    edit_config(path, lambda c: c.update(quantization_config={"quant_method": "fp8"}))
+    with pytest.raises(ModelLoadError, match="quant_method 'fp8'.* is not supported; use the bf16"):
         load(path)

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import click
 
-from edge0.tiny import FIXTURES, write_checkpoint
+from edge0.tiny import FIXTURE_SPECS, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @click.command()
 @click.option("--out", type=click.Path(path_type=Path), default=ROOT / "tests" / "fixtures")
-@click.option("--only", type=click.Choice(sorted(FIXTURES)), default=None)
+@click.option("--only", type=click.Choice(sorted(FIXTURE_SPECS)), default=None)
 def main(out: Path, only: str | None) -> None:
-    for name, (spec, shards) in FIXTURES.items():
+    for name, (spec, shards) in FIXTURE_SPECS.items():
         if only is not None and name != only:
             continue
         target = out / name
