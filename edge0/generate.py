@@ -95,8 +95,9 @@ def check_prompt(n_tokens: int, loaded: LoadedModel) -> None:
     if n_tokens == 0:
         raise PromptError("the prompt is empty; pass some text with -p")
     if n_tokens >= loaded.context_length:
+        config_file = "edge0.json" if loaded.source_format == "edge0" else "config.json"
         raise PromptError(
-            f"the prompt is {n_tokens} tokens but {loaded.path / 'config.json'} allows "
+            f"the prompt is {n_tokens} tokens but {loaded.path / config_file} allows "
             f"{loaded.context_length} (max_position_embeddings); shorten the prompt"
         )
 
