@@ -14,7 +14,7 @@ import edge0.loader
 from edge0.errors import CheckpointError
 from edge0.prerouter import PrerouterConfig, PrerouterSet, moe_blocks, multi_hot
 from edge0.tiny import TinySpec, write_checkpoint
-from edge0.train.capture import quantize_student, run_and_record
+from edge0.train.capture import fake_quantize_student, quantize_student, run_and_record
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_5_moe"])
@@ -123,3 +123,14 @@ def test_student_path_head_inits_from_dequantized_router(tiny: Path) -> None:
     got = heads.predict(owner, h, None, None)
     want = blocks[target].gate(h)  # 8-bit quantized router
     assert mx.allclose(got, want, atol=1e-4).item()
+
+
+def test_fake_quantized_student_matches_int4_path(tiny: Path) -> None:
+    real = quantize_student(edge0.loader.load(tiny).model)
+    fake = fake_quantize_student(edge0.loader.load(tiny).model)
+    full = edge0.loader.load(tiny).model
+    toks = _tokens(2, 16)
+    r, f, t = (run_and_record(m, toks, np.dtype(np.float32)) for m in (real, fake, full))
+    np.testing.assert_allclose(f.hidden, r.hidden, atol=1e-4)
+    np.testing.assert_allclose(f.logits, r.logits, atol=1e-4)
+    assert np.abs(t.hidden - r.hidden).max() > 1e-3  # int4 really changed the path

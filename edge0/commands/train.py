@@ -14,16 +14,20 @@ log = get_logger(__name__)
 
 
 def load_fp32(path: str, int4: bool = False) -> Any:
-    """edge0.load at fp32 (full precision on every backend); int4: quantized student path."""
+    """edge0.load at fp32 (full precision on every backend).
+
+    int4: the int4 student path, as fake quantization (`fake_quantize_student`: the same
+    int4 values, fp32 matmuls; the CPU's int4 prefill kernels are ~15x slower).
+    """
     import mlx.core as mx
 
     import edge0.loader
-    from edge0.train.capture import quantize_student
+    from edge0.train.capture import fake_quantize_student
 
     loaded = edge0.loader.load(path)
     loaded.model.set_dtype(mx.float32)
     if int4:
-        quantize_student(loaded.model)
+        fake_quantize_student(loaded.model)
     mx.eval(loaded.model.parameters())
     return loaded
 

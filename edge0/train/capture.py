@@ -93,3 +93,27 @@ def quantize_student(model: nn.Module, bits: int = 4, group_size: int = 64) -> n
 
     nn.quantize(model, group_size, bits, class_predicate=pick)
     return model
+
+
+def fake_quantize_student(model: nn.Module, bits: int = 4, group_size: int = 64) -> nn.Module:
+    """The same int4 grid as `quantize_student`, dequantized back to float weights.
+
+    The weights equal the values the quantized kernels compute with, so hidden states and
+    routing match the int4 student up to float summation order, while fp32 matmuls run at
+    BLAS speed (CPU int4 prefill is ~15x slower than fp32 with OpenBLAS).
+    """
+    predicate = getattr(model, "quant_predicate", None)
+    for path, module in model.named_modules():
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
+            continue
+        params = predicate(path, module) if predicate is not None else True
+        if params is False:
+            continue
+        gs, nb = group_size, bits
+        if isinstance(params, dict):
+            gs, nb = params.get("group_size", gs), params.get("bits", nb)
+        w = module.weight
+        wq, scales, biases = mx.quantize(w, group_size=gs, bits=nb)
+        module.weight = mx.dequantize(wq, scales, biases, group_size=gs, bits=nb).astype(w.dtype)
+    mx.eval(model.parameters())
+    return model
