@@ -106,11 +106,15 @@ def evaluate_variant(
     gen_len: int,
     teacher_greedy: np.ndarray,
     batch: int = 4,
+    wrap: bool | None = None,
 ) -> dict[str, Any]:
     """Figures of one variant over (N, S) held-out windows and (M, P) greedy prompts."""
     parts: dict[str, list[np.ndarray]] = {}
     with _adapter(student, variant) as info:
-        routing = routed.routed(student, heads, k) if variant.heads != "resident" else _nothing()
+        if variant.heads == "resident":
+            routing: Any = _nothing()
+        else:
+            routing = routed.routed(student, heads, k, wrap=wrap)
         with routing as state:
             for i in range(0, len(windows), batch):
                 w = mx.array(windows[i : i + batch])
@@ -150,6 +154,7 @@ def evaluate_quality(
     prompts: np.ndarray,
     gen_len: int,
     batch: int = 4,
+    wrap: bool | None = None,
 ) -> dict[str, Any]:
     """Every variant's row plus the derived figures (gap closed by stage 3, merge retention)."""
     teacher_greedy = (
@@ -177,9 +182,10 @@ def evaluate_quality(
                 gen_len,
                 teacher_greedy,
                 batch,
+                wrap,
             )  # fmt: skip
         )
-    return {"k": k, "rows": rows, "derived": derived(rows)}
+    return {"k": k, "wrap": wrap, "rows": rows, "derived": derived(rows)}
 
 
 def _model_top_k(model: nn.Module) -> int:

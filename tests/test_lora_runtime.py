@@ -32,10 +32,10 @@ def engine_tokens(store: Path, **opts: Any) -> list[int]:
     return asyncio.run(go())
 
 
-def simulated_tokens(store: Path, k: int, heads: str | None) -> list[int]:
+def simulated_tokens(store: Path, k: int, heads: str | None, wrap: bool = True) -> list[int]:
     model = edge0.loader.load(store).model
     prerouter = PrerouterSet.from_model(model) if heads == "init" else None
-    with routed.routed(model, prerouter, k) as state:
+    with routed.routed(model, prerouter, k, wrap=wrap) as state:
         seq, _ = routed.generate(model, state, mx.array([PROMPT]), N, temperature=0.0)
     out: list[int] = seq[0, len(PROMPT) :].tolist()  # type: ignore[assignment]
     return out
@@ -49,12 +49,15 @@ def test_true_routing_at_capacity_k_matches_the_engine(stores, family, k):
     )
 
 
+@pytest.mark.parametrize("first_layer", ["wrap", "reactive"])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
-def test_route_mode_with_init_heads_matches_the_engine(stores, family, k):
-    # Training and eval see exactly the routing `edge0 run --mode route` executes.
-    assert simulated_tokens(stores[family], k, "init") == engine_tokens(
-        stores[family], mode="route", predictor="init", top_k=k
+def test_route_mode_with_init_heads_matches_the_engine(stores, family, k, first_layer):
+    # Training and eval see exactly the routing `edge0 run --mode route` executes:
+    # the first MoE layer routed by the wrap-around head, or by its own true top-K.
+    wrap = first_layer == "wrap"
+    assert simulated_tokens(stores[family], k, "init", wrap) == engine_tokens(
+        stores[family], mode="route", predictor="init", top_k=k, first_layer=first_layer
     )
 
 
@@ -71,11 +74,12 @@ def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path, monkeyp
     for _, m in lora.lora_modules(model):
         m.lora_b = 0.3 * mx.random.normal(m.lora_b.shape)
     lora.save_adapters(model, store / lora.ADAPTER_DIR, lora.LoraConfig(rank=4, alpha=8))
-    with routed.routed(model, PrerouterSet.from_model(model), 1) as state:
+    with routed.routed(model, PrerouterSet.from_model(model), 1, wrap=True) as state:
         seq, _ = routed.generate(model, state, mx.array([PROMPT]), N, temperature=0.0)
     want = seq[0, len(PROMPT) :].tolist()
 
-    plain = engine_tokens(store, mode="route", predictor="init", top_k=1)
+    opts = {"mode": "route", "predictor": "init", "top_k": 1, "first_layer": "wrap"}
+    plain = engine_tokens(store, **opts)
     original = layout_load.load_layout
 
     def load_with_adapters(path: Any, **kw: Any) -> Any:
@@ -84,5 +88,5 @@ def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path, monkeyp
         return loaded
 
     monkeypatch.setattr(layout_load, "load_layout", load_with_adapters)
-    assert engine_tokens(store, mode="route", predictor="init", top_k=1) == want
+    assert engine_tokens(store, **opts) == want
     assert plain != want  # the adapter changes the output

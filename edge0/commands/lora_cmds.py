@@ -53,12 +53,26 @@ def _windows(corpus: str, split: str, encode: Any, n: int, length: int) -> Any:
     return sample_windows(corpus_text(corpus, split), encode, max(1, n), length)
 
 
+_first_layer_option = click.option(
+    "--first-layer", type=click.Choice(["wrap", "resident", "reactive"]), default=None,
+    help="First MoE layer: routed by the wrap-around head, or its true top-K "
+    "(resident/reactive) [default: edge0 run's default].",
+)  # fmt: skip
+
+
+def _wrap(first_layer: str | None) -> bool:
+    from edge0.train.routed import runtime_wraps
+
+    return runtime_wraps() if first_layer is None else first_layer == "wrap"
+
+
 def _loop_options(fn: Any) -> Any:
     opts = [
         click.option("--k", "k", type=int, default=None,
                      help="Route capacity K [default: the heads' K, else top-k/2]."),
         click.option("--heads", "heads_dir", type=click.Path(exists=True, file_okay=False),
                      default=None, help="Directory with prerouter.safetensors [default: MODEL]."),
+        _first_layer_option,
         click.option("--steps", default=300, show_default=True),
         click.option("--batch", default=4, show_default=True, help="Sequences per step."),
         click.option("--lr", default=2e-4, show_default=True),
@@ -86,7 +100,8 @@ def _loop_options(fn: Any) -> Any:
 @click.option("--targets", default=None, help="Comma-separated layer-relative module paths.")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Adapter directory [default: MODEL/adapters-sft].")  # fmt: skip
-def sft(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None, steps: int,
+def sft(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
+        first_layer: str | None, steps: int,
         batch: int, lr: float, eval_every: int, max_minutes: float | None, seed: int, prompts: int,
         heldout: int, prompt_len: int, gen_len: int, temperature: float, rank: int, alpha: float,
         targets: str | None, out: str | None) -> None:  # fmt: skip
@@ -113,21 +128,21 @@ def sft(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | N
                             keys=tuple(targets.split(",")) if targets else None)  # fmt: skip
     lora.apply_lora(s.model, cfg_l)
     cfg = SftConfig(k=k, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                    max_minutes=max_minutes, seed=seed)  # fmt: skip
+                    max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer))  # fmt: skip
     summary = train_sft(s.model, trained or init, train, held, prompt_len, cfg)
-    meta = _meta("sft", k, trained, teacher, summary)
+    meta = _meta("sft", k, trained, teacher, summary, cfg.wrap)
     lora.save_adapters(s.model, out_dir, cfg_l, meta=meta)
     click.echo(json.dumps({k_: v for k_, v in summary.items() if k_ != "history"}, indent=2))
     click.echo(f"held-out route-mode CE (K={k}): {summary['heldout_before']:.4f} -> "
                f"{summary['heldout_best']:.4f} nats/token; wrote {out_dir}")  # fmt: skip
 
 
-def _meta(
-    stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any]
-) -> dict[str, Any]:
+def _meta(stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any],
+          wrap: bool | None) -> dict[str, Any]:  # fmt: skip
     keep = ("steps", "heldout_before", "heldout_best", "seconds", "trainable_params")
     return {"stage": stage, "k": k, "heads": "trained" if trained is not None else "init",
-            "teacher": str(teacher), **{k_: summary[k_] for k_ in keep}}  # fmt: skip
+            "first_layer": "wrap" if wrap else "true-top-k", "teacher": str(teacher),
+            **{k_: summary[k_] for k_ in keep}}  # fmt: skip
 
 
 @click.command("distill")
@@ -163,7 +178,8 @@ def _meta(
     default=None,
     help="Adapter directory [default: MODEL/adapters, what the runtime loads].",
 )
-def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None, steps: int,
+def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
+            first_layer: str | None, steps: int,
             batch: int, lr: float, eval_every: int, max_minutes: float | None, seed: int,
             init_dir: str | None, on_policy: float, beta: float, tail_k: int, tail_weight: float,
             gen_len: int, temperature: float, prompt_len: int, prompts: int, rank: int,
@@ -199,13 +215,13 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
         raise click.UsageError("--on-policy < 1 needs teacher samples: run `edge0 train sft` first")
     train_p = _windows(corpus, "train", enc, prompts, prompt_len)
     loop = SftConfig(k=k, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                     max_minutes=max_minutes, seed=seed)  # fmt: skip
+                     max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer))  # fmt: skip
     cfg = DistillConfig(loop=loop, on_policy=on_policy, beta=beta, tail_k=tail_k,
                         tail_weight=tail_weight, temperature=temperature,
                         gen_len=gen_len)  # fmt: skip
     summary = train_distill(s.model, trained or init, t.model, train_p, off, held, cfg)
     out_dir = Path(out or Path(model) / lora.ADAPTER_DIR)
-    meta = _meta("distill", k, trained, teacher, summary)
+    meta = _meta("distill", k, trained, teacher, summary, loop.wrap)
     meta["on_policy_steps"] = summary["on_policy_steps"]
     lora.save_adapters(s.model, out_dir, cfg_l, meta=meta)
     click.echo(json.dumps({k_: v for k_, v in summary.items() if k_ != "history"}, indent=2))
@@ -231,6 +247,7 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
     default=None,
     help="Directory with prerouter.safetensors [default: MODEL].",
 )
+@_first_layer_option
 @click.option(
     "--sft-adapter",
     type=click.Path(file_okay=False),
@@ -253,9 +270,9 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False), default=None)
 def quality(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
-            sft_adapter: str | None, adapter: str | None, tokens: int, seq_len: int, prompts: int,
-            prompt_len: int, gen_len: int, split: str, batch: int, json_out: str | None,
-            md_out: str | None) -> None:  # fmt: skip
+            first_layer: str | None, sft_adapter: str | None, adapter: str | None, tokens: int,
+            seq_len: int, prompts: int, prompt_len: int, gen_len: int, split: str, batch: int,
+            json_out: str | None, md_out: str | None) -> None:  # fmt: skip
     """Perplexity ratio, KL, top-1 agreement, greedy divergence of each student variant."""
     from edge0 import lora
     from edge0.eval_quality import Variant, evaluate_quality, markdown
@@ -282,7 +299,7 @@ def quality(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
     windows = _windows(corpus, split, enc, tokens // seq_len, seq_len + 1)
     greedy_p = _windows(corpus, split, enc, prompts, prompt_len) if prompts else windows[:0, :1]
     result = evaluate_quality(t.model, s.model, variants, heads, k, windows, greedy_p, gen_len,
-                              batch=batch)  # fmt: skip
+                              batch=batch, wrap=_wrap(first_layer))  # fmt: skip
     result.update(model=str(model), teacher=str(teacher), corpus=str(corpus), split=split,
                   tokens=int(windows.shape[0] * seq_len), seq_len=seq_len, prompts=prompts,
                   prompt_len=prompt_len, gen_len=gen_len)  # fmt: skip

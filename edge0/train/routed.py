@@ -35,9 +35,10 @@ Plan = dict[int, mx.array]  # MoE layer -> (B, S, K) executed expert sets
 class RouteState:
     """Shared by every RoutedMoE of one model: the mode and the predictions in flight."""
 
-    def __init__(self, heads: PrerouterSet | None, k: int) -> None:
+    def __init__(self, heads: PrerouterSet | None, k: int, wrap: bool = True) -> None:
         self.heads = heads
         self.k = k
+        self.wrap = wrap  # False: the first MoE layer is never predicted (true top-K)
         self.mode = "plan"  # "plan" | "replay"
         self.replay: Plan = {}
         self.reset()
@@ -84,8 +85,8 @@ class RoutedMoE(nn.Module):
         inds = mx.sort(inds.astype(mx.int32), axis=-1)
         st.record.setdefault(layer, []).append(inds)
         heads = st.heads
-        if heads is not None and layer in heads.heads:
-            target = heads.target[layer]
+        target = heads.target.get(layer) if heads is not None else None
+        if heads is not None and target is not None and (st.wrap or target > layer):
             pred = heads.predict_topk(layer, x, inds, st.prev_exec.get(layer), st.k)
             st.next[target] = mx.stop_gradient(pred)
         st.prev_exec[layer] = inds
@@ -110,10 +111,26 @@ def model_type(model: nn.Module) -> str:
     return str(getattr(args, "model_type", None) or getattr(model, "model_type", ""))
 
 
+def runtime_wraps() -> bool:
+    """Whether `edge0 run`'s default first-layer policy is the wrap-around head."""
+    from edge0.engine_setup import EngineOptions
+
+    return bool(EngineOptions().first_layer == "wrap")
+
+
 @contextmanager
-def routed(model: nn.Module, heads: PrerouterSet | None, k: int) -> Iterator[RouteState]:
-    """Install RoutedMoE on every sparse layer for the duration of the block."""
-    state = RouteState(heads, k)
+def routed(
+    model: nn.Module, heads: PrerouterSet | None, k: int, wrap: bool | None = None
+) -> Iterator[RouteState]:
+    """Install RoutedMoE on every sparse layer for the duration of the block.
+
+    `wrap`: whether the last layer's head routes the first layer (the runtime's
+    `first_layer="wrap"`); otherwise the first layer runs its true top-K (its
+    "resident" and "reactive" policies). None: the heads' own config.
+    """
+    if wrap is None:
+        wrap = heads.config.wrap if heads is not None else False
+    state = RouteState(heads, k, wrap)
     family = family_for(model_type(model))
     if heads is not None:
         heads.check_model(model)

@@ -33,6 +33,7 @@ class SftConfig:
     eval_every: int = 25
     max_minutes: float | None = None
     seed: int = 0
+    wrap: bool | None = None  # first MoE layer routed by the wrap head (None: heads' config)
 
 
 def teacher_samples(
@@ -109,7 +110,7 @@ def fit(
     opt = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     start = time.perf_counter()
     history: list[dict[str, float]] = []
-    with routed.routed(student, heads, cfg.k) as state:
+    with routed.routed(student, heads, cfg.k, wrap=cfg.wrap) as state:
         grad_fn = nn.value_and_grad(student, lambda m, b: loss_fn(m, state, b))
         best = first = evaluate(student, state)
         best_weights = lora.adapter_weights(student)
