@@ -20,6 +20,7 @@ from edge0.layout.model import build_float_model
 from edge0.layout.quant import switch_modules
 from edge0.layout.records import record_layout
 from edge0.layout.synth import shape_config, synthesize
+from edge0.layout.synth_hf import write_hf
 from edge0.layout.verify import verify
 
 
@@ -66,17 +67,23 @@ def test_synth_is_deterministic_per_seed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shape", ["tiny", "tiny-qwen3"])
 def test_hf_format_converts(shape: str, tmp_path: Path) -> None:
-    tool = Path(__file__).resolve().parents[1] / "tools" / "synth_checkpoint.py"
-    args = ["--shape", shape, "--format", "hf", "--shards", "2", str(tmp_path / "hf")]
-    result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    again = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
-    assert again.returncode == 2 and "--force" in again.stderr
+    write_hf(shape, tmp_path / "hf", shards=2)
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    with pytest.raises(ConversionError, match="--force"):
+        write_hf(shape, tmp_path / "hf")
     m = convert(tmp_path / "hf", tmp_path / "e0")
     lm = load_layout(tmp_path / "e0")
     assert bool(mx.all(mx.isfinite(lm.model(mx.array([[1, 2, 3]])))))
     assert m.n_records == len(m.moe_layers) * m.n_experts
+
+
+def test_tool_command_line(tmp_path: Path) -> None:
+    tool = Path(__file__).resolve().parents[1] / "tools" / "synth_checkpoint.py"
+    args = ["--shape", "tiny", str(tmp_path / "s")]
+    result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "32 records" in result.stdout
+    assert verify(tmp_path / "s", progress=False).records == 32
 
 
 def test_free_disk_check(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

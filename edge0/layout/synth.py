@@ -90,6 +90,12 @@ def shape_config(name: str) -> dict[str, Any]:
     cfg: Any
     if name == "qwen3.5-35b-a3b":
         cfg = Qwen3_5MoeConfig(architectures=["Qwen3_5MoeForConditionalGeneration"])
+    elif name == "qwen3.5-35b-a3b-4layers":  # the 35B's tensors, 4 of its 40 layers
+        text = Qwen3_5MoeConfig().text_config.to_dict()
+        text.update(num_hidden_layers=4, layer_types=text["layer_types"][:4])
+        cfg = Qwen3_5MoeConfig(
+            text_config=text, architectures=["Qwen3_5MoeForConditionalGeneration"]
+        )
     elif name in ("tiny", "small", "medium"):
         text = dict(
             {"tiny": tiny_35, "small": small_35, "medium": medium_35}[name], dtype="bfloat16"
@@ -151,6 +157,7 @@ def _kw(**kwargs: Any) -> dict[str, Any]:
 
 SHAPES = (
     "qwen3.5-35b-a3b",
+    "qwen3.5-35b-a3b-4layers",
     "qwen3-30b-a3b",
     "tiny",
     "small",
