@@ -152,3 +152,18 @@ def test_adapter_for_another_model_is_a_load_error(tmp_path: Path):
     (tmp_path / lora.CONFIG_FILE).write_text("{not json")
     with pytest.raises(ModelLoadError, match="not valid JSON"):
         lora.load_adapters(small, tmp_path)
+
+
+def test_dropout_only_in_train_mode():
+    import mlx.nn as nn
+
+    layer = lora.LoRALinear(nn.Linear(32, 16), rank=4, scale=2.0, dropout=0.5)
+    layer.lora_b = mx.ones(layer.lora_b.shape)
+    x = mx.ones((3, 32))
+    layer.eval()
+    clean = np.array(layer(x))
+    want = np.array(layer.linear(x) + 2.0 * (x @ layer.lora_a) @ layer.lora_b)
+    np.testing.assert_allclose(clean, want, rtol=1e-5, atol=1e-5)
+    layer.train()
+    mx.random.seed(0)
+    assert not np.allclose(np.array(layer(x)), clean, atol=1e-3)

@@ -107,6 +107,7 @@ def fit(
     """
     mx.random.seed(cfg.seed)
     trainable = lora.mark_trainable(student)
+    student.eval()
     opt = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
     start = time.perf_counter()
     history: list[dict[str, float]] = []
@@ -116,8 +117,10 @@ def fit(
         best_weights = lora.adapter_weights(student)
         bar = tqdm(range(cfg.steps), desc=desc, unit="step")
         for step in bar:
-            batch = prepare(student, state, step)
+            batch = prepare(student, state, step)  # eval mode: sets as the runtime picks them
+            student.train()  # LoRA dropout (if any) only in the differentiated pass
             loss, grads = grad_fn(student, batch)
+            student.eval()
             opt.update(student, grads)
             mx.eval(loss, student.trainable_parameters(), opt.state)
             row = {"step": step + 1, "loss": float(loss)}
