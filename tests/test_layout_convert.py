@@ -159,3 +159,23 @@ def test_rejects_non_moe_and_bad_sources(tmp_path: Path) -> None:
     mx.save_safetensors(str(tmp_path / "model.safetensors"), {"lm_head.weight": mx.zeros((4, 4))})
     with pytest.raises(ConversionError, match="no routed-expert tensors"):
         convert(tmp_path, tmp_path / "out")
+
+
+def test_fp32_source_with_fp16_config_matches_mlx_lm(tmp_path: Path) -> None:
+    import json
+
+    import mlx_lm
+
+    hf = tiny_hf(tmp_path, "qwen3_moe")
+    weights = mx.load(str(hf / "model.safetensors"))
+    mx.save_safetensors(
+        str(hf / "model.safetensors"), {k: v.astype(mx.float32) for k, v in weights.items()}
+    )
+    config = json.loads((hf / "config.json").read_text())
+    config["torch_dtype"] = "float16"
+    (hf / "config.json").write_text(json.dumps(config))
+    m = convert(hf, tmp_path / "e0", OPTS)
+    assert m.field("up_proj.scales").dtype == "float16"
+    ref, _ = mlx_lm.load(str(mlx_lm_int4(hf, tmp_path / "mlx")))
+    ours = load_layout(tmp_path / "e0", dtype=None)
+    assert greedy(ours.model, PROMPT) == greedy(ref, PROMPT)
