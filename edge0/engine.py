@@ -151,12 +151,14 @@ class Engine:
                              predictor=getattr(ctx.predictor, "name", ""))  # fmt: skip
             stats.finish_reason = "cancelled"
             t0 = time.perf_counter()
-            io_at_decode = 0.0
+            io_at_decode: float | None = None
+            bytes_at_decode: int | None = None
             try:
                 tok = await self._compute.run(lambda: runner.prefill(ids))
                 t1 = time.perf_counter()
                 stats.prefill_s = t1 - t0
-                io_at_decode = sched.stats.read_busy_s if sched else 0.0
+                if sched is not None:
+                    io_at_decode, bytes_at_decode = t1, sched.stats.bytes
                 n = 0
                 while True:
                     if tok in eos:
@@ -175,15 +177,19 @@ class Engine:
                 stats.finish_reason = "error"
                 raise
             finally:
-                self._finish(stats, first_record, reads0, io_at_decode)
+                self._finish(stats, first_record, reads0, io_at_decode, bytes_at_decode)
 
     def _finish(
-        self, stats: RunStats, first_record: int, reads0: ReadStats | None, io_at_decode: float
-    ) -> None:
+        self, stats: RunStats, first_record: int, reads0: ReadStats | None,
+        io_at_decode: float | None, bytes_at_decode: int | None,
+    ) -> None:  # fmt: skip
         ctx, sched = self.setup.ctx, self.setup.scheduler
         reads = diff_reads(sched.stats, reads0) if sched and reads0 else ReadStats()
-        decode_io = (sched.stats.read_busy_s - io_at_decode) if sched and io_at_decode else 0.0
-        fill(stats, ctx.records[first_record:], reads, decode_io)
+        decode_io, decode_bytes = 0.0, 0
+        if sched is not None and io_at_decode is not None and bytes_at_decode is not None:
+            decode_io = sched.io_time(io_at_decode, time.perf_counter())
+            decode_bytes = sched.stats.bytes - bytes_at_decode
+        fill(stats, ctx.records[first_record:], reads, decode_io, decode_bytes)
         stats.peak_mlx_bytes = peak_mlx_bytes()
         stats.peak_rss_bytes = peak_rss_bytes()
         stats.loop_max_lag_ms = self._max_lag * 1e3

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ConfigError
@@ -26,6 +27,9 @@ from edge0.trace import Tracer
 
 log = get_logger("edge0.engine")
 KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves
+# first streamed layer: its experts resident in memory; predicted by the last layer's
+# wrap-around head; or routed and read on demand (docs/runtime.md has the measurements)
+FIRST_LAYER = ("resident", "wrap", "reactive")
 
 
 @attrs.frozen
@@ -38,7 +42,7 @@ class EngineOptions:
     predictor: str = "init"
     memory_budget: str | int | None = None
     trace: str | Path | None = None  # Chrome trace JSON written at close
-    first_layer: str = "wrap"  # wrap: the last layer's head predicts the first; reactive
+    first_layer: str = "resident"  # resident | wrap | reactive (FIRST_LAYER)
     io_workers: int = 2
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in ctx.recording (to replay as oracle)
@@ -50,8 +54,10 @@ class EngineOptions:
             raise ConfigError(
                 f"unknown predictor {self.predictor!r}; choose one of {', '.join(NAMES)}"
             )
-        if self.first_layer not in ("wrap", "reactive"):
-            raise ConfigError(f"first_layer must be 'wrap' or 'reactive', not {self.first_layer!r}")
+        if self.first_layer not in FIRST_LAYER:
+            raise ConfigError(
+                f"first_layer must be one of {', '.join(FIRST_LAYER)}, not {self.first_layer!r}"
+            )
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
         if self.io_workers < 1:
@@ -107,11 +113,17 @@ def prepare(
             opts.predictor, model, layers, model_dir, wrap=opts.first_layer == "wrap",
             recording=opts.recording,
         )  # fmt: skip
+    keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+    streamed = [i for i in layers if i not in keep]
     n_slots = 2 * k
-    memory = SlotMemory(manifest, layers, n_slots)
-    table = SlotTable(layers, n_slots)
+    memory = SlotMemory(manifest, streamed, n_slots)
+    table = SlotTable(streamed, n_slots)
     ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
                         predictor=predictor)  # fmt: skip
+    if predictor is not None:  # heads only for layers that are streamed
+        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
+    if keep and model_dir is not None:
+        ctx.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
     if opts.record_routing:
         ctx.recording = {}
     family = family_for(manifest.model_type)
@@ -139,15 +151,27 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     spec = opts.tiers
     if opts.memory_budget is not None and isinstance(spec, str):
         resident = sum(int(v.nbytes) for _, v in _flat_params(loaded.model))
+        resident += sum(int(a.nbytes) for d in ctx.resident_experts.values() for a in d.values())
         setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
                                  kv_bytes(manifest.config, KV_CONTEXT))  # fmt: skip
         spec = apply_to_spec(spec, setup.memory_plan.cache)
         log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec)
     setup.tier = open_tiers(spec, path, manifest)
     layers = list(table.layers)
+    if not layers:
+        return setup  # nothing streamed (a single MoE layer kept resident)
     setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
     ctx.scheduler = setup.scheduler
     return setup
+
+
+def resident_stacks(model_dir: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
+    """All experts of `layer` as stacked (E, ...) arrays (CRC-checked), for a resident layer."""
+    from edge0.layout.load import read_expert_stacks
+
+    stacks = read_expert_stacks(model_dir, manifest, layer)
+    mx.eval(list(stacks.values()))
+    return stacks
 
 
 def _flat_params(model: nn.Module) -> list[tuple[str, Any]]:

@@ -23,8 +23,14 @@ NAMES = ("oracle", "temporal", "init", "heads")
 
 
 class Predictor(Protocol):
+    """`graph` (lazy, evaluated together with the layer's routing) or `predict` (after it)."""
+
     name: str
     targets: dict[int, int]  # owner layer -> target layer (predicted for the next step)
+
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None: ...
 
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
@@ -49,6 +55,11 @@ class OraclePredictor:
         self.recording = recording
         self.targets = chain(layers, wrap=True)
 
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        return None
+
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
         prev: list[int] | None, k: int,
@@ -65,6 +76,11 @@ class TemporalPredictor:
     def __init__(self, layers: list[int]) -> None:
         self.targets = {layer: layer for layer in layers}
 
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        return None
+
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
         prev: list[int] | None, k: int,
@@ -80,14 +96,20 @@ class HeadPredictor:
         self.name = name
         self.targets = dict(heads.target)
 
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d))."""
+        logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1),
+                                    None if prev is None else prev.reshape(-1))  # (E,)
+        return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
+
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
         prev: list[int] | None, k: int,
     ) -> list[int] | None:  # fmt: skip
-        hot_t = mx.array(executed, dtype=mx.int32)
-        hot_prev = None if prev is None else mx.array(prev, dtype=mx.int32)
-        logits = self.heads.predict(layer, x.reshape(-1), hot_t, hot_prev)  # (E,)
-        top = mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
+        top = self.graph(layer, x, mx.array(executed), None if prev is None else mx.array(prev), k)
+        assert top is not None
         out: list[int] = top.tolist()  # type: ignore[assignment]
         return out
 
@@ -101,13 +123,14 @@ def make_predictor(
     recording: dict[tuple[int, int], list[int]] | None = None,
 ) -> Predictor:
     """Build a predictor before the model's sparse blocks are replaced (heads read routers)."""
+    pred: Predictor
     if name == "oracle":
         if recording is None:
             raise ConfigError("the oracle predictor replays a recorded routing; pass recording=")
-        return OraclePredictor(recording, layers)
-    if name == "temporal":
-        return TemporalPredictor(layers)
-    if name == "heads":
+        pred = OraclePredictor(recording, layers)
+    elif name == "temporal":
+        pred = TemporalPredictor(layers)
+    elif name == "heads":
         if model_dir is None or not PrerouterSet.exists(model_dir):
             raise ConfigError(
                 f"{model_dir}: no trained prerouter (prerouter.safetensors); train one with "
@@ -120,7 +143,7 @@ def make_predictor(
         pred = HeadPredictor(PrerouterSet.from_model(model, wrap=wrap), "init")
     else:
         raise ConfigError(f"unknown predictor {name!r}; choose one of {', '.join(NAMES)}")
-    if not wrap:
-        pred.targets = {a: b for a, b in pred.targets.items() if b > a}
+    if not wrap:  # no head predicts the first streamed layer
+        pred.targets = {a: b for a, b in pred.targets.items() if b != layers[0]}
     log.info("predictor", name=pred.name, heads=len(pred.targets))
     return pred

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from edge0.moe import sparse_blocks
 from edge0.moe.slotmem import SlotMemory
 from edge0.predictors import Predictor
 from edge0.scheduler import Scheduler
@@ -67,7 +68,10 @@ class StreamContext:
         self.predictions: dict[tuple[int, int], tuple[int, list[int]]] = {}
         self.routed_by_prediction = 0  # layer-steps whose routing was the prediction
         self.prev_executed: dict[int, list[int]] = {}
+        self.prev_inds: dict[int, mx.array] = {}
         self.recording: dict[tuple[int, int], list[int]] | None = None
+        # layers whose experts stay in memory (first-layer policy "resident"): field -> (E, ...)
+        self.resident_experts: dict[int, dict[str, mx.array]] = {}
         self.records: list[StepRecord] = []
         self.cur = StepRecord(-1, True)
 
@@ -76,6 +80,7 @@ class StreamContext:
         self.request, self.pos = request, -1
         self.predictions.clear()
         self.prev_executed.clear()
+        self.prev_inds.clear()
         if self.scheduler is not None:
             self.scheduler.begin_request(request)
 
@@ -114,20 +119,33 @@ class StreamContext:
         self.routed_by_prediction += 1
         return got[1]
 
-    def after_routing(self, layer: int, x: mx.array, executed: list[int], true: list[int]) -> None:
-        """Record routing; run the predictor owned by `layer` and prefetch for the next step."""
+    def prediction_graph(self, layer: int, x: mx.array, executed: mx.array) -> mx.array | None:
+        """The lazy prediction of the head owned by `layer`, evaluated with its routing."""
+        pred = self.predictor
+        if pred is None or self.mode in ("resident", "reactive") or layer not in pred.targets:
+            return None
+        return pred.graph(layer, x, executed, self.prev_inds.get(layer), self.top_k)
+
+    def after_routing(
+        self, layer: int, x: mx.array, executed: list[int], true: list[int],
+        executed_mx: mx.array, pred_graph: mx.array | None,
+    ) -> None:  # fmt: skip
+        """Record routing; issue the prefetch of what the predictor owned by `layer` said."""
         self.cur.layers += 1
         if self.recording is not None:
             self.recording[(self.pos, layer)] = list(true)
         prev = self.prev_executed.get(layer)
         self.prev_executed[layer] = executed
+        self.prev_inds[layer] = executed_mx
         pred = self.predictor
         if pred is None or self.mode in ("resident", "reactive") or layer not in pred.targets:
             return
-        t0 = time.perf_counter()
-        experts = pred.predict(layer, self.pos, x, executed, true, prev, self.top_k)
-        t1 = time.perf_counter()
-        self.span("predict", layer, t0, t1)
+        if pred_graph is not None:
+            experts: list[int] | None = pred_graph.tolist()  # type: ignore[assignment]
+        else:
+            t0 = time.perf_counter()
+            experts = pred.predict(layer, self.pos, x, executed, true, prev, self.top_k)
+            self.span("predict", layer, t0, time.perf_counter())
         if experts is None:
             return
         target = pred.targets[layer]
@@ -158,6 +176,7 @@ class Runner:
         self.ctx = ctx
         self.sampler = sampler
         self.cache = make_prompt_cache(model)
+        self.n_layers = len(sparse_blocks(model))
         ctx.begin_request(request)
 
     def feed(self, token: int, prefill: bool) -> int:
@@ -171,6 +190,8 @@ class Runner:
         mx.eval(nxt)  # the step fence: every graph of this step is evaluated
         t2 = time.perf_counter()
         ctx.span("eval", -1, t1, t2)
+        if ctx.mode == "resident":  # no streaming blocks count layers: count them here
+            ctx.cur.layers = self.n_layers
         ctx.end_step(t2 - t0)
         return int(nxt.item())  # type: ignore[arg-type]
 

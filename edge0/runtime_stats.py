@@ -27,6 +27,7 @@ class RunStats:
     compute_ms_per_step: float = 0.0  # decode steps: inside mx.eval
     overhead_ms_per_layer: float = 0.0  # neither eval nor waiting, per streamed layer
     bytes_per_token: float = 0.0
+    decode_bytes_per_step: float = 0.0  # read during decode steps only
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
     tier_reads: dict[str, int] = attrs.field(factory=dict)  # serving tier -> reads
     cache_hit_rate: float = 0.0  # reads served by a cache tier / all reads
@@ -89,11 +90,15 @@ def diff_reads(after: ReadStats, before: ReadStats) -> ReadStats:
     return out
 
 
-def fill(stats: RunStats, steps: list[StepRecord], reads: ReadStats, decode_io_s: float) -> None:
+def fill(
+    stats: RunStats, steps: list[StepRecord], reads: ReadStats, decode_io_s: float,
+    decode_bytes: int = 0,
+) -> None:  # fmt: skip
     """Derive the per-step figures from the decode steps and the read counters."""
     decode = [s for s in steps if not s.prefill]
     n = len(decode)
     if n:
+        stats.decode_bytes_per_step = decode_bytes / n
         wall = sum(s.wall for s in decode)
         ev = sum(s.eval for s in decode)
         wait = sum(s.wait for s in decode)

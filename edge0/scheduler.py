@@ -13,6 +13,7 @@ The slot table (edge0.slots) is changed only under `self._lock`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import queue
 import threading
@@ -117,6 +118,7 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight = 0
         self._busy_since = 0.0
+        self._intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1 << 18)
 
     # --- event loop side -------------------------------------------------------------
     async def start(self) -> None:
@@ -180,6 +182,7 @@ class Scheduler:
             if self._in_flight == 0:
                 self.stats.read_busy_s += t.finished - self._busy_since
             layer_slots = self.table[t.layer]
+            self._intervals.append((t.started, t.finished))
             if error is None:
                 t.outcome = "ok"
                 layer_slots.mark_ready(t.slot, t.expert)
@@ -194,6 +197,18 @@ class Scheduler:
                 if not quiet:
                     log.warning("read_failed", layer=t.layer, expert=t.expert, error=str(error))
             self._cond.notify_all()
+
+    def io_time(self, since: float, until: float) -> float:
+        """Wall time in [since, until] with at least one read in flight (union of reads)."""
+        with self._lock:
+            spans = sorted((max(a, since), min(b, until)) for a, b in self._intervals
+                           if b > since and a < until)  # fmt: skip
+        total, end = 0.0, since
+        for a, b in spans:
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        return total
 
     # --- compute thread side ------------------------------------------------------------
     def begin_request(self, request: int) -> None:

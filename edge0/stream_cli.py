@@ -28,9 +28,10 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--predictor", type=click.Choice(["init", "heads", "temporal"]),
                      default=None, help="Who predicts the next step's experts (hint/route) "
                      "[default: heads when prerouter.safetensors exists, else init]."),
-        click.option("--first-layer", type=click.Choice(["wrap", "reactive"]), default="wrap",
-                     show_default=True, help="First streamed layer: predicted by the last "
-                     "layer's wrap-around head, or routed and read on demand."),
+        click.option("--first-layer", type=click.Choice(["resident", "wrap", "reactive"]),
+                     default="resident", show_default=True, help="First MoE layer: experts "
+                     "kept in memory, predicted by the last layer's wrap-around head, or "
+                     "routed and read on demand."),
         click.option("--memory-budget", default=None,
                      help="Total memory, e.g. 3GiB: the RAM cache gets what resident weights, "
                           "slot tables and KV cache leave."),

@@ -9,6 +9,7 @@ Chrome/Perfetto JSON trace: a "compute" track and one track per tier worker.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -29,7 +30,9 @@ class Tracer:
         self.origin = time.perf_counter()
         self.events: list[dict[str, Any]] = []
         self._workers: set[int] = set()
-        self._log = get_logger("edge0.trace")
+        # bound once: a lazy proxy re-binds on every call (~6 us); the bound logger ~0.5 us
+        self._log = get_logger("edge0.trace").bind()
+        self.logging = bool(self._log.is_enabled_for(logging.DEBUG))
         self._lock = threading.Lock()
 
     def _us(self, t: float) -> float:
@@ -37,7 +40,8 @@ class Tracer:
 
     def read(self, ticket: FetchTicket) -> None:
         """A ticket finished (ok, error or cancelled)."""
-        self._log.debug("read", **ticket.fields())
+        if self.logging:
+            self._log.debug("read", **ticket.fields())
         if not self.chrome or not ticket.started:
             return
         tid = 1 + max(ticket.worker, 0)
@@ -57,9 +61,10 @@ class Tracer:
 
     def compute(self, kind: str, step: int, layer: int, start: float, end: float) -> None:
         """A span of the compute thread: `kind` is eval, wait, predict or sample."""
-        self._log.debug(
-            "compute", kind=kind, step=step, layer=layer, ms=round((end - start) * 1e3, 3)
-        )
+        if self.logging:
+            self._log.debug(
+                "compute", kind=kind, step=step, layer=layer, ms=round((end - start) * 1e3, 3)
+            )
         if not self.chrome:
             return
         event = {

@@ -38,16 +38,21 @@ def run(coro: Any) -> Any:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_modes_match_resident(stores: dict[str, Path], family: str) -> None:
+@pytest.mark.parametrize("first", ["resident", "wrap", "reactive"])
+def test_modes_match_resident(stores: dict[str, Path], family: str, first: str) -> None:
     path = stores[family]
     ref, _ = run(decode(path, PROMPT, mode="resident"))
-    got, eng = run(decode(path, PROMPT, mode="reactive", record_routing=True))
+    got, eng = run(decode(path, PROMPT, mode="reactive", record_routing=True, first_layer=first))
     assert got == ref
     recording = eng.setup.ctx.recording
-    hint, _ = run(decode(path, PROMPT, mode="hint", predictor="init"))
+    hint, _ = run(decode(path, PROMPT, mode="hint", predictor="init", first_layer=first))
     assert hint == ref
-    oracle, eng = run(decode(path, PROMPT, mode="route", predictor="oracle", recording=recording))
+    oracle, eng = run(decode(path, PROMPT, mode="route", predictor="oracle", recording=recording,
+                             first_layer=first))  # fmt: skip
     assert oracle == ref
+    n_layers = len(eng.setup.manifest.moe_layers)
+    predicted_layers = n_layers if first == "wrap" else n_layers - 1
+    assert eng.setup.ctx.routed_by_prediction == (12 - 1) * predicted_layers
     stats = eng.last_stats
     # the oracle predicts every decode step: nothing is read on demand after the prompt
     assert stats.blocked_ms_per_step < 5.0 and stats.tickets_wasted == 0

@@ -130,7 +130,7 @@ def test_route_with_oracle_reads_nothing_on_demand_while_decoding(store: Path) -
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=8, stop=False)]
             rec = eng.setup.ctx.recording
         async with Engine.open(store, mode="route", predictor="oracle", recording=rec,
-                               tiers=MockTier(store)) as eng:  # fmt: skip
+                               first_layer="wrap", tiers=MockTier(store)) as eng:  # fmt: skip
             sched = eng.setup.scheduler
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=8, stop=False)]
             n_layers = len(eng.setup.manifest.moe_layers)

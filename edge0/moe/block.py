@@ -7,7 +7,8 @@ token, one decode step) on the compute thread:
   1. router scores and the true top-K, evaluated (routing must be known);
   2. the expert set: the true top-K, or in `route` mode the set predicted one
      step earlier, with gate weights from the true scores (family rule);
-  3. the predictor for the next streamed layer runs and its reads are issued;
+  3. the predictor owned by this layer (evaluated with the routing: one eval per
+     layer) names the next step's experts of its target layer; reads are issued;
   4. `acquire` blocks until this layer's slots are staged;
   5. gather_qmm over the slot views with an expert->slot index (same expert order
      as the resident block, so outputs are bit-identical for the same set).
@@ -53,26 +54,30 @@ class StreamingMoE(nn.Module):
             )
         ctx, fam, layer = self.ctx, self.family, self.layer
         scores = fam.scores(self, x)  # (1, 1, E)
-        inds, w = fam.select(self, scores, ctx.top_k)  # (1, 1, K) each
-        t0 = time.perf_counter()
-        mx.eval(inds, w)
-        ctx.span("eval", layer, t0, time.perf_counter())
-        true = inds.reshape(-1).tolist()
-        experts: list[int] = true
+        true_inds, w = fam.select(self, scores, ctx.top_k)  # (1, 1, K) each
+        inds = true_inds
         planned = ctx.planned(layer)
         if planned is not None:  # route mode: the prediction is the routing
-            experts = planned
             inds = mx.array(planned, dtype=mx.uint32).reshape(1, 1, len(planned))
             w = fam.weights(self, scores, inds)
-        ctx.after_routing(layer, x, experts, true)
-        slots = ctx.acquire(layer, experts)
-        idx = mx.array(slots, dtype=mx.uint32).reshape(inds.shape)  # (1, 1, K) slot indices
+        pred = ctx.prediction_graph(layer, x, inds)  # (K,) next step's experts, lazy, or None
+        t0 = time.perf_counter()
+        mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
+        ctx.span("eval", layer, t0, time.perf_counter())
+        true: list[int] = true_inds.reshape(-1).tolist()
+        experts = planned if planned is not None else true
+        ctx.after_routing(layer, x, experts, true, inds, pred)
+        if layer in ctx.resident_experts:  # a layer kept in memory: experts index themselves
+            idx = inds
+        else:
+            slots = ctx.acquire(layer, experts)
+            idx = mx.array(slots, dtype=mx.uint32).reshape(inds.shape)  # (1, 1, K) slot indices
         y = self._experts(x, idx)  # (1, 1, K, d_model)
         y = (y * w[..., None]).sum(axis=-2)
         return fam.extra(self, x, y)
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
-        views = self.ctx.memory.views[self.layer]
+        views = self.ctx.resident_experts.get(self.layer) or self.ctx.memory.views[self.layer]
         q = self.ctx.quant
         h = mx.expand_dims(x, (-2, -3))  # (1, 1, 1, 1, d_model)
 
