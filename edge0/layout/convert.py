@@ -100,6 +100,14 @@ def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) ->
         "bits": w.shape[-1] * 32 // shape.d_model,
         "mode": source.config["quantization"].get("mode", "affine"),
     }
+    first = {k: v.shape[1:] for k, v in le.tensors.items()}
+    for layer in shape.layers:
+        other = source.experts[layer].tensors
+        if {k: v.shape[1:] for k, v in other.items()} != first:
+            raise ConversionError(
+                f"{source.path}: layer {layer}'s experts are quantized differently from layer "
+                f"{shape.layers[0]}'s; the edge0 layout needs one record shape for all layers"
+            )
     for name, want in (("bits", opts.bits), ("group_size", opts.group_size)):
         if want is not None and want != found[name]:
             raise ConversionError(
