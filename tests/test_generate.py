@@ -129,3 +129,16 @@ def test_text_stream_joins_to_decode(loaded_model: Callable[[str], Any]) -> None
     pieces = [stream.add(i) for i in ids]
     assert "".join(pieces) + stream.flush() == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_no_chat_template_means_plain_prompt(model_copy: Callable[[str], Any]) -> None:
+    import json
+
+    from edge0.loader import load_tokenizer
+
+    path = model_copy("qwen3_moe")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(path)
+    assert encode_prompt(tok, "hello", chat=True) == tok.encode("hello")
