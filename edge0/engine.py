@@ -20,7 +20,9 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
+import structlog
 
+from edge0 import log as edge0_log
 from edge0.engine_setup import EngineOptions, Setup, build
 from edge0.generate import SamplingSettings, encode_prompt
 from edge0.log import get_logger
@@ -57,6 +59,8 @@ class Engine:
         temporal, init, heads), memory_budget=None ("3GiB"), trace=None (a .json
         path), first_layer="wrap" (or "reactive"), io_workers=2.
         """
+        if not structlog.is_configured():  # a library stays quiet unless the app configures logs
+            edge0_log.configure("warning")
         opts = EngineOptions(**options)
         compute = ComputeThread()
         try:
@@ -114,16 +118,21 @@ class Engine:
             max_tokens: most tokens to generate.
             sampling: temperature / top-p / sample top-k; greedy by default.
         """
-        ids = prompt if isinstance(prompt, list) else encode_prompt(self.tokenizer, prompt, chat)
+        if isinstance(prompt, list):
+            ids = prompt
+        else:  # chat templates compile on first use (~100 ms): keep that off the event loop
+            ids = await asyncio.to_thread(encode_prompt, self.tokenizer, prompt, chat)
         detok = self.tokenizer.detokenizer
         detok.reset()
         async for tok in self.tokens(ids, max_tokens=max_tokens, sampling=sampling):
             detok.add_token(tok)
-            if detok.last_segment:
-                yield detok.last_segment
+            segment = detok.last_segment  # reading it consumes it
+            if segment:
+                yield segment
         detok.finalize()
-        if detok.last_segment:
-            yield detok.last_segment
+        segment = detok.last_segment
+        if segment:
+            yield segment
         assert self.last_stats is not None
         yield self.last_stats
 

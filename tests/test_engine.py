@@ -37,7 +37,7 @@ def test_generate_streams_text_then_stats(store: Path) -> None:
         return ref, stats, text
 
     ref, stats, text = asyncio.run(main())
-    assert isinstance(text, str) and stats.generated_tokens >= 1
+    assert text and stats.generated_tokens >= 1
     assert stats.mode == "route" and stats.predictor == "init"
     assert stats.prompt_tokens > 0 and stats.decode_tps >= 0
     assert "decode" in stats.summary()
@@ -127,3 +127,14 @@ def test_bad_options_raise_config_errors(store: Path, opts: dict[str, Any], matc
 
     with pytest.raises(ConfigError, match=match):
         asyncio.run(main())
+
+
+def test_text_pieces_join_to_the_decoded_tokens(store: Path) -> None:
+    async def main() -> tuple[str, str]:
+        async with Engine.open(store, mode="hint", tiers=MockTier(store)) as eng:
+            text, _ = await collect(eng, PROMPT, n=10)
+            ids = [t async for t in eng.tokens(PROMPT, max_tokens=10)]
+            return text, eng.tokenizer.decode(ids)
+
+    text, decoded = asyncio.run(main())
+    assert text == decoded and text
