@@ -201,14 +201,14 @@ def load(path: str | Path) -> LoadedModel:
     # which loses precision if done in bf16 (mlx-lm does it in the stored dtype).
     weights = {k: _cast(v, dtype) for k, v in weights.items()}
     model = models.instantiate(config, str(path / "config.json"))
-    if hasattr(model, "sanitize"):
-        weights = model.sanitize(weights)
-    if isinstance(config.get("quantization"), dict):
-        _quantize(model, config["quantization"], weights)
     model.eval()
     try:
+        if hasattr(model, "sanitize"):
+            weights = model.sanitize(weights)  # HF names/layouts -> mlx-lm's
+        if isinstance(config.get("quantization"), dict):
+            _quantize(model, config["quantization"], weights)
         model.load_weights(list(weights.items()), strict=True)
-    except ValueError as exc:
+    except (KeyError, ValueError) as exc:
         detail = str(exc).replace("\n", " ")[:300]
         raise ModelLoadError(
             f"{path}: the safetensors weights do not match config.json ({detail}); the "

@@ -239,3 +239,15 @@ def test_hf_quantized_checkpoint_is_refused(model_copy: Callable[[str], Path]) -
     edit_config(path, lambda c: c.update(quantization_config={"quant_method": "fp8"}))
     with pytest.raises(ModelLoadError, match="quant_method 'fp8'.* is not supported; use the bf16"):
         load(path)
+
+
+def test_missing_expert_tensor(model_copy: Callable[[str], Path]) -> None:
+    path = model_copy("qwen3_moe")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shard = path / index["weight_map"]["model.layers.1.mlp.experts.3.up_proj.weight"]
+    weights = mx.load(str(shard))
+    assert isinstance(weights, dict)
+    del weights["model.layers.1.mlp.experts.3.up_proj.weight"]
+    mx.save_safetensors(str(shard), weights)
+    with pytest.raises(ModelLoadError, match="weights do not match config.json.*experts.3"):
+        load(path)
