@@ -56,9 +56,10 @@ def _register() -> None:
     main.add_command(train.command)
     main.add_command(eval_cmd.command)
 
-    from edge0.commands import bench
+    from edge0.commands import bench, bench_run
 
     main.add_command(bench.command)
+    bench_run.register(bench.command)
 
 
 _register()

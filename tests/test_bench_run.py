@@ -1,0 +1,147 @@
+"""`edge0 bench run` / `sweep`: variant grid, interleaving, table and JSON structure, plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from runtime_helpers import build_store
+
+from edge0 import bench_run, bench_sweep
+from edge0.bench_run import BenchOptions, Variant
+from edge0.cli import main
+from edge0.errors import ConfigError
+
+FIELDS = {"decode_tps", "prefill_tps", "blocked_ms_per_step", "bytes_per_token",
+          "slot_hit_rate", "cache_hit_rate", "overlap_efficiency", "peak_mlx_bytes",
+          "peak_rss_bytes"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("bench"), "qwen3_moe")
+
+
+def _opts(store: Path, **kw: object) -> BenchOptions:
+    base: dict = dict(prompts=1, prompt_len=4, tokens=3, repeats=2, warmup_tokens=1,
+                      isolate="process")  # fmt: skip
+    base.update(kw)
+    return BenchOptions(model=store, **base)
+
+
+def test_variant_grid() -> None:
+    vs = bench_run.make_variants(["resident", "reactive", "route"], [2, 4], ["pread", "mmap"])
+    labels = [v.label for v in vs]
+    assert len(vs) == 2 + 2 * 2 * 2  # resident once per K: it reads nothing
+    assert labels[0] == "resident K=2 @ -" and "route (init) K=4 @ mmap" in labels
+    assert len(set(labels)) == len(labels)
+    with pytest.raises(ConfigError, match="unknown mode"):
+        bench_run.make_variants(["fast"], [None], ["pread"])
+
+
+def test_rounds_interleave_and_report(store: Path) -> None:
+    variants = [Variant("reactive", 2, "pread"), Variant("route", 2, "pread")]
+    seen: list[tuple[int, str]] = []
+    runs = bench_run.run_rounds(variants, _opts(store), lambda r, v, _: seen.append((r, v.label)))
+    a, b = (v.label for v in variants)
+    assert seen == [(0, a), (0, b), (1, a), (1, b)]  # A B A B
+    rep = bench_run.report(variants, _opts(store), runs, "edge0 bench run x")
+    assert [o["label"] for o in rep["order"]] == [a, b, a, b]
+    assert [o["round"] for o in rep["order"]] == [0, 0, 1, 1]
+    for row in rep["variants"]:
+        assert row["runs_ok"] == 2 and not row["errors"]
+        assert FIELDS <= set(row["median"]) and FIELDS <= set(row["min"])
+        assert row["min"]["decode_tps"] <= row["median"]["decode_tps"] <= row["max"]["decode_tps"]
+        for run in row["runs"]:
+            assert run["rss_method"] == "clear_refs" and run["summary"]["generated_tokens"] == 3
+            assert len(run["stats"]) == 1 and run["stats"][0]["mode"] == row["mode"]
+    assert rep["variants"][0]["median"]["bytes_per_token"] > 0  # reactive reads experts
+    (ratio,) = rep["ratios"]
+    assert ratio["variant"] == b and ratio["over"] == a and len(ratio["per_round"]) == 2
+    lines = rep["table"].splitlines()
+    assert len(lines) == 4 and lines[0].count("|") == lines[2].count("|") == lines[3].count("|")
+    assert lines[2].startswith(f"| {a} | 2 | ") and lines[3].startswith(f"| {b} | 2 | ")
+    json.dumps(rep)  # serialisable as written by --json
+
+
+def test_failed_variant_is_reported_not_fatal(store: Path) -> None:
+    variants = [Variant("reactive", 2, "nosuchtier"), Variant("resident", 2, "pread")]
+    runs = bench_run.run_rounds(variants, _opts(store, repeats=1))
+    rep = bench_run.report(variants, _opts(store, repeats=1), runs)
+    bad, good = rep["variants"]
+    assert bad["runs_ok"] == 0 and "nosuchtier" in bad["errors"][0]
+    assert good["runs_ok"] == 1
+    assert "| 0 | failed:" in rep["table"]
+
+
+def test_subprocess_run_has_its_own_peak_rss(store: Path) -> None:
+    job = bench_run.make_job(Variant("reactive", 2, "pread"), _opts(store), 0)
+    res = bench_run.run_subprocess(job, timeout_s=300, mem_floor=0)
+    assert res["error"] is None and res["rss_method"] == "subprocess"
+    assert res["summary"]["peak_rss_bytes"] >= res["rss_before_bytes"] > 0
+    assert res["rss_polled_max_bytes"] > 0
+
+
+def test_subprocess_timeout_is_reported(store: Path) -> None:
+    job = bench_run.make_job(Variant("reactive", 2, "pread"), _opts(store), 0)
+    res = bench_run.run_subprocess(job, timeout_s=0.05, mem_floor=0)
+    assert "timeout" in res["error"] and "summary" not in res
+
+
+def test_sweep_cli_json_and_table(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    args = ["bench", "sweep", str(store), "--bandwidths", "0.5,2", "--k", "2", "--repeats", "1",
+            "--prompts", "1", "--prompt-len", "3", "--tokens", "2", "--warmup-tokens", "0",
+            "--isolate", "process", "--json", str(out), "--md", str(tmp_path / "s.md")]  # fmt: skip
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    rep = json.loads(out.read_text())
+    labels = [v["label"] for v in rep["variants"]]
+    assert labels == [
+        "reactive K=2 @ throttle:bw=0.5GB/s,lat=100us>pread",
+        "route (init) K=2 @ throttle:bw=0.5GB/s,lat=100us>pread",
+        "reactive K=2 @ throttle:bw=2GB/s,lat=100us>pread",
+        "route (init) K=2 @ throttle:bw=2GB/s,lat=100us>pread",
+        "resident K=2 @ -",
+    ]
+    assert sorted(p[0] for p in rep["sweep"]["points"]["route"]) == [0.5, 2]
+    assert len(rep["sweep"]["bounds"]) == 1
+    table = [ln for ln in res.output.splitlines() if ln.startswith("| ")]
+    assert table[0].startswith("| GB/s | reactive tok/s | route tok/s |")
+    assert [ln.split(" | ")[0] for ln in table[1:]] == ["| 0.5", "| 2"]
+    assert "edge0 bench sweep" in (tmp_path / "s.md").read_text()
+
+
+def test_sweep_rejects_bad_input() -> None:
+    with pytest.raises(ConfigError):
+        bench_sweep.parse_bandwidths("fast")
+    with pytest.raises(ConfigError, match="unknown bound"):
+        bench_sweep.Sweep((1.0,), ("route",), 2, bounds=("oracle",)).variants()
+
+
+def test_plots_write_pngs(store: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from edge0 import bench_plot
+
+    trace = tmp_path / "t.json"
+    job = bench_run.make_job(Variant("route", 2, "pread"), _opts(store), 0, trace=str(trace))
+    assert bench_run.run_one(job, _opts(store))["error"] is None
+    png = bench_plot.timeline({"route": trace}, tmp_path / "timeline.png", steps=2)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    variants = [Variant("reactive", 2, "pread")]
+    rep = bench_run.report(variants, _opts(store), bench_run.run_rounds(variants, _opts(store)))
+    assert bench_plot.bars(rep, tmp_path / "bars.png").read_bytes()[:4] == b"\x89PNG"
+    pts = {"route": [(0.5, 2.0, 1.5, 2.5), (1.0, 3.0, 2.9, 3.1)]}
+    out = bench_plot.sweep_plot(pts, {"resident": 4.0}, tmp_path / "s.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge0 import bench_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ConfigError, match="matplotlib"):
+        bench_plot.sweep_plot({}, {}, Path("never.png"))
