@@ -29,6 +29,7 @@ class RunStats:
     bytes_per_token: float = 0.0
     decode_bytes_per_step: float = 0.0  # read during decode steps only
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
+    rewrites_per_step: float = 0.0  # slots written per step (incremental table: misses only)
     tier_reads: dict[str, int] = attrs.field(factory=dict)  # serving tier -> reads
     cache_hit_rate: float = 0.0  # reads served by a cache tier / all reads
     overlap_efficiency: float = 0.0  # max(compute, io) / measured decode time
@@ -67,7 +68,8 @@ class RunStats:
             f"{self.overhead_ms_per_layer:.3f} ms/layer | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
             f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
-            f"{self.slot_hit_rate:.2f} | cache hit rate {self.cache_hit_rate:.2f} | "
+            f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
+            f"cache hit rate {self.cache_hit_rate:.2f} | "
             f"by tier: {tiers}",
             f"tickets issued {self.tickets_issued}, consumed {self.tickets_consumed}, wasted "
             f"{self.tickets_wasted}, cancelled {self.tickets_cancelled}, failed "
@@ -111,6 +113,7 @@ def fill(
     stats.bytes_per_token = reads.bytes / tokens if tokens else 0.0
     asked = reads.staged_hits + reads.staged_misses
     stats.slot_hit_rate = reads.staged_hits / asked if asked else 0.0
+    stats.rewrites_per_step = reads.issued / len(steps) if steps else 0.0
     done = sum(reads.by_tier.values())
     stats.tier_reads = dict(reads.by_tier)
     stats.cache_hit_rate = reads.hits / done if done else 0.0

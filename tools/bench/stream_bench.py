@@ -3,8 +3,9 @@
 1. Build (once) a synthetic qwen3_moe store under /work/scratch (random weights,
    d_model 512, 8 MoE layers, 16 experts top-4, expert FFN 512, int4).
 2. Calibrate: reactive and route runs over the page cache give decode compute
-   ms/step (median) and bytes read per decode step (mean of the two modes); the
-   throttle bandwidth is set so that per-step reads take `--io-ratio` x compute.
+   ms/step (median) and bytes read per decode step of each mode; the throttle
+   bandwidth is set so that per-step reads (`--calibrate-on` route, reactive or
+   their mean) take `--io-ratio` x compute.
 3. Run the variants interleaved (A B C A B C ...) through `throttle:bw=..,lat=..>pread`,
    report medians and the route/reactive ratio.
 
@@ -81,6 +82,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--io-ratio", type=float, default=1.0, help="per-step reads / compute")
     ap.add_argument("--lat", default="100us", help="throttle latency per read")
+    ap.add_argument("--calibrate-on", choices=["route", "reactive", "mean"], default="mean",
+                    help="whose per-step reads the throttle makes equal to compute")
     ap.add_argument("--variants", default="reactive,route,hint,resident")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -95,12 +98,14 @@ def main() -> None:
     pairs = list(zip(cal_runs, order, strict=True))
     per_mode = {m: statistics.mean(c.decode_bytes_per_step for c, n in pairs if n == m)
                 for m in ("reactive", "route")}  # fmt: skip
-    step_bytes = statistics.mean(per_mode.values())
+    step_bytes = per_mode[args.calibrate_on] if args.calibrate_on in per_mode else statistics.mean(
+        per_mode.values()
+    )
     bw = step_bytes / (compute_s * args.io_ratio)
     tiers = f"throttle:bw={bw / 1e6:.1f}MB/s,lat={args.lat}>pread"
     print(f"calibration: compute {compute_s * 1e3:.1f} ms/step; reads/step reactive "
           f"{per_mode['reactive'] / 2**20:.2f} MiB, route {per_mode['route'] / 2**20:.2f} MiB "
-          f"(mean used) -> tiers {tiers}")
+          f"({args.calibrate_on} used) -> tiers {tiers}")
     # 2. interleaved rounds
     names = args.variants.split(",")
     results: dict[str, list[RunStats]] = {n: [] for n in names}
