@@ -63,7 +63,7 @@ def routing(
     from edge0.commands.train import blas_hint, load_fp32
     from edge0.eval_routing import evaluate_routing, markdown
     from edge0.prerouter import PrerouterSet
-    from edge0.train.traces import corpus_text, sample_windows
+    from edge0.train.traces import corpus_text, sample_windows, text_encoder
 
     blas_hint()
     loaded = load_fp32(model, int4=int4)
@@ -72,7 +72,10 @@ def routing(
     if trained is None:
         click.echo(f"no prerouter heads in {src}: scoring shuffle/temporal/init only", err=True)
     windows = sample_windows(
-        corpus_text(corpus, split), loaded.tokenizer.encode, max(1, tokens // seq_len), seq_len
+        corpus_text(corpus, split),
+        text_encoder(loaded.tokenizer),
+        max(1, tokens // seq_len),
+        seq_len,
     )
     top_k = PrerouterSet.from_model(loaded.model).config.top_k
     k_list = list(ks) or sorted({top_k, max(1, top_k // 2)}, reverse=True)

@@ -85,7 +85,7 @@ def traces(
     student = load_fp32(teacher, int4=True).model if student_path else None
     text = tr.corpus_text(corpus, split)
     n = max(2, tokens // seq_len)
-    windows = tr.sample_windows(text, loaded.tokenizer.encode, n, seq_len)
+    windows = tr.sample_windows(text, tr.text_encoder(loaded.tokenizer), n, seq_len)
     meta = tr.collect(
         loaded.model,
         windows,

@@ -42,6 +42,16 @@ def corpus_text(path: str | Path, split: str = "train") -> str:
     return p.read_text(encoding="utf-8")
 
 
+def text_encoder(tokenizer: Any) -> Any:
+    """str -> token ids without special tokens; the `tokenizers` backend when there is one
+    (transformers warns about any text longer than the model's context)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda text: backend.encode(text, add_special_tokens=False).ids
+    return tokenizer.encode
+
+
 def sample_windows(text: str, encode: Any, n: int, seq_len: int) -> np.ndarray:
     """(n, seq_len) int32 token windows taken at evenly spaced places in `text` (deterministic)."""
     span = seq_len * 5  # chars; code runs ~3.5-4 chars per BPE token (grown when short)
