@@ -44,3 +44,8 @@ def configure(level: str = "warning", json_file: str | None = None) -> None:
 
 def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
+
+
+# Library use without the CLI: warnings and errors on stderr, nothing on stdout.
+if not structlog.is_configured():
+    configure()
