@@ -59,9 +59,12 @@ def tail_term(teacher_lp: mx.array, student_lp: mx.array, k: int) -> mx.array:
     top = mx.stop_gradient(mx.argpartition(-teacher_lp, kth=k - 1, axis=-1)[..., :k])  # (..., k)
     p_top = mx.exp(mx.take_along_axis(teacher_lp, top, axis=-1))  # (..., k)
     ls_top = mx.take_along_axis(student_lp, top, axis=-1)  # (..., k)
-    p_tail = mx.maximum(1.0 - p_top.sum(axis=-1), 0.0)
-    s_tail = mx.maximum(1.0 - mx.exp(ls_top).sum(axis=-1), 1e-12)
-    return -(p_top * ls_top).sum(axis=-1) - p_tail * mx.log(s_tail)
+    # Tail masses as log-sum-exps over the tail tokens (stable when a tail is tiny); the
+    # large finite fill makes an empty tail (k = V) exactly zero, with no inf/nan gradient.
+    in_top = mx.put_along_axis(mx.zeros(student_lp.shape, dtype=mx.bool_), top, mx.array(True), -1)
+    p_tail = mx.exp(mx.logsumexp(mx.where(in_top, -1e9, teacher_lp), axis=-1))
+    ls_tail = mx.logsumexp(mx.where(in_top, -1e9, student_lp), axis=-1)
+    return -(p_top * ls_top).sum(axis=-1) - p_tail * ls_tail
 
 
 def distill_loss(
