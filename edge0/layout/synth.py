@@ -91,7 +91,7 @@ def shape_config(name: str) -> dict[str, Any]:
     if name == "qwen3.5-35b-a3b":
         cfg = Qwen3_5MoeConfig(architectures=["Qwen3_5MoeForConditionalGeneration"])
     elif name == "qwen3.5-35b-a3b-4layers":  # the 35B's tensors, 4 of its 40 layers
-        text = Qwen3_5MoeConfig().text_config.to_dict()
+        text = Qwen3_5MoeConfig().to_dict()["text_config"]
         text.update(num_hidden_layers=4, layer_types=text["layer_types"][:4])
         cfg = Qwen3_5MoeConfig(
             text_config=text, architectures=["Qwen3_5MoeForConditionalGeneration"]

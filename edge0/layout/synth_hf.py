@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 from mlx.utils import tree_flatten
 from tqdm import tqdm
@@ -34,7 +35,26 @@ _SHIFTED_NORMS = (
     ".k_norm.weight",
 )
 
-Producer = Callable[[], np.ndarray]
+CHUNK_ELEMS = 1 << 24  # generate big tensors 16M values at a time
+
+
+@attrs.frozen
+class Normal:
+    """Gaussian values of a given shape and std, generated a few rows at a time."""
+
+    shape: tuple[int, ...]
+    std: float
+
+    def into(self, rand: Rand, out: np.ndarray) -> None:
+        """Fill `out` (uint16, this shape) with bfloat16 bits."""
+        row = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+        step = max(1, CHUNK_ELEMS // row)
+        for a in range(0, self.shape[0], step):
+            b = min(a + step, self.shape[0])
+            out[a:b] = bf16_bits(rand.normal((b - a, *self.shape[1:]), self.std))
+
+
+Producer = Callable[[], np.ndarray] | Normal
 
 
 def _tensors(config: dict[str, Any], rand: Rand) -> Iterator[tuple[str, tuple[int, ...], Producer]]:
@@ -71,16 +91,16 @@ def _experts(key: str, shape: tuple[int, ...], fused: bool, rand: Rand) -> Itera
             yield (
                 f"{mlp}.experts.{e}.{proj}.weight",
                 (out_d, in_d),
-                lambda s=(out_d, in_d): rand.normal(s, std),
+                Normal((out_d, in_d), std),
             )
     elif proj == "gate_proj":  # gate_up_proj carries gate (first half) and up
         yield (
             f"{_hf_name(mlp)}.experts.gate_up_proj",
             (n, 2 * out_d, in_d),
-            lambda: rand.normal((n, 2 * out_d, in_d), std),
+            Normal((n, 2 * out_d, in_d), std),
         )
     elif proj == "down_proj":
-        yield f"{_hf_name(mlp)}.experts.down_proj", shape, lambda: rand.normal(shape, std)
+        yield f"{_hf_name(mlp)}.experts.down_proj", shape, Normal(shape, std)
 
 
 def _float(name: str, shape: tuple[int, ...], fused: bool, rand: Rand) -> Producer:
@@ -88,11 +108,11 @@ def _float(name: str, shape: tuple[int, ...], fused: bool, rand: Rand) -> Produc
     if leaf == "A_log":
         return lambda: np.log(rand.rng.uniform(1.0, 16.0, shape)).astype(np.float32)
     if len(shape) == 1 and fused and name.endswith(_SHIFTED_NORMS):
-        return lambda: rand.normal(shape, 0.05)  # zero-centred: the model multiplies by 1 + w
+        return Normal(shape, 0.05)  # zero-centred: the model multiplies by 1 + w
     if len(shape) == 1:
         ones = leaf == "dt_bias" or "norm" in name
         return lambda: np.ones(shape, np.float32) if ones else np.zeros(shape, np.float32)
-    return lambda: rand.normal(shape, 1.0 / np.sqrt(int(np.prod(shape[1:]))))
+    return Normal(shape, 1.0 / np.sqrt(int(np.prod(shape[1:]))))
 
 
 def write_hf(shape: str, dst: Path, seed: int = 0, shards: int = 0, force: bool = False) -> int:
@@ -134,8 +154,12 @@ def write_hf(shape: str, dst: Path, seed: int = 0, shards: int = 0, force: bool 
             writer = SafetensorsWriter(
                 tmp / fname, [(n, "bfloat16", s) for n, s, _ in group], metadata={"format": "pt"}
             )
-            for name, _, produce in group:
-                raw = bf16_bits(produce())
+            for name, shape_, produce in group:
+                if isinstance(produce, Normal):
+                    raw = np.empty(shape_, np.uint16)
+                    produce.into(rand, raw)
+                else:
+                    raw = bf16_bits(produce())
                 writer.write(name, raw)
                 weight_map[name] = fname
                 bar.update(raw.nbytes)
