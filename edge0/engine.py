@@ -45,7 +45,7 @@ class Engine:
         self._compute = compute
         self._fifo = asyncio.Lock()
         self._ids = itertools.count(1)
-        self._max_lag = 0.0
+        self._lags: list[float] = []
         self._heartbeat: asyncio.Task[None] | None = None
         self.last_stats: RunStats | None = None
 
@@ -99,7 +99,7 @@ class Engine:
         while True:
             t0 = loop.time()
             await asyncio.sleep(HEARTBEAT_S)
-            self._max_lag = max(self._max_lag, loop.time() - t0 - HEARTBEAT_S)
+            self._lags.append(loop.time() - t0 - HEARTBEAT_S)
 
     # --- generation -----------------------------------------------------------------------
     async def generate(
@@ -155,7 +155,7 @@ class Engine:
             first_record = len(ctx.records)
             reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
             await self._compute.run(mx.reset_peak_memory)
-            self._max_lag = 0.0
+            self._lags = []
             stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(ids),
                              predictor=getattr(ctx.predictor, "name", ""))  # fmt: skip
             stats.finish_reason = "cancelled"
@@ -201,7 +201,9 @@ class Engine:
         fill(stats, ctx.records[first_record:], reads, decode_io, decode_bytes)
         stats.peak_mlx_bytes = peak_mlx_bytes()
         stats.peak_rss_bytes = peak_rss_bytes()
-        stats.loop_max_lag_ms = self._max_lag * 1e3
+        lags = sorted(self._lags) or [0.0]
+        stats.loop_max_lag_ms = lags[-1] * 1e3
+        stats.loop_p99_lag_ms = lags[int(0.99 * (len(lags) - 1))] * 1e3
         self.last_stats = stats
         log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
 

@@ -41,6 +41,7 @@ class RunStats:
     peak_mlx_bytes: int = 0
     peak_rss_bytes: int = 0
     loop_max_lag_ms: float = 0.0
+    loop_p99_lag_ms: float = 0.0
     finish_reason: str = ""  # stop | length | error | cancelled
 
     @property
@@ -75,8 +76,8 @@ class RunStats:
             f"{self.tickets_wasted}, cancelled {self.tickets_cancelled}, failed "
             f"{self.tickets_failed}",
             f"peak MLX memory {self.peak_mlx_bytes / _MIB:.1f} MiB | peak RSS "
-            f"{self.peak_rss_bytes / _MIB:.1f} MiB | event-loop max lag "
-            f"{self.loop_max_lag_ms:.1f} ms",
+            f"{self.peak_rss_bytes / _MIB:.1f} MiB | event-loop lag max "
+            f"{self.loop_max_lag_ms:.1f} ms, p99 {self.loop_p99_lag_ms:.1f} ms",
         ])  # fmt: skip
 
 
