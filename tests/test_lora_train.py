@@ -141,7 +141,7 @@ def test_one_distill_step_lowers_the_loss_on_a_fixed_on_policy_batch(make):
         seqs, plan = routed.generate(student, state, prompts, 6, temperature=1.0)
         seqs = seqs[:, :-1]
         teacher_logits = teacher(seqs)
-        mask = sft.continuation_mask((3, seqs.shape[1] + 1), 4)
+        mask = sft.continuation_mask(seqs, 4)
 
         def loss_fn(m):
             logits = routed.replay_logits(m, state, seqs, plan)
@@ -180,3 +180,12 @@ def test_tail_term_gradients_stay_finite():
         assert np.isfinite(np.array(g)).all(), k
     val = np.array(distill.tail_term(t, distill.log_probs(s), 4))
     assert np.isfinite(val).all() and (val > 10).all()  # the starved tail is penalised
+
+
+def test_continuation_mask_stops_after_end_of_text():
+    inputs = mx.array([[5, 6, 7, 8, 0, 9, 9], [5, 6, 0, 8, 9, 9, 9]])  # prompt_len 3, eos 0
+    plain = np.array(sft.continuation_mask(inputs, 3))
+    assert plain.tolist() == [[0, 0, 1, 1, 1, 1, 1]] * 2
+    got = np.array(sft.continuation_mask(inputs, 3, eos=(0,)))
+    # row 0: predictions at inputs 2..4 (targets 3..5); input 4 is EOS -> later ones dropped
+    assert got.tolist() == [[0, 0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1]]

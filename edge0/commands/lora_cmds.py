@@ -66,6 +66,11 @@ def _wrap(first_layer: str | None) -> bool:
     return runtime_wraps() if first_layer is None else first_layer == "wrap"
 
 
+def _eos(tokenizer: Any) -> tuple[int, ...]:
+    ids = getattr(tokenizer, "eos_token_ids", None) or []
+    return tuple(sorted(int(i) for i in ids))
+
+
 def _loop_options(fn: Any) -> Any:
     opts = [
         click.option("--k", "k", type=int, default=None,
@@ -128,7 +133,8 @@ def sft(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | N
                             keys=tuple(targets.split(",")) if targets else None)  # fmt: skip
     lora.apply_lora(s.model, cfg_l)
     cfg = SftConfig(k=k, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                    max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer))  # fmt: skip
+                    max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer),
+                    eos=_eos(s.tokenizer))  # fmt: skip
     summary = train_sft(s.model, trained or init, train, held, prompt_len, cfg)
     meta = _meta("sft", k, trained, teacher, summary, cfg.wrap)
     lora.save_adapters(s.model, out_dir, cfg_l, meta=meta)
@@ -215,7 +221,8 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
         raise click.UsageError("--on-policy < 1 needs teacher samples: run `edge0 train sft` first")
     train_p = _windows(corpus, "train", enc, prompts, prompt_len)
     loop = SftConfig(k=k, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                     max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer))  # fmt: skip
+                     max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer),
+                     eos=_eos(s.tokenizer))  # fmt: skip
     cfg = DistillConfig(loop=loop, on_policy=on_policy, beta=beta, tail_k=tail_k,
                         tail_weight=tail_weight, temperature=temperature,
                         gen_len=gen_len)  # fmt: skip

@@ -86,6 +86,7 @@ def heldout_kl(
     seqs: np.ndarray,
     prompt_len: int,
     batch: int,
+    eos: tuple[int, ...] = (),
 ) -> float:
     """Mean reverse KL(student || teacher) over the continuation tokens of `seqs`."""
     total = count = 0.0
@@ -93,7 +94,7 @@ def heldout_kl(
         s = mx.array(seqs[i : i + batch])[:, :-1]
         ls, _ = routed.plan_logits(student, state, s, prefill=prompt_len)
         kl = token_kl(log_probs(ls), log_probs(teacher(s)))
-        mask = continuation_mask((s.shape[0], s.shape[1] + 1), prompt_len)
+        mask = continuation_mask(s, prompt_len, eos)
         total += float((kl * mask).sum())
         count += float(mask.sum())
     return total / max(count, 1.0)
@@ -127,7 +128,7 @@ def train_distill(
             seqs = mx.array(rows)[:, :-1]
             _, plan = routed.plan_logits(model, state, seqs, prefill=prompt_len)
         teacher_logits = teacher(seqs)
-        mask = continuation_mask((seqs.shape[0], seqs.shape[1] + 1), prompt_len)
+        mask = continuation_mask(seqs, prompt_len, loop.eos)
         mx.eval(teacher_logits, mask)
         return seqs, plan, teacher_logits, mask
 
@@ -137,7 +138,7 @@ def train_distill(
         return distill_loss(logits, teacher_logits, mask, cfg)[0]
 
     def evaluate(model: nn.Module, state: routed.RouteState) -> float:
-        return heldout_kl(model, state, teacher, heldout, prompt_len, loop.batch)
+        return heldout_kl(model, state, teacher, heldout, prompt_len, loop.batch, loop.eos)
 
     summary = fit(student, heads, loop, prepare, loss_fn, evaluate, "distill")
     summary.update(counts)

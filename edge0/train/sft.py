@@ -33,6 +33,7 @@ class SftConfig:
     eval_every: int = 25
     max_minutes: float | None = None
     seed: int = 0
+    eos: tuple[int, ...] = ()  # end-of-text ids: continuation tokens after one are not learned
     wrap: bool | None = None  # first MoE layer routed by the wrap head (None: heads' config)
 
 
@@ -49,12 +50,22 @@ def teacher_samples(
     return np.concatenate(out).astype(np.int32)
 
 
-def continuation_mask(shape: tuple[int, ...], prompt_len: int) -> mx.array:
-    """(B, S-1) float mask over next-token targets: 1 where the target is a generated token."""
-    pos = mx.arange(1, shape[1])  # target positions
-    return mx.broadcast_to((pos >= prompt_len)[None, :], (shape[0], shape[1] - 1)).astype(
-        mx.float32
-    )
+def continuation_mask(inputs: mx.array, prompt_len: int, eos: tuple[int, ...] = ()) -> mx.array:
+    """(B, L) float mask over the predictions made at each input position (target i + 1).
+
+    1 where the target is a continuation token (i + 1 >= prompt_len) and no end-of-text
+    token appears in the continuation up to and including input i (what follows an
+    end of text is never served, so it is not learned).
+    """
+    pos = mx.arange(inputs.shape[1])[None, :]  # (1, L)
+    mask = pos + 1 >= prompt_len
+    if eos:
+        hit = mx.zeros(inputs.shape, dtype=mx.bool_)
+        for e in eos:
+            hit = hit | (inputs == e)
+        seen = mx.cumsum((hit & (pos >= prompt_len)).astype(mx.int32), axis=1)
+        mask = mask & (seen == 0)
+    return mx.broadcast_to(mask, inputs.shape).astype(mx.float32)
 
 
 def masked_mean(x: mx.array, mask: mx.array) -> mx.array:
@@ -62,16 +73,26 @@ def masked_mean(x: mx.array, mask: mx.array) -> mx.array:
 
 
 def sft_loss(
-    model: nn.Module, state: routed.RouteState, seqs: mx.array, plan: routed.Plan, prompt_len: int
+    model: nn.Module,
+    state: routed.RouteState,
+    seqs: mx.array,
+    plan: routed.Plan,
+    prompt_len: int,
+    eos: tuple[int, ...] = (),
 ) -> mx.array:
     """Mean cross-entropy of the continuation tokens under route mode, executing `plan`."""
     logits = routed.replay_logits(model, state, seqs[:, :-1], plan).astype(mx.float32)
     ce = nn.losses.cross_entropy(logits, seqs[:, 1:], reduction="none")  # (B, S-1)
-    return masked_mean(ce, continuation_mask(seqs.shape, prompt_len))
+    return masked_mean(ce, continuation_mask(seqs[:, :-1], prompt_len, eos))
 
 
 def heldout_loss(
-    model: nn.Module, state: routed.RouteState, seqs: np.ndarray, prompt_len: int, batch: int
+    model: nn.Module,
+    state: routed.RouteState,
+    seqs: np.ndarray,
+    prompt_len: int,
+    batch: int,
+    eos: tuple[int, ...] = (),
 ) -> float:
     """Route-mode continuation cross-entropy over `seqs` (nats/token)."""
     total = count = 0.0
@@ -79,7 +100,7 @@ def heldout_loss(
         s = mx.array(seqs[i : i + batch])
         logits, _ = routed.plan_logits(model, state, s[:, :-1], prefill=prompt_len)
         ce = nn.losses.cross_entropy(logits.astype(mx.float32), s[:, 1:], reduction="none")
-        mask = continuation_mask(s.shape, prompt_len)
+        mask = continuation_mask(s[:, :-1], prompt_len, eos)
         total += float((ce * mask).sum())
         count += float(mask.sum())
     return total / max(count, 1.0)
@@ -169,9 +190,9 @@ def train_sft(
 
     def loss_fn(model: nn.Module, state: routed.RouteState, batch: Any) -> mx.array:
         seqs, plan = batch
-        return sft_loss(model, state, seqs, plan, prompt_len)
+        return sft_loss(model, state, seqs, plan, prompt_len, cfg.eos)
 
     def evaluate(model: nn.Module, state: routed.RouteState) -> float:
-        return heldout_loss(model, state, heldout, prompt_len, cfg.batch)
+        return heldout_loss(model, state, heldout, prompt_len, cfg.batch, cfg.eos)
 
     return fit(student, heads, cfg, prepare, loss_fn, evaluate, "sft")
