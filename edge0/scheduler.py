@@ -117,6 +117,7 @@ class Scheduler:
         self._queue: TicketQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight = 0
+        self._closed = False
         self._busy_since = 0.0
         self._intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1 << 18)
 
@@ -130,6 +131,7 @@ class Scheduler:
         ]
 
     async def aclose(self) -> None:
+        """Stop the workers; wake a compute thread still waiting for a read (it raises)."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -138,6 +140,13 @@ class Scheduler:
             except asyncio.CancelledError:
                 pass
         self._tasks = []
+        with self._cond:
+            self._closed = True
+            for t in self._loader.values():
+                if t.outcome in ("queued", "running"):
+                    t.outcome = "cancelled"
+                    self.table[t.layer].mark_failed(t.slot, t.expert)
+            self._cond.notify_all()
 
     def _enqueue(self, tickets: list[FetchTicket]) -> None:
         assert self._queue is not None
@@ -269,7 +278,7 @@ class Scheduler:
                         raise RuntimeError(f"slot table of layer {layer} is over capacity")
                     self._submit(new)
                     new = []
-                    self._cond.wait()
+                    self._wait()
                     got = self._issue(layer, step, e, DEMAND)
                 slots.append(got[0])
                 if got[1] is not None:
@@ -278,7 +287,7 @@ class Scheduler:
             self.stats.staged_misses += len(new)
             self.stats.staged_hits += len(experts) - len(new)
             while any(layer_slots.state(s) is SlotState.LOADING for s in slots):
-                self._cond.wait()
+                self._wait()
             for s, e in zip(slots, experts, strict=True):
                 if layer_slots.state(s) is not SlotState.READY:
                     raise self._errors.get((layer, s)) or TierReadError(
@@ -289,6 +298,11 @@ class Scheduler:
                     t.consumed = True
                     self.stats.consumed += 1
         return slots
+
+    def _wait(self) -> None:
+        if self._closed:
+            raise Edge0Error("the engine closed while compute waited for expert reads")
+        self._cond.wait()
 
     def _release_unneeded(self, layer: int, step: int, needed: set[int]) -> None:
         """Predicted experts that compute will not read at `step`: free them (cancel if queued)."""

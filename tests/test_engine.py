@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,25 @@ def test_text_pieces_join_to_the_decoded_tokens(store: Path) -> None:
 
     text, decoded = asyncio.run(main())
     assert text == decoded and text
+
+
+class HangingTier(MockTier):
+    """Never finishes a read (a dead device)."""
+
+    async def read_into(self, key: Any, dest: memoryview) -> Any:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def test_closing_the_engine_while_compute_waits_on_a_read_does_not_hang(store: Path) -> None:
+    async def main() -> float:
+        async with Engine.open(store, mode="reactive", tiers=HangingTier(store)) as eng:
+            task = asyncio.create_task(collect(eng, PROMPT, n=4))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            t0 = time.perf_counter()
+        return time.perf_counter() - t0
+
+    assert asyncio.run(main()) < 10.0
