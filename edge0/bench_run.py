@@ -42,11 +42,13 @@ COLUMNS = [
     ("blocked_ms_per_step", "blocked ms/step", "{:.1f}", 1.0),
     ("compute_ms_per_step", "compute ms/step", "{:.1f}", 1.0),
     ("bytes_per_token", "MiB/token", "{:.2f}", 1 / _MIB),
+    ("read_bytes_per_s", "read MB/s", "{:.0f}", 1e-6),
     ("slot_hit_rate", "staged hit", "{:.2f}", 1.0),
     ("cache_hit_rate", "cache hit", "{:.2f}", 1.0),
     ("overlap_efficiency", "overlap eff.", "{:.2f}", 1.0),
     ("peak_mlx_bytes", "peak MLX MiB", "{:.0f}", 1 / _MIB),
-    ("peak_rss_bytes", "peak RSS MiB", "{:.0f}", 1 / _MIB),
+    ("gen_peak_rss_bytes", "peak RSS gen. MiB", "{:.0f}", 1 / _MIB),
+    ("peak_rss_bytes", "peak RSS run MiB", "{:.0f}", 1 / _MIB),
 ]
 
 
@@ -237,7 +239,9 @@ def markdown(variants: Sequence[Variant], summaries: dict[str, dict[str, Any]]) 
             lines.append(f"| {v.label} | 0 | failed: {'; '.join(s['errors'])} |")
             continue
         med = s["median"]
-        cells = [fmt.format(med[key] * scale) for key, _, fmt, scale in COLUMNS]
+        cells = [
+            fmt.format(med[key] * scale) if key in med else "-" for key, _, fmt, scale in COLUMNS
+        ]
         cells.insert(1, f"±{100 * s['decode_spread']:.0f}%")
         lines.append(f"| {v.label} | {s['runs_ok']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -7,6 +7,11 @@ alone. `measure(job)` is the same run in the calling process (used by
 `--isolate process`): there VmHWM is reset first through /proc/self/clear_refs
 ("5"), which sets it to the RSS in use at that moment, so memory that an earlier
 variant left behind (MLX buffer cache, Python arenas) still counts.
+
+Two peaks are reported: `peak_rss_bytes`, the whole run (loading included), and
+`gen_peak_rss_bytes`, generation alone: after the warm-up the MLX buffer cache is
+cleared and VmHWM reset (clear_refs), so the transient copies made while loading
+do not count there.
 """
 
 from __future__ import annotations
@@ -79,10 +84,12 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         w = sum(s[weight] for s in stats)
         return sum(s[key] * s[weight] for s in stats) / w if w else 0.0
 
+    # decode steps: the first generated token comes out of the prefill's last step
+    steps = sum(max(s["generated_tokens"] - 1, 0) for s in stats)
     decode_s = sum(s["decode_s"] for s in stats)
     prefill_s = sum(s["prefill_s"] for s in stats)
     return {
-        "decode_tps": gen / decode_s if decode_s > 0 else 0.0,
+        "decode_tps": steps / decode_s if decode_s > 0 else 0.0,
         "prefill_tps": prompt / prefill_s if prefill_s > 0 else 0.0,
         "blocked_ms_per_step": wmean("blocked_ms_per_step"),
         "compute_ms_per_step": wmean("compute_ms_per_step"),
@@ -95,6 +102,13 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         if tokens
         else 0.0,  # fmt: skip
         "decode_bytes_per_step": wmean("decode_bytes_per_step"),
+        # bytes read per second of decode (decode steps: every generated token after the first)
+        "read_bytes_per_s": sum(
+            s["decode_bytes_per_step"] * max(s["generated_tokens"] - 1, 0) for s in stats
+        )
+        / decode_s
+        if decode_s > 0
+        else 0.0,  # fmt: skip
         "slot_hit_rate": wmean("slot_hit_rate"),
         "cache_hit_rate": wmean("cache_hit_rate"),
         "tickets_wasted": float(sum(s["tickets_wasted"] for s in stats)),
@@ -139,6 +153,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         async with Engine.open(path, **opts) as eng:
             result["load_s"] = time.perf_counter() - t0
+            result["load_peak_rss_bytes"] = peak_rss_bytes()  # loading + start-up, VmHWM
             plan = eng.setup.memory_plan
             result["memory_plan"] = plan.line() if plan is not None else None
             if plan is not None and isinstance(opts.get("tiers"), str):
@@ -150,6 +165,12 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 async for _ in eng.tokens(prompts[0][:4], max_tokens=job["warmup_tokens"],
                                           stop=False):  # fmt: skip
                     pass
+            # peak RSS of generation alone: drop what loading and warm-up left cached, reset VmHWM
+            gc.collect()
+            mx.clear_cache()
+            result["pre_gen_peak_rss_bytes"] = peak_rss_bytes()  # load + warm-up
+            result["gen_rss_start_bytes"] = rss_bytes()
+            gen_reset = reset_peak_rss()
             stats = []
             for ids in prompts:
                 if job.get("cold"):
@@ -160,6 +181,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 stats.append(eng.last_stats.to_dict())
             result["stats"] = stats
             result["summary"] = combine(stats)
+            if gen_reset:
+                result["summary"]["gen_peak_rss_bytes"] = float(peak_rss_bytes())
 
     start = time.perf_counter()
     try:
@@ -167,7 +190,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - one failed variant must not end the benchmark
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["wall_s"] = time.perf_counter() - start
-    result["peak_rss_bytes"] = peak_rss_bytes()
+    # with the VmHWM reset above this is the generation peak; the load peak is kept below
+    result["peak_rss_bytes"] = max(peak_rss_bytes(), result.get("pre_gen_peak_rss_bytes", 0))
     if result.get("summary") is not None:
         result["summary"]["peak_rss_bytes"] = float(result["peak_rss_bytes"])
     return result

@@ -17,7 +17,7 @@ from edge0.errors import ConfigError
 
 FIELDS = {"decode_tps", "prefill_tps", "blocked_ms_per_step", "bytes_per_token",
           "slot_hit_rate", "cache_hit_rate", "overlap_efficiency", "peak_mlx_bytes",
-          "peak_rss_bytes"}  # fmt: skip
+          "peak_rss_bytes", "gen_peak_rss_bytes", "read_bytes_per_s"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,8 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
 @click.option("--k", "ks", default="", help="Routing capacities K, e.g. 2,4,8 [default: the "
               "model's top-k].")  # fmt: skip
 @click.option("--tiers", "specs", multiple=True, metavar="SPEC",
-              help="Tier stack (repeatable) [default: ram:1GiB>pread].")  # fmt: skip
+              help="Tier stack (repeatable) [default: ram:1GiB>pread; with --io-ratio, "
+              "only the calibrated stack].")  # fmt: skip
 @click.option(
     "--io-ratio",
     type=float,
@@ -153,7 +154,7 @@ def run_cmd(**kw: Any) -> None:
     opts = _options(kw)
     opts.check()
     ks = _ks(kw["ks"])
-    specs = list(kw["specs"]) or ["ram:1GiB>pread"]
+    specs = list(kw["specs"]) or ([] if kw["io_ratio"] is not None else ["ram:1GiB>pread"])
     extra = ""
     if kw["io_ratio"] is not None:
         spec, cal = bench_run.calibrate(opts, ks[0], kw["io_ratio"])
