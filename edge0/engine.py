@@ -24,6 +24,7 @@ import structlog
 
 from edge0 import log as edge0_log
 from edge0.engine_setup import EngineOptions, Setup, build
+from edge0.errors import PromptError
 from edge0.generate import SamplingSettings, encode_prompt
 from edge0.log import get_logger
 from edge0.runner import Runner
@@ -141,10 +142,17 @@ class Engine:
         stop: bool = True,
     ) -> AsyncIterator[int]:  # fmt: skip
         """Stream generated token ids (the engine's core loop); stats land in `last_stats`."""
+        config = self.setup.manifest.config
+        text_config = config.get("text_config") or config
+        context = int(text_config.get("max_position_embeddings") or 1 << 30)
         if not ids:
-            from edge0.errors import PromptError
-
-            raise PromptError("the prompt is empty")
+            raise PromptError("the prompt is empty; pass some text")
+        if len(ids) >= context:
+            raise PromptError(
+                f"the prompt is {len(ids)} tokens but {self.setup.path / 'config.json'} allows "
+                f"{context} (max_position_embeddings); shorten the prompt"
+            )
+        max_tokens = min(max_tokens, context - len(ids))
         sampler = (sampling or SamplingSettings()).sampler()
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else set()
         async with self._fifo:

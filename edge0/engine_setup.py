@@ -69,6 +69,7 @@ class Setup:
     """Everything an Engine runs with."""
 
     options: EngineOptions
+    path: Path
     model: nn.Module
     tokenizer: Any
     manifest: Manifest
@@ -145,7 +146,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     ctx, memory, table = await compute.run(
         lambda: prepare(loaded.model, manifest, opts, path, tracer)
     )
-    setup = Setup(opts, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
+    setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
     if memory is None or table is None:
         return setup
     spec = opts.tiers

@@ -161,3 +161,16 @@ def test_closing_the_engine_while_compute_waits_on_a_read_does_not_hang(store: P
         return time.perf_counter() - t0
 
     assert asyncio.run(main()) < 10.0
+
+
+def test_empty_and_too_long_prompts_are_prompt_errors(store: Path) -> None:
+    from edge0.errors import PromptError
+
+    async def main(ids: list[int]) -> None:
+        async with Engine.open(store, mode="reactive", tiers=MockTier(store)) as eng:
+            _ = [t async for t in eng.tokens(ids, max_tokens=2)]
+
+    with pytest.raises(PromptError, match="empty"):
+        asyncio.run(main([]))
+    with pytest.raises(PromptError, match="max_position_embeddings"):
+        asyncio.run(main([5] * 5000))
