@@ -55,10 +55,11 @@ class Engine:
     async def open(cls, path: str | Path, **options: Any) -> AsyncIterator[Engine]:
         """Load `path` (an edge0-layout directory) and start the runtime.
 
-        Options (see EngineOptions): tiers="ram:1GiB>pread", mode="route" (resident,
-        reactive, hint, route), top_k=None (the model's), predictor="init" (oracle,
-        temporal, init, heads), memory_budget=None ("3GiB"), trace=None (a .json
-        path), first_layer="wrap" (or "reactive"), io_workers=2.
+        Options (see EngineOptions): tiers="ram:1GiB>pread" (or a Tier object),
+        mode="route" (resident, reactive, hint, route), top_k=None (the model's),
+        predictor=None (heads when prerouter.safetensors exists, else init; or
+        oracle, temporal), memory_budget=None ("3GiB"), trace=None (a .json path),
+        first_layer="resident" (or "wrap", "reactive"), io_workers=2.
         """
         if not structlog.is_configured():  # a library stays quiet unless the app configures logs
             edge0_log.configure("warning")

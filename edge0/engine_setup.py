@@ -18,6 +18,7 @@ from edge0.moe.block import StreamingMoE
 from edge0.moe.families import family_for
 from edge0.moe.slotmem import SlotMemory
 from edge0.predictors import NAMES, Predictor, make_predictor
+from edge0.prerouter import PrerouterSet
 from edge0.runner import MODES, StreamContext
 from edge0.scheduler import ComputeThread, Scheduler
 from edge0.slots import SlotTable
@@ -39,7 +40,7 @@ class EngineOptions:
     tiers: Any = "ram:1GiB>pread"  # a spec string or a Tier object
     mode: str = "route"
     top_k: int | None = None  # routing capacity K; None: the model's top-k
-    predictor: str = "init"
+    predictor: str | None = None  # None: "heads" when prerouter.safetensors exists, else "init"
     memory_budget: str | int | None = None
     trace: str | Path | None = None  # Chrome trace JSON written at close
     first_layer: str = "resident"  # resident | wrap | reactive (FIRST_LAYER)
@@ -50,7 +51,7 @@ class EngineOptions:
     def check(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.predictor not in NAMES:
+        if self.predictor is not None and self.predictor not in NAMES:
             raise ConfigError(
                 f"unknown predictor {self.predictor!r}; choose one of {', '.join(NAMES)}"
             )
@@ -110,8 +111,11 @@ def prepare(
         return StreamContext("resident", k, tracer), None, None
     predictor: Predictor | None = None
     if opts.mode in ("hint", "route"):
+        name = opts.predictor or (
+            "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
+        )
         predictor = make_predictor(
-            opts.predictor, model, layers, model_dir, wrap=opts.first_layer == "wrap",
+            name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
             recording=opts.recording,
         )  # fmt: skip
     keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []

@@ -60,13 +60,12 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
     from edge0 import log
     from edge0.engine import Engine, run
     from edge0.generate import SamplingSettings
-    from edge0.prerouter import PrerouterSet
     from edge0.runtime_stats import RunStats
 
     json_file = runtime.pop("run_log_json", None)
     if json_file is not None:
         log.configure(json_file=json_file)
-    predictor = runtime.pop("predictor") or ("heads" if PrerouterSet.exists(path) else "init")
+    predictor = runtime.pop("predictor")  # None: heads when trained ones exist, else init
     max_tokens = sampling.pop("max_tokens")
     settings = SamplingSettings(max_tokens=max_tokens, **sampling)
     holder: dict[str, Any] = {}
