@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -101,7 +102,8 @@ def _traces(variants: list[Any], opts: Any, plot_dir: Path) -> dict[str, Path]:
     for mode in ("reactive", "hint", "route"):
         if mode in chosen:
             v = chosen[mode]
-            path = plot_dir / f"trace-{mode}.json"
+            path = plot_dir / "traces" / f"{mode}.json"
+            path.parent.mkdir(exist_ok=True)
             job = make_job(v, opts, -1, trace=str(path.resolve()))
             job["prompts"] = 1
             res = run_one(job, opts)
@@ -126,7 +128,8 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
             f"cold: {o['cold']}; machine: {m['cpus']} CPUs, load average "
             f"{m['load_average_end']:.1f} at the end.", "", body, "",
         ]  # fmt: skip
-        lines += [f"![{p.stem}]({p.name})" for p in plots]
+        rel = [os.path.relpath(p, kw["md_out"].parent) for p in plots]
+        lines += [f"![{Path(r).stem}]({r})" for r in rel]
         kw["md_out"].write_text("\n".join(lines) + "\n")
         click.echo(f"wrote {kw['md_out']}", err=True)
 
@@ -180,7 +183,8 @@ def run_cmd(**kw: Any) -> None:
         from edge0 import bench_plot
 
         kw["plot_dir"].mkdir(parents=True, exist_ok=True)
-        plots.append(bench_plot.bars(report, kw["plot_dir"] / "bars.png"))
+        if any(v.get("runs_ok") for v in report["variants"]):
+            plots.append(bench_plot.bars(report, kw["plot_dir"] / "bars.png"))
         traces = _traces(variants, opts, kw["plot_dir"])
         if traces:
             plots.append(bench_plot.timeline(traces, kw["plot_dir"] / "timeline.png"))

@@ -1,0 +1,86 @@
+"""Reproduce the benchmark results in docs/benchmarks/: each step is one `edge0 bench` command.
+
+    .venv/bin/python tools/bench/paper_tables.py [--only modes,k,sweep,35b] [--dry-run]
+
+Steps (each writes docs/benchmarks/<name>.md + .json and PNGs under docs/benchmarks/img/<name>/):
+  modes  resident / reactive / hint / route at K=4 on the medium synthetic model, through a
+         throttle calibrated so reactive's reads per step take as long as its compute;
+  k      reactive vs route at K=2, 4, 8 on the same throttle;
+  sweep  decode tok/s against emulated bandwidth 0.1-3.2 GB/s, reactive and route, with the
+         resident (no reads) and unthrottled-route bounds;
+  35b    the qwen3.5-35b-a3b shape: route K=4 under --memory-budget 3GiB (and 2.75GiB), then
+         resident on the same machine, watched by the memory guard.
+Models: MEDIUM and Q35 below (tools/synth_checkpoint.py writes them; `edge0 verify` them first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "benchmarks"
+MEDIUM = "/work/scratch/bench/medium"  # synth_checkpoint.py --shape medium (qwen3.5 layout)
+Q35 = "/work/scratch/synth/qwen35-35b-a3b"  # synth_checkpoint.py --shape qwen3.5-35b-a3b
+SMALL_RUN = ["--prompts", "1", "--prompt-len", "8", "--tokens", "16", "--warmup-tokens", "4"]
+Q35_RUN = ["--prompts", "1", "--prompt-len", "4", "--tokens", "6", "--warmup-tokens", "1",
+           "--repeats", "1"]  # fmt: skip
+
+
+def steps(calibrated: str) -> dict[str, list[list[str]]]:
+    """name -> the edge0 argument lists it runs (outputs named after the step)."""
+
+    def out(name: str) -> list[str]:
+        return ["--json", str(DOCS / f"{name}.json"), "--md", str(DOCS / f"{name}.md"),
+                "--plot", str(DOCS / "img" / name)]  # fmt: skip
+
+    return {
+        "modes": [["bench", "run", MEDIUM, "--modes", "resident,reactive,hint,route", "--k", "4",
+                   "--io-ratio", "1.0", "--repeats", "3", *SMALL_RUN, *out("modes")]],
+        "k": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "2,4,8",
+               "--tiers", calibrated, "--repeats", "2", *SMALL_RUN, *out("k")]],
+        "sweep": [["bench", "sweep", MEDIUM, "--k", "4", "--bounds", "resident,route",
+                   "--repeats", "2", *SMALL_RUN, *out("sweep")]],
+        "35b": [
+            ["bench", "run", Q35, "--modes", "route", "--k", "4", "--memory-budget", "3GiB",
+             "--first-layer", "wrap", "--tiers", "ram:1GiB>direct", *Q35_RUN, *out("35b-route")],
+            ["bench", "run", Q35, "--modes", "route", "--k", "4", "--memory-budget", "2.75GiB",
+             "--first-layer", "wrap", "--tiers", "ram:1GiB>direct", *Q35_RUN,
+             *out("35b-route-2.75")[:4]],
+            ["bench", "run", Q35, "--modes", "resident", "--k", "4", "--timeout", "600",
+             "--mem-floor", "1.5GiB", *Q35_RUN, *out("35b-resident")[:4]],
+        ],
+    }  # fmt: skip
+
+
+def calibrated_spec() -> str:
+    """The throttle stack the `modes` step calibrated (read back from its JSON)."""
+    import json
+
+    path = DOCS / "modes.json"
+    if not path.is_file():
+        sys.exit("run the `modes` step first: the `k` step reuses its calibrated throttle")
+    labels = [v["tiers"] for v in json.loads(path.read_text())["variants"]]
+    return next(t for t in labels if t.startswith("throttle:"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="modes,k,sweep,35b")
+    ap.add_argument("--dry-run", action="store_true", help="Print the commands only.")
+    args = ap.parse_args()
+    edge0 = str(Path(sys.executable).parent / "edge0")
+    (DOCS / "img").mkdir(parents=True, exist_ok=True)
+    for name in args.only.split(","):
+        spec = calibrated_spec() if name == "k" and not args.dry_run else "<from modes.json>"
+        for cmd in steps(spec)[name]:
+            print("$ " + shlex.join(["edge0", *cmd]), flush=True)
+            if not args.dry_run:
+                subprocess.run([edge0, *cmd], check=True, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    main()
