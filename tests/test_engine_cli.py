@@ -55,12 +55,18 @@ def test_streaming_modes_need_a_layout_dir(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "edge0-layout" in res.output
 
 
-def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path) -> None:
+def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path, tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
     edge0 = str(Path(sys.executable).parent / "edge0")
-    cmd = [edge0, "run", str(store), "-p", "hello", "--no-chat",
-           "--max-tokens", "100000", "--tiers", "throttle:bw=1MB/s>pread"]  # fmt: skip
+    cmd = [edge0, "run", str(store), "-p", "hello", "--no-chat", "--max-tokens", "100000",
+           "--tiers", "throttle:bw=1MB/s>pread", "--log-json", str(events)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(8)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # interrupt once it is generating (reads happen)
+        if events.is_file() and '"event": "read"' in events.read_text():
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     text = err.decode()
