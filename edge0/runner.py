@@ -38,6 +38,8 @@ class StepRecord:
     wait: float = 0.0  # blocked on reads
     predict: float = 0.0  # predictor graphs (MLX compute, included in `eval` too)
     layers: int = 0  # streamed layers run
+    cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
+    cpu_excluded: float = 0.0  # ... of it inside mx.eval and waiting on reads
 
 
 class StreamContext:
@@ -99,7 +101,9 @@ class StreamContext:
         self.records.append(self.cur)
 
     # --- called by the streaming blocks ----------------------------------------------------
-    def span(self, kind: str, layer: int, start: float, end: float) -> None:
+    def span(self, kind: str, layer: int, start: float, end: float, cpu: float = 0.0) -> None:
+        """Account a compute-thread span; `cpu` is its thread CPU time (eval and wait)."""
+        self.cur.cpu_excluded += cpu
         if kind == "eval":
             self.cur.eval += end - start
         elif kind == "predict":
@@ -155,9 +159,9 @@ class StreamContext:
 
     def acquire(self, layer: int, experts: list[int]) -> list[int]:
         assert self.scheduler is not None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         slots = self.scheduler.acquire(layer, self.step, experts)
-        self.span("wait", layer, t0, time.perf_counter())
+        self.span("wait", layer, t0, time.perf_counter(), time.thread_time() - c0)
         return slots
 
 
@@ -182,14 +186,15 @@ class Runner:
     def feed(self, token: int, prefill: bool) -> int:
         """Run one step on `token`; return the sampled next token."""
         ctx = self.ctx
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         ctx.begin_step(prefill)
         logits = self.model(mx.array([[token]]), cache=self.cache)[:, -1, :]  # (1, vocab)
         nxt = self.sampler(logits)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         mx.eval(nxt)  # the step fence: every graph of this step is evaluated
-        t2 = time.perf_counter()
-        ctx.span("eval", -1, t1, t2)
+        t2, c2 = time.perf_counter(), time.thread_time()
+        ctx.span("eval", -1, t1, t2, c2 - c1)
+        ctx.cur.cpu = c2 - c0
         if ctx.mode == "resident":  # no streaming blocks count layers: count them here
             ctx.cur.layers = self.n_layers
         ctx.end_step(t2 - t0)

@@ -26,6 +26,7 @@ class RunStats:
     blocked_ms_per_step: float = 0.0  # decode steps: compute waiting on reads
     compute_ms_per_step: float = 0.0  # decode steps: inside mx.eval
     overhead_ms_per_layer: float = 0.0  # neither eval nor waiting, per streamed layer
+    overhead_cpu_ms_per_layer: float = 0.0  # the same in compute-thread CPU time (load-proof)
     bytes_per_token: float = 0.0
     decode_bytes_per_step: float = 0.0  # read during decode steps only
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
@@ -66,7 +67,8 @@ class RunStats:
             f"decode {self.generated_tokens} tok {self.decode_tps:.2f} tok/s",
             f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
             f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
-            f"{self.overhead_ms_per_layer:.3f} ms/layer | overlap efficiency "
+            f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
+            f"CPU) | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
             f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
             f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
@@ -109,6 +111,8 @@ def fill(
         stats.blocked_ms_per_step = wait / n * 1e3
         stats.compute_ms_per_step = ev / n * 1e3
         stats.overhead_ms_per_layer = (wall - ev - wait) / layers * 1e3 if layers else 0.0
+        cpu = sum(s.cpu - s.cpu_excluded for s in decode)
+        stats.overhead_cpu_ms_per_layer = cpu / layers * 1e3 if layers else 0.0
         stats.overlap_efficiency = max(ev, decode_io_s) / wall if wall > 0 else 0.0
     tokens = stats.prompt_tokens + stats.generated_tokens
     stats.bytes_per_token = reads.bytes / tokens if tokens else 0.0

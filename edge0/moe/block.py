@@ -61,9 +61,9 @@ class StreamingMoE(nn.Module):
             inds = mx.array(planned, dtype=mx.uint32).reshape(1, 1, len(planned))
             w = fam.weights(self, scores, inds)
         pred = ctx.prediction_graph(layer, x, inds)  # (K,) next step's experts, lazy, or None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
-        ctx.span("eval", layer, t0, time.perf_counter())
+        ctx.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
         true: list[int] = true_inds.reshape(-1).tolist()
         experts = planned if planned is not None else true
         ctx.after_routing(layer, x, experts, true, inds, pred)

@@ -45,6 +45,7 @@ FIELDS = [
     ("blocked ms/step", lambda s: s.blocked_ms_per_step, "{:.1f}"),
     ("compute ms/step", lambda s: s.compute_ms_per_step, "{:.1f}"),
     ("overhead ms/layer", lambda s: s.overhead_ms_per_layer, "{:.3f}"),
+    ("overhead CPU ms/layer", lambda s: s.overhead_cpu_ms_per_layer, "{:.3f}"),
     ("overlap eff.", lambda s: s.overlap_efficiency, "{:.2f}"),
     ("MiB read/step", lambda s: s.decode_bytes_per_step / 2**20, "{:.2f}"),
     ("slot hit rate", lambda s: s.slot_hit_rate, "{:.2f}"),
