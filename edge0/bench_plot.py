@@ -87,7 +87,11 @@ def bars(report: dict[str, Any], out: Path) -> Path:
     """Decode tok/s (median, min-max whiskers), blocked-load ms/step and MiB/token per variant."""
     plt = _pyplot()
     rows = [v for v in report["variants"] if v.get("runs_ok")]
-    labels = [v["label"].replace(" @ ", "\n") for v in rows]
+    stacks = {v["tiers"] for v in rows if v["mode"] != "resident"}
+    if len(stacks) == 1:  # one tier stack: name it once, in the title
+        labels = [v["label"].split(" @ ")[0] for v in rows]
+    else:
+        labels = [v["label"].replace(" @ ", "\n") for v in rows]
     fig, axes = plt.subplots(1, 3, figsize=(4 + 1.6 * len(rows), 4.2))
     x = list(range(len(rows)))
     med = [v["median"]["decode_tps"] for v in rows]
@@ -102,6 +106,8 @@ def bars(report: dict[str, Any], out: Path) -> Path:
         ax.bar(x, values, yerr=yerr, capsize=3, color="#4c72b0")
         ax.set_xticks(x, labels, fontsize=6, rotation=30, ha="right")
         ax.set_title(title, fontsize=9)
+    if len(stacks) == 1:
+        fig.suptitle(f"tiers: {stacks.pop()}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
