@@ -226,7 +226,11 @@ class SyncEngine:
     def __init__(self, path: str | Path, **options: Any) -> None:
         self._runner = asyncio.Runner(loop_factory=_loop_factory())
         self._cm = Engine.open(path, **options)
-        self.engine: Engine = self._runner.run(self._cm.__aenter__())
+        try:
+            self.engine: Engine = self._runner.run(self._cm.__aenter__())
+        except BaseException:
+            self._runner.close()
+            raise
 
     def generate(self, prompt: str | list[int], **kw: Any) -> Iterator[str | RunStats]:
         agen: Any = self.engine.generate(prompt, **kw)

@@ -96,6 +96,8 @@ def test_sync_wrapper(store: Path) -> None:
         pieces = list(eng.generate("hello", max_tokens=4))
     assert isinstance(pieces[-1], RunStats)
     assert all(isinstance(p, str) for p in pieces[:-1])
+    with pytest.raises(ConfigError, match="unknown mode"):
+        SyncEngine(store, mode="nope")
 
 
 def test_memory_budget_sizes_the_ram_cache(store: Path) -> None:
