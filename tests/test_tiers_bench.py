@@ -43,7 +43,9 @@ def test_bench_tiers_json(tmp_path: Path) -> None:
     model = 16384 / (100e-6 + 16384 / 50e6) / 1e6  # QD1 device: one record per lat + xfer
     assert all(r["model_mb_s"] == pytest.approx(model) for r in ram)
     cold_throttled = [r for r in ram if r["phase"] == "cold"]
-    assert all(r["mb_s"] <= model * 1.02 for r in cold_throttled)  # never faster than the model
+    # A sleep never finishes early: QD1 is bounded by lat + xfer, any QD by the channel bandwidth.
+    assert all(r["mb_s"] <= model * 1.02 for r in cold_throttled if r["qd"] == 1)
+    assert all(r["mb_s"] <= 50.0 * 1.02 for r in cold_throttled)
 
 
 def test_bench_tiers_table_and_errors(tmp_path: Path) -> None:
