@@ -248,11 +248,15 @@ def markdown(variants: Sequence[Variant], summaries: dict[str, dict[str, Any]]) 
 
 
 def ratio_lines(rs: list[dict]) -> str:
-    return "\n".join(
-        f"- {r['variant']} / {r['over']}: {r['median']:.2f}x decode tok/s (median of per-round "
-        f"ratios {', '.join(f'{x:.2f}' for x in r['per_round'])})"
-        for r in rs
-    )
+    lines = []
+    for r in rs:
+        a, _, tiers = r["variant"].partition(" @ ")
+        b, _, base_tiers = r["over"].partition(" @ ")
+        what = f"{a} / {b} @ {tiers}" if tiers == base_tiers else f"{r['variant']} / {r['over']}"
+        rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
+        lines.append(f"- {what}: {r['median']:.2f}x decode tok/s (median of per-round ratios "
+                     f"{rounds})")  # fmt: skip
+    return "\n".join(lines)
 
 
 def report(

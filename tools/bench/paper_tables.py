@@ -1,6 +1,6 @@
 """Reproduce the benchmark results in docs/benchmarks/: each step is one `edge0 bench` command.
 
-    .venv/bin/python tools/bench/paper_tables.py [--only modes,k,sweep,35b] [--dry-run]
+    .venv/bin/python tools/bench/paper_tables.py [--only modes,k,sweep,cold,35b] [--dry-run]
 
 Steps (each writes docs/benchmarks/<name>.md + .json and PNGs under docs/benchmarks/img/<name>/):
   modes  resident / reactive / hint / route at K=4 on the medium synthetic model, through a
@@ -8,6 +8,8 @@ Steps (each writes docs/benchmarks/<name>.md + .json and PNGs under docs/benchma
   k      reactive vs route at K=2, 4, 8 on the same throttle;
   sweep  decode tok/s against emulated bandwidth 0.1-3.2 GB/s, reactive and route, with the
          resident (no reads) and unthrottled-route bounds;
+  cold   reactive vs route on this machine's own disk (no throttle), page cache dropped
+         before each measured prompt (pread) or bypassed (direct, O_DIRECT);
   35b    the qwen3.5-35b-a3b shape: route K=4 under --memory-budget 3GiB (and 2.75GiB), then
          resident on the same machine, watched by the memory guard.
 Models: MEDIUM and Q35 below (tools/synth_checkpoint.py writes them; `edge0 verify` them first).
@@ -44,6 +46,9 @@ def steps(calibrated: str) -> dict[str, list[list[str]]]:
                "--tiers", calibrated, "--repeats", "2", *SMALL_RUN, *out("k")]],
         "sweep": [["bench", "sweep", MEDIUM, "--k", "4", "--bounds", "resident,route",
                    "--repeats", "2", *SMALL_RUN, *out("sweep")]],
+        "cold": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "4", "--tiers",
+                  "pread", "--tiers", "direct", "--cold", "--repeats", "2", *SMALL_RUN,
+                  *out("cold")[:4]]],
         "35b": [
             ["bench", "run", Q35, "--modes", "route", "--k", "4", "--memory-budget", "3GiB",
              "--first-layer", "wrap", "--tiers", "ram:1GiB>direct", *Q35_RUN, *out("35b-route")],
@@ -69,7 +74,7 @@ def calibrated_spec() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="modes,k,sweep,35b")
+    ap.add_argument("--only", default="modes,k,sweep,cold,35b")
     ap.add_argument("--dry-run", action="store_true", help="Print the commands only.")
     args = ap.parse_args()
     edge0 = str(Path(sys.executable).parent / "edge0")
