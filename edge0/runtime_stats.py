@@ -59,12 +59,15 @@ class RunStats:
         return d
 
     def summary(self) -> str:
-        """A few lines for people (`edge0 run` prints it to stderr)."""
+        """A few lines for people (`edge0 run` prints it to stderr); the first is the
+        same stats line as the resident path."""
         tiers = ", ".join(f"{k}={v}" for k, v in sorted(self.tier_reads.items())) or "none"
         return "\n".join([
+            f"prompt: {self.prompt_tokens} tok, {self.prefill_tps:.1f} tok/s | "
+            f"decode: {self.generated_tokens} tok, {self.decode_tps:.1f} tok/s | "
+            f"peak MLX memory: {self.peak_mlx_bytes / _MIB:.1f} MiB | "
+            f"peak RSS: {self.peak_rss_bytes / _MIB:.1f} MiB",
             f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}) | "
-            f"prompt {self.prompt_tokens} tok {self.prefill_tps:.1f} tok/s | "
-            f"decode {self.generated_tokens} tok {self.decode_tps:.2f} tok/s",
             f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
             f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
             f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
@@ -77,9 +80,8 @@ class RunStats:
             f"tickets issued {self.tickets_issued}, consumed {self.tickets_consumed}, wasted "
             f"{self.tickets_wasted}, cancelled {self.tickets_cancelled}, failed "
             f"{self.tickets_failed}",
-            f"peak MLX memory {self.peak_mlx_bytes / _MIB:.1f} MiB | peak RSS "
-            f"{self.peak_rss_bytes / _MIB:.1f} MiB | event-loop lag max "
-            f"{self.loop_max_lag_ms:.1f} ms, p99 {self.loop_p99_lag_ms:.1f} ms",
+            f"event-loop lag max {self.loop_max_lag_ms:.1f} ms, "
+            f"p99 {self.loop_p99_lag_ms:.1f} ms",
         ])  # fmt: skip
 
 
