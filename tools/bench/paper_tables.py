@@ -41,7 +41,7 @@ def steps(calibrated: str) -> dict[str, list[list[str]]]:
 
     return {
         "modes": [["bench", "run", MEDIUM, "--modes", "resident,reactive,hint,route", "--k", "4",
-                   "--io-ratio", "1.0", "--repeats", "3", *SMALL_RUN, *out("modes")]],
+                   "--io-ratio", "1.0", "--repeats", "5", *SMALL_RUN, *out("modes")]],
         "k": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "2,4,8",
                "--tiers", calibrated, "--repeats", "2", *SMALL_RUN, *out("k")]],
         "sweep": [["bench", "sweep", MEDIUM, "--k", "4", "--bounds", "resident,route",
