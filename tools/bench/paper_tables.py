@@ -45,7 +45,7 @@ def steps(calibrated: str) -> dict[str, list[list[str]]]:
         "k": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "2,4,8",
                "--tiers", calibrated, "--repeats", "2", *SMALL_RUN, *out("k")]],
         "sweep": [["bench", "sweep", MEDIUM, "--k", "4", "--bounds", "resident,route",
-                   "--repeats", "2", *SMALL_RUN, *out("sweep")]],
+                   "--repeats", "3", *SMALL_RUN, *out("sweep")]],
         "cold": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "4", "--tiers",
                   "pread", "--tiers", "direct", "--cold", "--repeats", "2", *SMALL_RUN,
                   *out("cold")[:4]]],
