@@ -85,6 +85,25 @@ def quantize_int4(model: nn.Module, group_size: int, bits: int, experts_only: bo
     nn.quantize(model, group_size=group_size, bits=bits, class_predicate=should_quantize)
 
 
+def greedy_texts(model_dir: Path, prompt: str, max_tokens: int) -> dict[str, str]:
+    """Greedy continuations of `prompt` from transformers and from plain mlx-lm (fp32)."""
+    import mlx_lm
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+    hf_text = str(tok.decode(out[0, ids.shape[1] :].tolist()))
+    # mlx-lm's CPU gather_mm needs fp32: upcast the bf16 weights before generating.
+    mlx_model, mlx_tok = mlx_lm.load(str(model_dir))[:2]
+    mlx_model.set_dtype(mx.float32)
+    mlx_text = mlx_lm.generate(mlx_model, mlx_tok, prompt, max_tokens=max_tokens)
+    return {"transformers": hf_text, "mlx_lm": mlx_text}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -93,8 +112,14 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--generate", default=None, help="only print greedy continuations of this")
+    p.add_argument("--max-tokens", type=int, default=64)
     args = p.parse_args()
 
+    if args.generate is not None:
+        for name, text in greedy_texts(args.model, args.generate, args.max_tokens).items():
+            print(f"--- {name}:\n{args.generate}{text}")
+        return
     from edge0.loader import load
 
     windows = heldout_windows(args.model, args.heldout, args.ctx, args.windows)
