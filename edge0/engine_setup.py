@@ -12,7 +12,7 @@ import mlx.nn as nn
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
-from edge0.memory import MemoryPlan, apply_to_spec, kv_bytes, plan
+from edge0.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
 from edge0.moe import sparse_blocks
 from edge0.moe.block import StreamingMoE
 from edge0.moe.families import family_for
@@ -22,6 +22,7 @@ from edge0.prerouter import PrerouterSet
 from edge0.runner import MODES, StreamContext
 from edge0.scheduler import ComputeThread, Scheduler
 from edge0.slots import SlotTable
+from edge0.stats import current_rss_bytes
 from edge0.tier import Tier
 from edge0.tierspec import open_tiers
 from edge0.trace import Tracer
@@ -157,8 +158,10 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     if opts.memory_budget is not None and isinstance(spec, str):
         resident = sum(int(v.nbytes) for _, v in _flat_params(loaded.model))
         resident += sum(int(a.nbytes) for d in ctx.resident_experts.values() for a in d.values())
+        overhead = max(0, current_rss_bytes() - resident - memory.nbytes)
         setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
-                                 kv_bytes(manifest.config, KV_CONTEXT))  # fmt: skip
+                                 kv_bytes(manifest.config, KV_CONTEXT), overhead,
+                                 working_bytes(memory.nbytes))  # fmt: skip
         spec = apply_to_spec(spec, setup.memory_plan.cache)
         log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec)
     setup.tier = open_tiers(spec, path, manifest)

@@ -23,6 +23,16 @@ def peak_rss_bytes() -> int:
     return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # bytes on macOS
 
 
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (VmRSS on Linux; the peak elsewhere)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return peak_rss_bytes()
+
+
 def peak_mlx_bytes() -> int:
     """Peak MLX memory since the last `mx.reset_peak_memory()`, never below current use.
 

@@ -105,8 +105,11 @@ def test_memory_budget_sizes_the_ram_cache(store: Path) -> None:
         async with Engine.open(store, mode="route", tiers="ram>pread", memory_budget=budget) as eng:
             return eng.setup.memory_plan, eng.setup.tier
 
-    plan, tier = asyncio.run(main("64MiB"))
-    assert plan.cache == plan.budget - plan.resident - plan.slots - plan.kv > 0
+    plan, tier = asyncio.run(main("4GiB"))
+    fixed = plan.resident + plan.slots + plan.kv + plan.overhead + plan.working
+    assert plan.cache == plan.budget - fixed > 0
+    assert plan.overhead > 0 and plan.working == plan.slots * 3 // 4  # process RSS is counted
+    assert tier.budget == plan.cache
     assert tier.name == "ram"
     with pytest.raises(ConfigError, match="memory-budget"):
         asyncio.run(main("1KiB"))
