@@ -85,7 +85,7 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         return sum(s[key] * s[weight] for s in stats) / w if w else 0.0
 
     # decode steps: the first generated token comes out of the prefill's last step
-    steps = sum(max(s["generated_tokens"] - 1, 0) for s in stats)
+    steps = sum(s["decode_steps"] for s in stats)
     decode_s = sum(s["decode_s"] for s in stats)
     prefill_s = sum(s["prefill_s"] for s in stats)
     return {

@@ -190,6 +190,7 @@ class Engine:
                         stats.finish_reason = "length"
                         break
                     tok = await self._compute.run(functools.partial(runner.feed, tok, False))
+                    stats.decode_steps += 1
                 stats.decode_s = time.perf_counter() - t1
             except Exception:
                 stats.finish_reason = "error"

@@ -23,6 +23,7 @@ class RunStats:
     generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    decode_steps: int = 0  # forward passes after prefill (the first token comes from prefill)
     blocked_ms_per_step: float = 0.0  # decode steps: compute waiting on reads
     compute_ms_per_step: float = 0.0  # decode steps: inside mx.eval
     overhead_ms_per_layer: float = 0.0  # neither eval nor waiting, per streamed layer
@@ -47,7 +48,7 @@ class RunStats:
 
     @property
     def decode_tps(self) -> float:
-        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def prefill_tps(self) -> float:

@@ -41,6 +41,9 @@ def test_generate_streams_text_then_stats(store: Path) -> None:
     assert text and stats.generated_tokens >= 1
     assert stats.mode == "route" and stats.predictor == "init"
     assert stats.prompt_tokens > 0 and stats.decode_tps >= 0
+    # The first token comes from prefill: decode steps are one fewer unless EOS ended it.
+    extra = 1 if stats.finish_reason == "stop" else 0
+    assert stats.decode_steps == stats.generated_tokens - 1 + extra
     assert "decode" in stats.summary()
 
 
