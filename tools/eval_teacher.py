@@ -107,11 +107,14 @@ def greedy_texts(model_dir: Path, prompt: str, max_tokens: int) -> dict[str, str
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    p.add_argument("--heldout", type=Path, required=True, help="heldout.txt from build_corpus")
+    p.add_argument("--heldout", type=Path, help="heldout.txt from build_corpus (for perplexity)")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--no-torch", action="store_true")
+    p.add_argument(
+        "--only", default="torch_fp32,mlx_fp32,mlx_int4_experts,mlx_int4_all",
+        help="comma-separated subset of the four evaluations",
+    )  # fmt: skip
     p.add_argument("--generate", default=None, help="only print greedy continuations of this")
     p.add_argument("--max-tokens", type=int, default=64)
     args = p.parse_args()
@@ -120,15 +123,21 @@ def main() -> None:
         for name, text in greedy_texts(args.model, args.generate, args.max_tokens).items():
             print(f"--- {name}:\n{args.generate}{text}")
         return
+    if args.heldout is None:
+        p.error("--heldout is needed to compute perplexity")
     from edge0.loader import load
 
     windows = heldout_windows(args.model, args.heldout, args.ctx, args.windows)
     report: dict[str, object] = {"windows": len(windows), "tokens": int(windows[:, 1:].size)}
-    if not args.no_torch:
+    only = set(args.only.split(","))
+    if "torch_fp32" in only:
         report["torch_fp32"] = perplexity(torch_nll(args.model), windows, args.batch, "torch")
-    loaded = load(args.model)
-    report["mlx_fp32"] = perplexity(mlx_nll(loaded.model), windows, args.batch, "mlx fp32")
+    if "mlx_fp32" in only:
+        model = load(args.model).model
+        report["mlx_fp32"] = perplexity(mlx_nll(model), windows, args.batch, "mlx fp32")
     for name, experts_only in (("mlx_int4_experts", True), ("mlx_int4_all", False)):
+        if name not in only:
+            continue
         model = load(args.model).model
         quantize_int4(model, 64, 4, experts_only)
         report[name] = perplexity(mlx_nll(model), windows, args.batch, name)
