@@ -1,18 +1,29 @@
-"""The model `edge0 run` uses when none is given (a tiny random one, built once)."""
+"""The model `edge0 run` uses when none is given: the shipped demo teacher, converted on first use.
+
+The package ships a small qwen3_moe trained here on Python standard-library
+source (`edge0/data/teacher/`, bf16 HF checkpoint, see docs/teacher.md). The
+first `edge0 run` without MODEL converts it to the edge0 layout at int4 in the
+cache directory (a few seconds), adds the shipped prerouter heads and LoRA
+adapters when present (`edge0/data/student/`), and streams its experts from
+there. The conversion is atomic and keyed by a hash of the shipped files, so a
+new release never reuses a stale student.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
+from edge0.errors import ModelLoadError
 from edge0.log import get_logger
 
 log = get_logger(__name__)
 
-# Bump when the tiny model's recipe changes so stale caches are rebuilt.
-_DEMO_NAME = "tiny-qwen3_5_moe-v1"
+DATA_DIR = Path(__file__).parent / "data"
+TEACHER_DIR = DATA_DIR / "teacher"
+STUDENT_EXTRAS_DIR = DATA_DIR / "student"  # prerouter.safetensors/.json, adapters/
 
 
 def cache_dir() -> Path:
@@ -23,29 +34,58 @@ def cache_dir() -> Path:
     return Path(base) / "edge0"
 
 
+def teacher_path() -> Path:
+    """The shipped demo teacher (HF format, bf16)."""
+    if not (TEACHER_DIR / "model.safetensors").is_file():
+        raise ModelLoadError(
+            f"the demo model is missing from {TEACHER_DIR}; reinstall edge0 or pass a MODEL path"
+        )
+    return TEACHER_DIR
+
+
+def _fingerprint(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        digest.update(path.relative_to(DATA_DIR).as_posix().encode())
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+def _shipped_files() -> list[Path]:
+    files = [p for p in TEACHER_DIR.rglob("*") if p.is_file()]
+    if STUDENT_EXTRAS_DIR.is_dir():
+        files += [p for p in STUDENT_EXTRAS_DIR.rglob("*") if p.is_file()]
+    return files
+
+
 def default_model_path() -> Path:
-    """The default model directory for `edge0 run`.
+    """The demo student for `edge0 run`: the shipped teacher converted to the edge0 layout."""
+    from edge0.layout.convert import convert
 
-    Until a trained demo model ships with the package, this is a tiny random
-    qwen3_5_moe checkpoint (Gated DeltaNet + gated attention + shared expert, 8
-    experts) built on first use into `cache_dir()`; its output is gibberish but
-    exercises the whole path.
-    """
-    target = cache_dir() / _DEMO_NAME
-    if (target / "config.json").exists():
+    teacher = teacher_path()
+    target = cache_dir() / f"demo-student-{_fingerprint(_shipped_files())}"
+    if (target / "edge0.json").exists():
         return target
-    from edge0.tiny import TinySpec, write_checkpoint
-
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+    staging = target.with_name(target.name + f".build-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
     try:
-        write_checkpoint(TinySpec(model_type="qwen3_5_moe", max_positions=4096), tmp)
+        log.info("demo.convert", source=str(teacher), target=str(target))
+        convert(teacher, staging)  # atomic itself: staging only exists once complete
+        if STUDENT_EXTRAS_DIR.is_dir():
+            for item in STUDENT_EXTRAS_DIR.iterdir():
+                dest = staging / item.name
+                if item.is_dir():
+                    shutil.copytree(item, dest)
+                else:
+                    shutil.copy2(item, dest)
         try:
-            tmp.rename(target)  # atomic: concurrent builders never see a partial model
+            staging.rename(target)  # concurrent builders: the first rename wins
         except OSError:
-            if not (target / "config.json").exists():
+            if not (target / "edge0.json").exists():
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("demo.built", path=str(target))
+        shutil.rmtree(staging, ignore_errors=True)
     return target

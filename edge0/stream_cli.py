@@ -86,6 +86,7 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
                 if isinstance(piece, RunStats):
                     if not last.endswith("\n"):
                         click.echo("")
+                    sys.stdout.flush()  # the text ends before the summary on a shared terminal
                     click.echo(piece.summary(), err=True)
                 else:
                     click.echo(piece, nl=False)
