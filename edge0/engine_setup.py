@@ -144,6 +144,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     from edge0.loader import LoadedModel
 
     opts.check()
+    baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     experts = "resident" if opts.mode == "resident" else "none"
     loaded: LoadedModel = await compute.run(lambda: load_layout(path, experts=experts))
@@ -158,7 +159,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     if opts.memory_budget is not None and isinstance(spec, str):
         resident = sum(int(v.nbytes) for _, v in _flat_params(loaded.model))
         resident += sum(int(a.nbytes) for d in ctx.resident_experts.values() for a in d.values())
-        overhead = max(0, current_rss_bytes() - resident - memory.nbytes)
+        overhead = baseline  # RSS after loading also holds freed load buffers: not counted
         setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
                                  kv_bytes(manifest.config, KV_CONTEXT), overhead,
                                  working_bytes(memory.nbytes))  # fmt: skip

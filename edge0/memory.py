@@ -1,7 +1,7 @@
 """`--memory-budget`: size the RAM expert cache from what is left after everything else.
 
 budget = resident weights + slot tables + KV cache (estimated for the context)
-         + process overhead (interpreter, libraries: measured RSS beyond the weights)
+         + process overhead (interpreter, libraries: RSS measured before loading)
          + decode working memory (MLX temporaries: 3/4 of the slot table, as measured
            on the 35B-A3B shape, docs/benchmarks/35b-route.md)
          + RAM cache.
@@ -28,7 +28,7 @@ class MemoryPlan:
     slots: int
     kv: int
     cache: int  # bytes left for the RAM cache tier
-    overhead: int = 0  # process RSS beyond weights and slots when the plan was made
+    overhead: int = 0  # process RSS before the model was loaded
     working: int = 0  # decode-time MLX temporaries
 
     def line(self) -> str:
