@@ -134,3 +134,23 @@ def test_fake_quantized_student_matches_int4_path(tiny: Path) -> None:
     np.testing.assert_allclose(f.hidden, r.hidden, atol=1e-4)
     np.testing.assert_allclose(f.logits, r.logits, atol=1e-4)
     assert np.abs(t.hidden - r.hidden).max() > 1e-3  # int4 really changed the path
+
+
+TEACHER = Path(__file__).parent.parent / "edge0" / "data" / "teacher"
+
+
+@pytest.mark.skipif(not (TEACHER / "model.safetensors").exists(), reason="demo teacher not present")
+def test_shipped_heads_fit_the_shipped_teacher() -> None:
+    loaded = edge0.loader.load(TEACHER)
+    heads = PrerouterSet.load(TEACHER)
+    heads.check_model(loaded.model)
+    assert heads.config.trained and heads.config.wrap
+    # trained heads beat the untrained ones on the teacher's own text (a routing-recall smoke test)
+    from edge0.eval_routing import evaluate_routing
+
+    text = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+    ids = loaded.tokenizer.encode(text * 4)[:96]
+    result = evaluate_routing(
+        loaded.model, np.array([ids], dtype=np.int32), [4], heads, progress=False
+    )
+    assert result["mean"]["trained"]["4"]["recall"] > result["mean"]["init"]["4"]["recall"]
