@@ -3,9 +3,9 @@
 The package ships a small qwen3_moe trained here on Python standard-library
 source (`edge0/data/teacher/`, bf16 HF checkpoint, see docs/teacher.md). The
 first `edge0 run` without MODEL converts it to the edge0 layout at int4 in the
-cache directory (a few seconds), adds the shipped prerouter heads and LoRA
-adapters when present (`edge0/data/student/`), and streams its experts from
-there. The conversion is atomic and keyed by a hash of the shipped files, so a
+cache directory (a few seconds); `edge0 convert` carries the shipped prerouter
+heads (and LoRA adapters, when present) along, and the run streams its experts
+from there. The conversion is atomic and keyed by a hash of the shipped files, so a
 new release never reuses a stale student.
 """
 
@@ -22,8 +22,7 @@ from edge0.log import get_logger
 log = get_logger(__name__)
 
 DATA_DIR = Path(__file__).parent / "data"
-TEACHER_DIR = DATA_DIR / "teacher"
-STUDENT_EXTRAS_DIR = DATA_DIR / "student"  # prerouter.safetensors/.json, adapters/
+TEACHER_DIR = DATA_DIR / "teacher"  # + prerouter.safetensors/.json, optional adapters/
 
 
 def cache_dir() -> Path:
@@ -54,10 +53,7 @@ def _fingerprint(paths: list[Path]) -> str:
 
 
 def _shipped_files() -> list[Path]:
-    files = [p for p in TEACHER_DIR.rglob("*") if p.is_file()]
-    if STUDENT_EXTRAS_DIR.is_dir():
-        files += [p for p in STUDENT_EXTRAS_DIR.rglob("*") if p.is_file()]
-    return files
+    return [p for p in TEACHER_DIR.rglob("*") if p.is_file()]
 
 
 def default_model_path() -> Path:
@@ -74,13 +70,6 @@ def default_model_path() -> Path:
     try:
         log.info("demo.convert", source=str(teacher), target=str(target))
         convert(teacher, staging)  # atomic itself: staging only exists once complete
-        if STUDENT_EXTRAS_DIR.is_dir():
-            for item in STUDENT_EXTRAS_DIR.iterdir():
-                dest = staging / item.name
-                if item.is_dir():
-                    shutil.copytree(item, dest)
-                else:
-                    shutil.copy2(item, dest)
         try:
             staging.rename(target)  # concurrent builders: the first rename wins
         except OSError:

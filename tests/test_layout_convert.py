@@ -179,3 +179,16 @@ def test_fp32_source_with_fp16_config_matches_mlx_lm(tmp_path: Path) -> None:
     ref, _ = mlx_lm.load(str(mlx_lm_int4(hf, tmp_path / "mlx")))
     ours = load_layout(tmp_path / "e0", dtype=None)
     assert greedy(ours.model, PROMPT) == greedy(ref, PROMPT)
+
+
+def test_trained_artifacts_travel_with_the_model(tmp_path: Path) -> None:
+    src = tiny_hf(tmp_path, "qwen3_moe")
+    (src / "prerouter.safetensors").write_bytes(b"heads")
+    (src / "prerouter.json").write_text("{}")
+    (src / "adapters").mkdir()
+    (src / "adapters" / "adapter_config.json").write_text('{"rank": 4}')
+    dst = tmp_path / "out"
+    convert(src, dst, OPTS)
+    assert (dst / "prerouter.safetensors").read_bytes() == b"heads"
+    assert (dst / "prerouter.json").read_text() == "{}"
+    assert (dst / "adapters" / "adapter_config.json").read_text() == '{"rank": 4}'

@@ -171,10 +171,18 @@ def _write_experts(
     return writer
 
 
+# Quality artifacts trained for this model travel with it (docs/prerouter.md, docs/lora.md).
+ARTIFACT_FILES = ("prerouter.safetensors", "prerouter.json")
+ARTIFACT_DIRS = ("adapters",)
+
+
 def _copy_side_files(src: Path, dst: Path, config: dict[str, Any]) -> None:
-    for name in TOKENIZER_FILES:
+    for name in (*TOKENIZER_FILES, *ARTIFACT_FILES):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
+    for name in ARTIFACT_DIRS:
+        if (src / name).is_dir():
+            shutil.copytree(src / name, dst / name)
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

@@ -102,7 +102,11 @@ def _weight_files(path: Path) -> list[Path]:
         if missing:
             raise ConversionError(f"{index} lists missing shards: {', '.join(missing)}")
         return files
-    files = sorted(path.glob("*.safetensors"))
+    # Trained artifacts next to the weights (prerouter heads, adapters) are not weights.
+    not_weights = {"prerouter.safetensors", "adapters.safetensors"}
+    files = sorted(path.glob("model*.safetensors")) or sorted(
+        f for f in path.glob("*.safetensors") if f.name not in not_weights
+    )
     if not files:
         raise ConversionError(f"{path} has no *.safetensors files; point at a model directory")
     return files
