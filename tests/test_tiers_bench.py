@@ -42,10 +42,9 @@ def test_bench_tiers_json(tmp_path: Path) -> None:
     assert all(r["set_mb_s"] is None for r in rows if r["spec"] == "pread")
     model = 16384 / (100e-6 + 16384 / 50e6) / 1e6  # QD1 device: one record per lat + xfer
     assert all(r["model_mb_s"] == pytest.approx(model) for r in ram)
-    cold_throttled = [r for r in ram if r["phase"] == "cold"]
-    # A sleep never finishes early: QD1 is bounded by lat + xfer, any QD by the channel bandwidth.
-    assert all(r["mb_s"] <= model * 1.02 for r in cold_throttled if r["qd"] == 1)
-    assert all(r["mb_s"] <= 50.0 * 1.02 for r in cold_throttled)
+    # Measured MB/s is not asserted: real-time accuracy is a benchmark figure (docs/tiers.md),
+    # and the throttle charges zstd's compressed bytes, so record MB/s may exceed the model.
+    # The throttle's arithmetic is tested with a fake clock in test_tiers_throttle.py.
 
 
 def test_bench_tiers_table_and_errors(tmp_path: Path) -> None:
