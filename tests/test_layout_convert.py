@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import zlib
 from pathlib import Path
 
@@ -192,3 +193,12 @@ def test_trained_artifacts_travel_with_the_model(tmp_path: Path) -> None:
     assert (dst / "prerouter.safetensors").read_bytes() == b"heads"
     assert (dst / "prerouter.json").read_text() == "{}"
     assert (dst / "adapters" / "adapter_config.json").read_text() == '{"rank": 4}'
+
+
+def test_refuses_when_the_disk_is_too_small(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    src = tiny_hf(tmp_path, "qwen3_moe")
+    tiny_disk = shutil.disk_usage(tmp_path)._replace(free=1024)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: tiny_disk)
+    with pytest.raises(ConversionError, match="GB free"):
+        convert(src, tmp_path / "out", OPTS)
+    assert not (tmp_path / "out").exists()

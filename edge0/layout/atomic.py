@@ -34,6 +34,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def check_free_space(dst: Path, need: int, what: str) -> None:
+    """Refuse to start writing `need` bytes next to `dst` when the disk cannot hold them."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dst.parent).free
+    if free < need * 1.05 + (1 << 28):
+        raise ConversionError(
+            f"{dst.parent} has {free / 1e9:.1f} GB free, {what} needs {need / 1e9:.1f} GB; "
+            "free space or choose another DST"
+        )
+
+
 def check_destination(dst: Path, force: bool) -> None:
     """Refuse an existing DST unless `force`."""
     if dst.exists() and not force:

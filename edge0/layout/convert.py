@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edge0.errors import ConversionError
-from edge0.layout.atomic import atomic_directory, check_destination
+from edge0.layout.atomic import atomic_directory, check_destination, check_free_space
 from edge0.layout.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
@@ -206,6 +206,10 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     spec = record_layout(
         shape.d_model, shape.d_ff, params["bits"], params["group_size"], _scale_dtype(source)
     )
+    experts_bytes = len(shape.layers) * shape.n_experts * spec.record_size
+    resident_bytes = sum(source.tensors[k].nbytes for k in source.resident_keys)  # upper bound
+    need = experts_bytes * (2 if opts.compress else 1) + resident_bytes
+    check_free_space(dst, need, f"converting {src}")
     with atomic_directory(dst, opts.force) as tmp:
         config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
         writer = _write_experts(source, shape, spec, params, tmp, opts)

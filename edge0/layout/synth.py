@@ -8,7 +8,6 @@ records are random packed uint32 plus scales/biases whose dequantized values hav
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tqdm import tqdm
 
-from edge0.errors import ConversionError
-from edge0.layout.atomic import atomic_directory, check_destination
+from edge0.layout.atomic import atomic_directory, check_destination, check_free_space
 from edge0.layout.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
@@ -193,13 +191,7 @@ def synthesize(
     n_records = len(layers) * n_experts
     resident_bytes = sum(_plan_bytes(p) for p in plan)
     need = n_records * spec.record_size + resident_bytes
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(dst.parent).free
-    if free < need * 1.05 + (1 << 28):
-        raise ConversionError(
-            f"{dst.parent} has {free / 1e9:.1f} GB free, the {shape} checkpoint "
-            f"needs {need / 1e9:.1f} GB; free space or choose another DST"
-        )
+    check_free_space(dst, need, f"the {shape} checkpoint")
     start = time.perf_counter()
     rand = Rand(np.random.default_rng(seed))
     with (
