@@ -48,6 +48,7 @@ class EngineOptions:
     io_workers: int = 2
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in ctx.recording (to replay as oracle)
+    adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -147,7 +148,14 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     experts = "resident" if opts.mode == "resident" else "none"
-    loaded: LoadedModel = await compute.run(lambda: load_layout(path, experts=experts))
+    def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
+        from edge0.lora import maybe_apply_adapters
+
+        loaded = load_layout(path, experts=experts)
+        maybe_apply_adapters(loaded.model, path, enabled=opts.adapter)
+        return loaded
+
+    loaded: LoadedModel = await compute.run(load)
     tracer = Tracer(chrome=opts.trace is not None)
     ctx, memory, table = await compute.run(
         lambda: prepare(loaded.model, manifest, opts, path, tracer)

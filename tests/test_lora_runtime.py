@@ -61,10 +61,9 @@ def test_route_mode_with_init_heads_matches_the_engine(stores, family, k, first_
     )
 
 
-def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path, monkeypatch):
-    """With maybe_apply_adapters where the lead wires it (after load_layout, on the compute
-    thread), the streaming Engine in route mode decodes the simulation's tokens."""
-    import edge0.layout.load as layout_load
+def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path):
+    """The streaming Engine applies MODEL/adapters/ by default and, in route mode, decodes
+    the simulation's tokens; adapter=False decodes the plain model."""
     from edge0 import lora
 
     store = build_store(tmp_path, "qwen3_moe", seed=1)
@@ -79,14 +78,32 @@ def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path, monkeyp
     want = seq[0, len(PROMPT) :].tolist()
 
     opts = {"mode": "route", "predictor": "init", "top_k": 1, "first_layer": "wrap"}
-    plain = engine_tokens(store, **opts)
-    original = layout_load.load_layout
-
-    def load_with_adapters(path: Any, **kw: Any) -> Any:
-        loaded = original(path, **kw)
-        assert lora.maybe_apply_adapters(loaded.model, path)
-        return loaded
-
-    monkeypatch.setattr(layout_load, "load_layout", load_with_adapters)
     assert engine_tokens(store, **opts) == want
-    assert plain != want  # the adapter changes the output
+    assert engine_tokens(store, adapter=False, **opts) != want  # the adapter matters
+
+
+def test_run_applies_adapters_unless_disabled(tmp_path: Path):
+    from click.testing import CliRunner
+
+    from edge0 import lora
+    from edge0.cli import main
+
+    store = build_store(tmp_path, "qwen3_moe", seed=2)
+    model = edge0.loader.load(store).model
+    cfg = lora.LoraConfig(rank=4, alpha=8)
+    lora.apply_lora(model, cfg)
+    mx.random.seed(5)
+    for _, m in lora.lora_modules(model):
+        m.lora_b = 0.3 * mx.random.normal(m.lora_b.shape)
+    lora.save_adapters(model, store / lora.ADAPTER_DIR, cfg)
+    # `edge0 run`: adapters on by default, --no-adapter turns them off (resident path too).
+    runner = CliRunner()
+    base = ["run", str(store), "-p", "x", "--max-tokens", "6", "--no-chat"]
+    outs = {}
+    for mode in ("route", "resident"):
+        for flag in ([], ["--no-adapter"]):
+            r = runner.invoke(main, [*base, "--mode", mode, "--top-k", "1", *flag])
+            assert r.exit_code == 0, r.output
+            outs[mode, bool(flag)] = r.stdout
+    assert outs["route", False] != outs["route", True]
+    assert outs["resident", False] != outs["resident", True]

@@ -13,7 +13,7 @@ from edge0.errors import ConfigError, PromptError
 from edge0.stream_cli import is_layout, run_streaming, runtime_options
 
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
-                "trace_file", "run_log_json", "io_workers")  # fmt: skip
+                "trace_file", "run_log_json", "io_workers", "adapter")  # fmt: skip
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,6 +92,7 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
     from edge0.demo import default_model_path
     from edge0.generate import SamplingSettings, encode_prompt, generate
     from edge0.loader import load
+    from edge0.lora import maybe_apply_adapters
 
     text = read_prompt(prompt)
     runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
@@ -105,6 +106,7 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
             f"convert {path} first with `edge0 convert {path} OUT`"
         )
     loaded = load(path)
+    maybe_apply_adapters(loaded.model, path, enabled=runtime["adapter"])
     tokens = encode_prompt(loaded.tokenizer, text, chat=chat)
     settings = SamplingSettings(**sampling)
     last = ""
