@@ -21,7 +21,7 @@ $(VENV)/.test-installed: $(BIN)/edge0 pyproject.toml
 install-test: $(VENV)/.test-installed
 
 run: install
-	$(BIN)/edge0 run -p "$(PROMPT)" --temp 0.7 --top-p 0.95 --seed 1 --max-tokens 96
+	$(BIN)/edge0 run -p "$(PROMPT)" --temp 0.7 --top-p 0.95 --seed 0 --max-tokens 96
 
 test: install-test
 	$(BIN)/python -m pytest -q
