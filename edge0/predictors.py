@@ -46,7 +46,16 @@ def chain(layers: list[int], wrap: bool) -> dict[int, int]:
     return targets
 
 
-class OraclePredictor:
+class _HostOnly:
+    """Predictors that decide on the host from routing already known: no MLX graph."""
+
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        return None
+
+
+class OraclePredictor(_HostOnly):
     """Replays recorded true routing: `recording[(pos, layer)]` = experts in router order."""
 
     name = "oracle"
@@ -54,11 +63,6 @@ class OraclePredictor:
     def __init__(self, recording: dict[tuple[int, int], list[int]], layers: list[int]) -> None:
         self.recording = recording
         self.targets = chain(layers, wrap=True)
-
-    def graph(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
-    ) -> mx.array | None:
-        return None
 
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
@@ -68,18 +72,13 @@ class OraclePredictor:
         return None if got is None else got[:k]
 
 
-class TemporalPredictor:
+class TemporalPredictor(_HostOnly):
     """The experts a layer's router chose for the last token (same layer, next step)."""
 
     name = "temporal"
 
     def __init__(self, layers: list[int]) -> None:
         self.targets = {layer: layer for layer in layers}
-
-    def graph(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
-    ) -> mx.array | None:
-        return None
 
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
