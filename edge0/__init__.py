@@ -7,22 +7,29 @@ from typing import TYPE_CHECKING, Any
 from edge0.errors import Edge0Error
 
 if TYPE_CHECKING:
-    from edge0.engine import Engine, SyncEngine
-    from edge0.loader import LoadedModel, load
+    from edge0.model.generate import generate
+    from edge0.model.loader import LoadedModel, load
+    from edge0.runtime.engine import Engine, SyncEngine
 
 __version__ = "0.1.0"
 
-__all__ = ["Edge0Error", "Engine", "LoadedModel", "SyncEngine", "__version__", "load"]
+__all__ = [
+    "Edge0Error", "Engine", "LoadedModel", "SyncEngine", "__version__", "generate", "load",
+]
 
 
 def __getattr__(name: str) -> Any:
     # Imported lazily so that `import edge0.errors` stays light (no MLX import).
     if name in ("load", "LoadedModel"):
-        from edge0 import loader
+        from edge0.model import loader
 
         return getattr(loader, name)
     if name in ("Engine", "SyncEngine"):
-        from edge0 import engine
+        from edge0.runtime import engine
 
         return getattr(engine, name)
+    if name == "generate":
+        from edge0.model.generate import generate
+
+        return generate
     raise AttributeError(f"module 'edge0' has no attribute {name!r}")

@@ -13,8 +13,8 @@ from typing import Any
 from _model import model_dir
 
 import edge0
-from edge0.engine import run
-from edge0.runtime_stats import RunStats
+from edge0.runtime.engine import run
+from edge0.runtime.summary import RunStats
 
 STACKS = [
     "pread",

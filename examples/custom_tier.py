@@ -4,7 +4,7 @@ A tier is any object with `async read_into(key, dest) -> ReadInfo` and
 `async aclose()`. To be usable in spec strings it also declares `name`,
 `WRAPS` (True: built as cls(inner, **options); False: a storage tier built as
 cls(model_dir, manifest, **options)), `POSITIONAL` and `OPTIONS` (option name
--> converter from text; edge0.tierspec has parse_size, parse_rate,
+-> converter from text; edge0.storage.spec has parse_size, parse_rate,
 parse_duration, parse_bool, parse_int and choice).
 
 A package makes it available to every Edge0 user who installs it with one
@@ -15,7 +15,7 @@ entry point in its pyproject.toml:
 
 after which `edge0 run out/ --tiers "histogram:5ms>ram:1GiB>direct"` and
 `edge0 bench tiers out/ --tiers ...` find it by name. A script or notebook
-can skip packaging and call `edge0.tierspec.register_tier("histogram",
+can skip packaging and call `edge0.storage.spec.register_tier("histogram",
 HistogramTier)`, as `main` below does.
 
 Run: python examples/custom_tier.py MODEL_DIR
@@ -34,8 +34,8 @@ import numpy as np
 
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
-from edge0.tier import ExpertKey, ReadInfo, Tier
-from edge0.tierspec import open_tiers, parse_duration, register_tier
+from edge0.storage.spec import open_tiers, parse_duration, register_tier
+from edge0.storage.tier import ExpertKey, ReadInfo, Tier
 
 log = get_logger("histogram_tier")
 

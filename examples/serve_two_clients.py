@@ -16,8 +16,8 @@ import time
 from _model import model_dir
 
 import edge0
-from edge0.engine import run
-from edge0.runtime_stats import RunStats
+from edge0.runtime.engine import run
+from edge0.runtime.summary import RunStats
 
 
 async def client(eng: edge0.Engine, name: str, prompt: str, t0: float) -> RunStats:

@@ -51,7 +51,7 @@ _LOADED: dict[str, Any] = {}
 @pytest.fixture(scope="session")
 def loaded_model() -> Callable[[str], Any]:
     """Load a fixture once per session. Do not modify the returned model."""
-    from edge0.loader import load
+    from edge0.model.loader import load
 
     def get(model_type: str) -> Any:
         if model_type not in _LOADED:

@@ -9,8 +9,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from edge0.models import normalize_config
-from edge0.tiny import TinySpec, write_checkpoint
+from edge0.model.arch import normalize_config
+from edge0.synth.tiny import TinySpec, write_checkpoint
 
 GROUP = 32  # the tiny expert width (32) needs group size 32
 

@@ -12,8 +12,8 @@ from edge0 import log
 from edge0.errors import TierReadError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
-from edge0.tier import ExpertKey, ReadInfo
-from edge0.tiny import TinySpec, write_checkpoint
+from edge0.storage.tier import ExpertKey, ReadInfo
+from edge0.synth.tiny import TinySpec, write_checkpoint
 
 log.configure("warning")  # per-read debug events would dominate the test time
 PROMPT = [5, 17, 42, 7, 99]

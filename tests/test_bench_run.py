@@ -10,9 +10,10 @@ import pytest
 from click.testing import CliRunner
 from runtime_helpers import build_store
 
-from edge0 import bench_run, bench_sweep
-from edge0.bench_run import BenchOptions, Variant
-from edge0.cli import main
+from edge0.bench import run as bench_run
+from edge0.bench import sweep as bench_sweep
+from edge0.bench.run import BenchOptions, Variant
+from edge0.cli.main import main
 from edge0.errors import ConfigError
 
 FIELDS = {"decode_tps", "prefill_tps", "blocked_ms_per_step", "bytes_per_token",
@@ -124,7 +125,7 @@ def test_sweep_rejects_bad_input() -> None:
 
 def test_plots_write_pngs(store: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from edge0 import bench_plot
+    from edge0.bench import plot as bench_plot
 
     trace = tmp_path / "t.json"
     job = bench_run.make_job(Variant("route", 2, "pread"), _opts(store), 0, trace=str(trace))
@@ -140,7 +141,7 @@ def test_plots_write_pngs(store: Path, tmp_path: Path) -> None:
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge0 import bench_plot
+    from edge0.bench import plot as bench_plot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match="matplotlib"):

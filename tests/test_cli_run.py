@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from edge0.cli import main
+from edge0.cli.main import main
 from edge0.errors import ModelLoadError, PromptError
-from edge0.generate import SamplingSettings, encode_prompt, generate
+from edge0.model.generate import SamplingSettings, encode_prompt, generate
 
 STATS = re.compile(
     r"^prompt: \d+ tok, [\d.]+ tok/s \| decode: \d+ tok, [\d.]+ tok/s \| "

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
-from edge0.engine import Engine, SyncEngine
 from edge0.errors import ConfigError
-from edge0.runtime_stats import RunStats
+from edge0.runtime.engine import Engine, SyncEngine
+from edge0.runtime.summary import RunStats
 
 
 @pytest.fixture(scope="module")

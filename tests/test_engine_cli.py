@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from runtime_helpers import build_store
 
 from edge0 import log
-from edge0.cli import main
-from edge0.runner import MODES
-from edge0.stream_cli import MODES as CLI_MODES
+from edge0.cli.main import main
+from edge0.cli.stream import MODES as CLI_MODES
+from edge0.runtime.runner import MODES
 
 
 @pytest.fixture(scope="module")

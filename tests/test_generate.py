@@ -11,8 +11,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 from edge0.errors import PromptError
-from edge0.generate import Piece, SamplingSettings, encode_prompt, generate
-from edge0.stats import GenerationStats
+from edge0.model.generate import Piece, SamplingSettings, encode_prompt, generate
+from edge0.runtime.stats import GenerationStats
 
 PROMPT = "def fibonacci(n):"
 
@@ -120,7 +120,7 @@ def test_stats(loaded_model: Callable[[str], Any]) -> None:
 
 
 def test_text_stream_joins_to_decode(loaded_model: Callable[[str], Any]) -> None:
-    from edge0.generate import TextStream
+    from edge0.model.generate import TextStream
 
     tok = loaded_model("qwen3_moe").tokenizer
     text = " héllo wörld → ✓ def f(x):\n    return x"
@@ -134,7 +134,7 @@ def test_text_stream_joins_to_decode(loaded_model: Callable[[str], Any]) -> None
 def test_no_chat_template_means_plain_prompt(model_copy: Callable[[str], Any]) -> None:
     import json
 
-    from edge0.loader import load_tokenizer
+    from edge0.model.loader import load_tokenizer
 
     path = model_copy("qwen3_moe")
     config = json.loads((path / "tokenizer_config.json").read_text())

@@ -49,10 +49,10 @@ def test_hf_convert_matches_mlx_lm_int4_greedy(family) -> None:  # type: ignore[
 
 
 def test_edge0_load_dispatches_and_matches_loader(family) -> None:  # type: ignore[no-untyped-def]
-    import edge0.loader
+    import edge0.model.loader
 
-    ours = edge0.loader.load(family["e0"])
-    ref = edge0.loader.load(family["mlx"])
+    ours = edge0.model.loader.load(family["e0"])
+    ref = edge0.model.loader.load(family["mlx"])
     assert ours.source_format == "edge0"
     assert greedy(ours.model, PROMPT) == greedy(ref.model, PROMPT)
 

@@ -12,16 +12,16 @@ import mlx.core as mx
 import pytest
 
 from edge0.errors import ConversionError
-from edge0.layout import synth
 from edge0.layout.convert import convert
 from edge0.layout.load import load_layout
 from edge0.layout.manifest import Manifest
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import switch_modules
 from edge0.layout.records import record_layout
-from edge0.layout.synth import shape_config, synthesize
-from edge0.layout.synth_hf import write_hf
 from edge0.layout.verify import verify
+from edge0.synth import layout as synth
+from edge0.synth.hf import write_hf
+from edge0.synth.layout import shape_config, synthesize
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from layout_helpers import GROUP, tiny_hf
 
-from edge0.cli import main
+from edge0.cli.main import main
 from edge0.errors import CheckpointError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout

@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 
 import edge0
 from edge0.errors import ModelLoadError
-from edge0.loader import activation_dtype, build_model, load
-from edge0.tiny import FIXTURE_SPECS, write_checkpoint
+from edge0.model.loader import activation_dtype, build_model, load
+from edge0.synth.tiny import FIXTURE_SPECS, write_checkpoint
 
 PROMPT = [5, 17, 42, 7, 99, 3]
 

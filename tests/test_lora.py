@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from edge0 import lora
 from edge0.errors import ConfigError, ModelLoadError
+from edge0.model import lora
 
 FAMILIES = [tiny.qwen3_moe_config, tiny.qwen3_5_moe_config]
 

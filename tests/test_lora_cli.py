@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-import edge0.loader
-from edge0 import lora
-from edge0.commands import eval as eval_cmd
-from edge0.commands import train as train_cmd
-from edge0.tiny import TOKENIZER_TEXT
+import edge0.model.loader
+from edge0.cli import eval as eval_cmd
+from edge0.cli import train as train_cmd
+from edge0.model import lora
+from edge0.synth.tiny import TOKENIZER_TEXT
 
 
 def test_sft_distill_quality_cli(model_copy, qwen3_moe_path: Path, tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_sft_distill_quality_cli(model_copy, qwen3_moe_path: Path, tmp_path: Pat
     assert "| lora-merged | init |" in (tmp_path / "q.md").read_text()
 
     # The runtime hook picks MODEL/adapters up (and --no-adapter's enabled=False does not).
-    loaded = edge0.loader.load(model)
+    loaded = edge0.model.loader.load(model)
     assert lora.maybe_apply_adapters(loaded.model, model, enabled=False) is False
     assert lora.maybe_apply_adapters(loaded.model, model) is True
     assert lora.lora_paths(loaded.model)

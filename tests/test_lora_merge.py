@@ -8,8 +8,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from edge0 import lora
-from edge0.merge import merge_lora
+from edge0.model import lora
+from edge0.model.merge import merge_lora
 
 
 def adapted(make, b_std: float, seed: int = 0):

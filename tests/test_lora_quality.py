@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from edge0 import eval_quality as eq
-from edge0 import lora
-from edge0.prerouter import PrerouterSet
+from edge0.eval import quality as eq
+from edge0.model import lora
+from edge0.routing.prerouter import PrerouterSet
 
 
 def test_token_stats_of_identical_models():

@@ -10,9 +10,9 @@ import mlx.core as mx
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
-import edge0.loader
-from edge0.engine import Engine
-from edge0.prerouter import PrerouterSet
+import edge0.model.loader
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.engine import Engine
 from edge0.train import routed
 
 N = 10
@@ -33,7 +33,7 @@ def engine_tokens(store: Path, **opts: Any) -> list[int]:
 
 
 def simulated_tokens(store: Path, k: int, heads: str | None, wrap: bool = True) -> list[int]:
-    model = edge0.loader.load(store).model
+    model = edge0.model.loader.load(store).model
     prerouter = PrerouterSet.from_model(model) if heads == "init" else None
     with routed.routed(model, prerouter, k, wrap=wrap) as state:
         seq, _ = routed.generate(model, state, mx.array([PROMPT]), N, temperature=0.0)
@@ -64,10 +64,10 @@ def test_route_mode_with_init_heads_matches_the_engine(stores, family, k, first_
 def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path):
     """The streaming Engine applies MODEL/adapters/ by default and, in route mode, decodes
     the simulation's tokens; adapter=False decodes the plain model."""
-    from edge0 import lora
+    from edge0.model import lora
 
     store = build_store(tmp_path, "qwen3_moe", seed=1)
-    model = edge0.loader.load(store).model
+    model = edge0.model.loader.load(store).model
     lora.apply_lora(model, lora.LoraConfig(rank=4, alpha=8))
     mx.random.seed(5)
     for _, m in lora.lora_modules(model):
@@ -85,11 +85,11 @@ def test_engine_with_adapters_decodes_what_training_sees(tmp_path: Path):
 def test_run_applies_adapters_unless_disabled(tmp_path: Path):
     from click.testing import CliRunner
 
-    from edge0 import lora
-    from edge0.cli import main
+    from edge0.cli.main import main
+    from edge0.model import lora
 
     store = build_store(tmp_path, "qwen3_moe", seed=2)
-    model = edge0.loader.load(store).model
+    model = edge0.model.loader.load(store).model
     cfg = lora.LoraConfig(rank=4, alpha=8)
     lora.apply_lora(model, cfg)
     mx.random.seed(5)

@@ -11,8 +11,8 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from edge0 import lora
-from edge0.prerouter import PrerouterSet
+from edge0.model import lora
+from edge0.routing.prerouter import PrerouterSet
 from edge0.train import distill, routed, sft
 from edge0.train.capture import recording
 

@@ -10,10 +10,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-import edge0.loader
+import edge0.model.loader
 from edge0.errors import CheckpointError
-from edge0.prerouter import PrerouterConfig, PrerouterSet, moe_blocks, multi_hot
-from edge0.tiny import TinySpec, write_checkpoint
+from edge0.routing.prerouter import PrerouterConfig, PrerouterSet, moe_blocks, multi_hot
+from edge0.synth.tiny import TinySpec, write_checkpoint
 from edge0.train.capture import fake_quantize_student, quantize_student, run_and_record
 
 
@@ -28,7 +28,7 @@ def _tokens(n: int = 2, s: int = 12) -> mx.array:
 
 
 def test_untrained_head_is_next_router_exactly(tiny: Path) -> None:
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model)
     blocks = dict(moe_blocks(model))
     r = run_and_record(model, _tokens(), np.dtype(np.float32))
@@ -50,7 +50,7 @@ def test_multi_hot_pads_and_counts() -> None:
 
 
 def test_save_load_roundtrip(tiny: Path, tmp_path: Path) -> None:
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model, hidden=24)
     for head in heads.heads.values():  # make every parameter non-trivial
         head.update(
@@ -80,7 +80,7 @@ def test_save_load_roundtrip(tiny: Path, tmp_path: Path) -> None:
 def test_load_errors_name_the_file(tmp_path: Path, tiny: Path) -> None:
     with pytest.raises(CheckpointError, match="prerouter.safetensors"):
         PrerouterSet.load(tmp_path)
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model)
     heads.save(tmp_path)
     cfg = json.loads((tmp_path / "prerouter.json").read_text())
@@ -96,7 +96,7 @@ def test_load_errors_name_the_file(tmp_path: Path, tiny: Path) -> None:
 
 
 def test_check_model_rejects_other_models(tiny: Path) -> None:
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model)
     other = PrerouterSet(
         PrerouterConfig(
@@ -114,7 +114,7 @@ def test_check_model_rejects_other_models(tiny: Path) -> None:
 
 
 def test_student_path_head_inits_from_dequantized_router(tiny: Path) -> None:
-    model = quantize_student(edge0.loader.load(tiny).model)
+    model = quantize_student(edge0.model.loader.load(tiny).model)
     heads = PrerouterSet.from_model(model)
     blocks = dict(moe_blocks(model))
     owner, target = heads.config.heads()[0]
@@ -126,9 +126,9 @@ def test_student_path_head_inits_from_dequantized_router(tiny: Path) -> None:
 
 
 def test_fake_quantized_student_matches_int4_path(tiny: Path) -> None:
-    real = quantize_student(edge0.loader.load(tiny).model)
-    fake = fake_quantize_student(edge0.loader.load(tiny).model)
-    full = edge0.loader.load(tiny).model
+    real = quantize_student(edge0.model.loader.load(tiny).model)
+    fake = fake_quantize_student(edge0.model.loader.load(tiny).model)
+    full = edge0.model.loader.load(tiny).model
     toks = _tokens(2, 16)
     r, f, t = (run_and_record(m, toks, np.dtype(np.float32)) for m in (real, fake, full))
     np.testing.assert_allclose(f.hidden, r.hidden, atol=1e-4)
@@ -141,12 +141,12 @@ TEACHER = Path(__file__).parent.parent / "edge0" / "data" / "teacher"
 
 @pytest.mark.skipif(not (TEACHER / "model.safetensors").exists(), reason="demo teacher not present")
 def test_shipped_heads_fit_the_shipped_teacher() -> None:
-    loaded = edge0.loader.load(TEACHER)
+    loaded = edge0.model.loader.load(TEACHER)
     heads = PrerouterSet.load(TEACHER)
     heads.check_model(loaded.model)
     assert heads.config.trained and heads.config.wrap
     # trained heads beat the untrained ones on the teacher's own text (a routing-recall smoke test)
-    from edge0.eval_routing import evaluate_routing
+    from edge0.eval.routing import evaluate_routing
 
     text = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
     ids = loaded.tokenizer.encode(text * 4)[:96]

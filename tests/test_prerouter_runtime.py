@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
-import edge0.loader
-from edge0.engine import Engine
-from edge0.predictors import HeadPredictor
-from edge0.prerouter import PrerouterSet
+import edge0.model.loader
+from edge0.routing.predictors import HeadPredictor
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.engine import Engine
 from edge0.train.heads import HeadTrainConfig, train_heads
 from edge0.train.traces import TraceSet, collect
 
@@ -29,7 +29,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def trained(store: Path, tmp_path_factory: pytest.TempPathFactory) -> PrerouterSet:
     """Heads distilled (a few steps) on traces of the int4 store itself."""
-    model = edge0.loader.load(store).model
+    model = edge0.model.loader.load(store).model
     windows = ((np.arange(12)[:, None] * 5 + np.arange(16)[None] * 3) % 250 + 5).astype(np.int32)
     out = tmp_path_factory.mktemp("traces")
     collect(model, windows, out, batch=6, progress=False)

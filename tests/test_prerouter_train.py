@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 from mlx_lm.models.base import create_attention_mask
 
-import edge0.loader
-from edge0.commands import eval as eval_cmd
-from edge0.commands import train as train_cmd
-from edge0.eval_routing import evaluate_routing, markdown
-from edge0.prerouter import PrerouterSet, moe_blocks
-from edge0.tiny import TOKENIZER_TEXT, TinySpec, write_checkpoint
+import edge0.model.loader
+from edge0.cli import eval as eval_cmd
+from edge0.cli import train as train_cmd
+from edge0.eval.routing import evaluate_routing, markdown
+from edge0.routing.prerouter import PrerouterSet, moe_blocks
+from edge0.synth.tiny import TOKENIZER_TEXT, TinySpec, write_checkpoint
 from edge0.train.heads import HeadTrainConfig, train_heads
 from edge0.train.traces import NO_EXPERT, TraceSet, collect, head_rows
 
@@ -47,7 +47,7 @@ def _manual_routing(model: object, toks: mx.array) -> list[tuple[mx.array, mx.ar
 
 
 def test_traces_align_target_at_next_token_next_layer(tiny: Path, tmp_path: Path) -> None:
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     win = _windows(6, 10)
     meta = collect(model, win, tmp_path, batch=4, shard_windows=4, progress=False)
     assert meta.shards == ("shard-00000.npz", "shard-00001.npz")
@@ -71,7 +71,7 @@ def test_traces_align_target_at_next_token_next_layer(tiny: Path, tmp_path: Path
 
 
 def test_training_lowers_heldout_loss(tiny: Path, tmp_path: Path) -> None:
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     collect(model, _windows(24, 24), tmp_path, batch=8, progress=False)
     ts = TraceSet.load(tmp_path)
     init = PrerouterSet.from_model(model)
@@ -84,7 +84,7 @@ def test_training_lowers_heldout_loss(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_eval_routing_scores_every_predictor(tiny: Path) -> None:
-    model = edge0.loader.load(tiny).model
+    model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model)
     result = evaluate_routing(model, _windows(2, 12), [2, 1], trained=heads, progress=False)
     assert result["predictors"] == ["shuffle", "temporal", "init", "trained"]
@@ -154,5 +154,5 @@ def test_cli_traces_heads_eval(tiny: Path, tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["ks"] == [2, 1] and "trained" in result["predictors"]
     assert "| trained |" in r.output
-    blocks = moe_blocks(edge0.loader.load(model_dir).model)
+    blocks = moe_blocks(edge0.model.loader.load(model_dir).model)
     assert result["num_experts"] == blocks[0][1].gate.weight.shape[0]

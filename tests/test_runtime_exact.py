@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runtime_helpers import PROMPT, MockTier, build_store
 
-from edge0.engine import Engine
+from edge0.runtime.engine import Engine
 
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]
 

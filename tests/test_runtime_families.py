@@ -8,10 +8,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from edge0.moe.block import StreamingMoE
-from edge0.moe.families import FAMILIES, family_for
-from edge0.runner import StreamContext
-from edge0.trace import Tracer
+from edge0.routing.families import FAMILIES, family_for
+from edge0.runtime.block import StreamingMoE
+from edge0.runtime.runner import StreamContext
+from edge0.runtime.trace import Tracer
 
 D, FF, E, K = 64, 64, 8, 2
 

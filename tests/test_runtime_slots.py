@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge0.slots import LayerSlots, SlotState
+from edge0.runtime.slots import LayerSlots, SlotState
 
 
 def test_staged_expert_stays_put_and_is_not_reread() -> None:

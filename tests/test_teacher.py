@@ -34,7 +34,7 @@ def _tool() -> Any:
 
 def _teacher() -> Any:
     if "teacher" not in _CACHE:
-        from edge0.loader import load
+        from edge0.model.loader import load
 
         _CACHE["teacher"] = load(TEACHER)
     return _CACHE["teacher"]
@@ -99,7 +99,7 @@ def test_teacher_matches_golden_logits() -> None:
 
 
 def test_teacher_greedy_generation_is_stable() -> None:
-    from edge0.generate import SamplingSettings, generate
+    from edge0.model.generate import SamplingSettings, generate
 
     golden = _golden()
     expected = golden["greedy_ids"].tolist()

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 from tiers_helpers import tiny_store
 
-from edge0.bench_tiers import drop_page_cache, sample_keys, slot_buffers
-from edge0.cli import main
+from edge0.bench.tiers import drop_page_cache, sample_keys, slot_buffers
+from edge0.cli.main import main
 
 
 def test_bench_tiers_json(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from tiers_helpers import all_keys, eio, plain_read, tiny_store
 
 from edge0.errors import CheckpointError, TierReadError
 from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, Manifest
-from edge0.tier import ExpertKey
-from edge0.tierspec import open_tiers
+from edge0.storage.spec import open_tiers
+from edge0.storage.tier import ExpertKey
 from tiers._disk import DiskTier
 
 DISK_TIERS = ["pread", "mmap", "direct", "zstd"]

@@ -11,7 +11,7 @@ from tiers_helpers import FaultyTier, all_keys, plain_read, tiny_store
 
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
-from edge0.tier import ExpertKey
+from edge0.storage.tier import ExpertKey
 from tiers.pread import PreadTier
 from tiers.ram import RamTier
 

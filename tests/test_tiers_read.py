@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tiers_helpers import all_keys, plain_read, tiny_store
 
-from edge0.tier import ExpertKey, Tier
-from edge0.tierspec import open_tiers
+from edge0.storage.spec import open_tiers
+from edge0.storage.tier import ExpertKey, Tier
 
 SPECS = [
     "pread",

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from tiers_helpers import all_keys, plain_read, tiny_store
 
-from edge0 import tierspec
 from edge0.errors import ConfigError
-from edge0.tierspec import (
+from edge0.storage import spec as tierspec
+from edge0.storage.spec import (
     open_tiers,
     parse_duration,
     parse_rate,

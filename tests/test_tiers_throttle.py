@@ -9,8 +9,8 @@ import pytest
 from tiers_helpers import FakeClock, tiny_store
 
 from edge0.errors import ConfigError
-from edge0.tier import ExpertKey, ReadInfo
-from edge0.tierspec import open_tiers
+from edge0.storage.spec import open_tiers
+from edge0.storage.tier import ExpertKey, ReadInfo
 from tiers.throttle import PRESETS, ThrottleTier
 
 SIZE = 16384

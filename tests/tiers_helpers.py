@@ -10,7 +10,7 @@ from pathlib import Path
 
 from edge0.errors import TierReadError
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
-from edge0.tier import ExpertKey, ReadInfo, Tier
+from edge0.storage.tier import ExpertKey, ReadInfo, Tier
 from tiers._synth import write_store
 
 

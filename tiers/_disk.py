@@ -14,8 +14,8 @@ from typing import Any, ClassVar, TypeVar
 from edge0.errors import CheckpointError, TierReadError
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.log import get_logger
-from edge0.tier import ExpertKey, ReadInfo
-from edge0.tierspec import parse_bool, parse_int
+from edge0.storage.spec import parse_bool, parse_int
+from edge0.storage.tier import ExpertKey, ReadInfo
 
 log = get_logger("edge0.tiers")
 T = TypeVar("T")

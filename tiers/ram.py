@@ -12,8 +12,8 @@ import numpy as np
 
 from edge0.errors import TierReadError
 from edge0.log import get_logger
-from edge0.tier import ExpertKey, ReadInfo, Tier
-from edge0.tierspec import choice, parse_size
+from edge0.storage.spec import choice, parse_size
+from edge0.storage.tier import ExpertKey, ReadInfo, Tier
 from tiers._disk import byte_view, flat_bytes
 from tiers._evict import make_policy
 

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import attrs
 
 from edge0.errors import ConfigError
-from edge0.tier import ExpertKey, ReadInfo, Tier
-from edge0.tierspec import choice, parse_duration, parse_int, parse_rate
+from edge0.storage.spec import choice, parse_duration, parse_int, parse_rate
+from edge0.storage.tier import ExpertKey, ReadInfo, Tier
 from tiers._disk import flat_bytes
 
 

@@ -12,7 +12,7 @@ import zstandard
 
 from edge0.errors import CheckpointError
 from edge0.layout.manifest import ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
-from edge0.tier import ExpertKey
+from edge0.storage.tier import ExpertKey
 from tiers._disk import DiskTier, ReadFault, pread_full
 
 

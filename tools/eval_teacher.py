@@ -125,7 +125,7 @@ def main() -> None:
         return
     if args.heldout is None:
         p.error("--heldout is needed to compute perplexity")
-    from edge0.loader import load
+    from edge0.model.loader import load
 
     windows = heldout_windows(args.model, args.heldout, args.ctx, args.windows)
     report: dict[str, object] = {"windows": len(windows), "tokens": int(windows[:, 1:].size)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from edge0.tiny import FIXTURE_SPECS, write_checkpoint
+from edge0.synth.tiny import FIXTURE_SPECS, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,8 +19,8 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge0.errors import Edge0Error  # noqa: E402
-from edge0.layout.synth import SHAPES, synthesize  # noqa: E402
-from edge0.layout.synth_hf import MAX_HF_BYTES, write_hf  # noqa: E402
+from edge0.synth.hf import MAX_HF_BYTES, write_hf  # noqa: E402
+from edge0.synth.layout import SHAPES, synthesize  # noqa: E402
 
 
 @click.command()

@@ -101,13 +101,13 @@ def load_layout(
         experts: "resident" reads every expert record (CRC-checked) into the model's
             QuantizedSwitchLinear stacks, so it runs exactly like mlx-lm's int4 model;
             "none" leaves the stacks empty (shape (0, ...)) for the streaming runtime.
-        dtype: "auto" casts float parameters to `edge0.loader.activation_dtype()` as
+        dtype: "auto" casts float parameters to `edge0.model.loader.activation_dtype()` as
             `edge0.load` does (fp32 on CPU); None keeps the stored dtypes (as mlx-lm).
 
     Returns:
-        edge0.loader.LoadedModel with source_format "edge0".
+        edge0.model.loader.LoadedModel with source_format "edge0".
     """
-    from edge0.loader import LoadedModel, activation_dtype, load_tokenizer
+    from edge0.model.loader import LoadedModel, activation_dtype, load_tokenizer
 
     if experts not in ("resident", "none"):
         raise ValueError(f"experts must be 'resident' or 'none', not {experts!r}")

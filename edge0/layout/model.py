@@ -6,8 +6,8 @@ from typing import Any
 
 import mlx.nn as nn
 
-from edge0 import models
-from edge0.loader import build_model
+from edge0.model import arch as models
+from edge0.model.loader import build_model
 
 QUANT_KEYS = ("quantization", "quantization_config")
 

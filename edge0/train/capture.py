@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.prerouter import block_top_k, moe_blocks
+from edge0.routing.prerouter import block_top_k, moe_blocks
 
 
 class _RecordingGate(nn.Module):

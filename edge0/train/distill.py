@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.prerouter import PrerouterSet
+from edge0.routing.prerouter import PrerouterSet
 from edge0.train import routed
 from edge0.train.sft import SftConfig, continuation_mask, fit, masked_mean
 

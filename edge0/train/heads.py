@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from edge0.errors import ConfigError
 from edge0.log import get_logger
-from edge0.prerouter import PrerouterHead, PrerouterSet, multi_hot
+from edge0.routing.prerouter import PrerouterHead, PrerouterSet, multi_hot
 from edge0.train.traces import TraceSet, head_rows
 
 log = get_logger(__name__)

@@ -13,9 +13,9 @@ import mlx.optimizers as optim
 import numpy as np
 from tqdm import tqdm
 
-from edge0 import lora
 from edge0.log import get_logger
-from edge0.prerouter import PrerouterSet
+from edge0.model import lora
+from edge0.routing.prerouter import PrerouterSet
 from edge0.train import routed
 
 log = get_logger(__name__)
@@ -124,7 +124,7 @@ def fit(
     Per step, `prepare(model, state, step)` builds the batch outside the gradient
     (route-mode plans, samples, teacher scores); `loss_fn(model, state, batch)` is
     differentiated w.r.t. the adapters; `evaluate` gives the held-out figure (lower is
-    better). The student must already carry adapters (edge0.lora.apply_lora / load).
+    better). The student must already carry adapters (edge0.model.lora.apply_lora / load).
     """
     mx.random.seed(cfg.seed)
     trainable = lora.mark_trainable(student)

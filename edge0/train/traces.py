@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from edge0.errors import ConfigError
 from edge0.log import get_logger
-from edge0.prerouter import block_top_k, moe_blocks, router_weight
+from edge0.routing.prerouter import block_top_k, moe_blocks, router_weight
 from edge0.train.capture import run_and_record
 
 log = get_logger(__name__)

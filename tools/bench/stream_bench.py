@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from edge0 import log
-from edge0.engine import Engine, run
-from edge0.runtime_stats import RunStats
+from edge0.runtime.engine import Engine, run
+from edge0.runtime.summary import RunStats
 
 STORE = Path("/work/scratch/edge0-bench/e0")
 SPEC = dict(model_type="qwen3_moe", hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64,
@@ -58,7 +58,7 @@ FIELDS = [
 def build_store(path: Path) -> Path:
     if not (path / "edge0.json").is_file():
         from edge0.layout.convert import ConvertOptions, convert
-        from edge0.tiny import TinySpec, write_checkpoint
+        from edge0.synth.tiny import TinySpec, write_checkpoint
 
         print(f"building the benchmark store in {path.parent} ...", file=sys.stderr)
         write_checkpoint(TinySpec(**SPEC), path.parent / "hf")  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Benchmarks behind `edge0 bench`: tier reads, decode runs, bandwidth sweeps, plots."""

@@ -1,0 +1,242 @@
+"""`edge0 bench run` and `edge0 bench sweep`: end-to-end decode benchmarks (`bench` group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge0.cli.stream import MODES
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ks(text: str) -> list[int | None]:
+    if not text:
+        return [None]
+    try:
+        return [int(k) for k in _csv(text)]
+    except ValueError:
+        raise click.BadParameter(f"--k takes integers like 2,4,8, not {text!r}") from None
+
+
+def common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by `run` and `sweep`: run shape, isolation, outputs."""
+    options = [
+        click.argument("model", type=click.Path(exists=True, file_okay=False, path_type=Path)),
+        click.option("--predictor", type=click.Choice(["init", "heads", "temporal"]),
+                     default="init", show_default=True, help="Predictor of hint/route."),
+        click.option("--prompts", default=2, show_default=True, help="Prompts per run."),
+        click.option("--prompt-len", default=16, show_default=True, help="Tokens per prompt."),
+        click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt."),
+        click.option("--repeats", default=3, show_default=True,
+                     help="Rounds; each runs every variant once (A B A B ...)."),
+        click.option("--warmup-tokens", default=4, show_default=True,
+                     help="Tokens of an unmeasured warm-up request in each run."),
+        click.option("--isolate", type=click.Choice(["subprocess", "process"]),
+                     default="subprocess", show_default=True, help="One process per run "
+                     "(own peak RSS) or all in this one (VmHWM reset via clear_refs)."),
+        click.option("--cold", is_flag=True, help="Drop the page cache of the expert file "
+                     "(posix_fadvise DONTNEED) before each measured prompt."),
+        click.option("--memory-budget", default=None, help="Engine memory budget, e.g. 3GiB."),
+        click.option("--first-layer", type=click.Choice(["resident", "wrap", "reactive"]),
+                     default="resident", show_default=True),
+        click.option("--io-workers", default=2, show_default=True),
+        click.option("--timeout", "timeout_s", default=900.0, show_default=True,
+                     help="Seconds before a run is stopped."),
+        click.option("--mem-floor", default="1.5GiB", show_default=True, help="Stop a run "
+                     "when the machine's MemAvailable falls below this."),
+        click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+                     default=None, help="Write PNG plots into this directory."),
+        click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+                     default=None, help="Write every run and the medians as JSON."),
+        click.option("--md", "md_out", type=click.Path(dir_okay=False, path_type=Path),
+                     default=None, help="Write a markdown result file (with this command)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _options(kw: dict[str, Any]) -> Any:
+    from edge0.bench.run import BenchOptions
+    from edge0.storage.spec import parse_size
+
+    return BenchOptions(
+        model=kw["model"], prompts=kw["prompts"], prompt_len=kw["prompt_len"],
+        tokens=kw["tokens"], repeats=kw["repeats"], warmup_tokens=kw["warmup_tokens"],
+        isolate=kw["isolate"], cold=kw["cold"], memory_budget=kw["memory_budget"],
+        first_layer=kw["first_layer"], io_workers=kw["io_workers"],
+        timeout_s=kw["timeout_s"], mem_floor=parse_size(kw["mem_floor"]),
+    )  # fmt: skip
+
+
+def _progress(rnd: int, v: Any, res: dict[str, Any]) -> None:
+    s = res.get("summary")
+    what = (f"{s['decode_tps']:.2f} tok/s, blocked {s['blocked_ms_per_step']:.1f} ms/step"
+            if s and not res.get("error") else f"failed: {res.get('error')}")  # fmt: skip
+    click.echo(f"round {rnd + 1}  {v.label}: {what}", err=True)
+
+
+def _command_line() -> str:
+    return " ".join(shlex.quote(a) for a in ["edge0", *sys.argv[1:]])
+
+
+def _traces(variants: list[Any], opts: Any, plot_dir: Path) -> dict[str, Path]:
+    """One extra traced run of the first reactive and route/hint variants (not measured)."""
+    from edge0.bench.run import make_job, run_one
+
+    chosen: dict[str, Any] = {}
+    for v in variants:
+        if v.mode != "resident":
+            chosen.setdefault(v.mode, v)
+    out = {}
+    for mode in ("reactive", "hint", "route"):
+        if mode in chosen:
+            v = chosen[mode]
+            path = plot_dir / "traces" / f"{mode}.json"
+            path.parent.mkdir(exist_ok=True)
+            job = make_job(v, opts, -1, trace=str(path.resolve()))
+            job["prompts"] = 1
+            res = run_one(job, opts)
+            if not res.get("error") and path.is_file():
+                out[v.label] = path
+    return out
+
+
+def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
+           plots: list[Path]) -> None:  # fmt: skip
+    if kw["json_out"] is not None:
+        kw["json_out"].write_text(json.dumps(report, indent=1))
+        click.echo(f"wrote {kw['json_out']}", err=True)
+    if kw["md_out"] is not None:
+        o = report["options"]
+        m = report["machine"]
+        lines = [
+            f"# {title}", "", "Command:", "", "```", report["command"], "```", "",
+            f"Model `{o['model']}`; {o['repeats']} interleaved rounds x {o['prompts']} prompts "
+            f"of {o['prompt_len']} tokens, {o['tokens']} decode tokens each (after a "
+            f"{o['warmup_tokens']}-token warm-up request per run); isolation: {o['isolate']}; "
+            f"cold: {o['cold']}; machine: {m['cpus']} CPUs, load average "
+            f"{m['load_average_end']:.1f} at the end.", "", body, "",
+        ]  # fmt: skip
+        rel = [os.path.relpath(p, kw["md_out"].parent) for p in plots]
+        lines += [f"![{Path(r).stem}]({r})" for r in rel]
+        kw["md_out"].write_text("\n".join(lines) + "\n")
+        click.echo(f"wrote {kw['md_out']}", err=True)
+
+
+@click.command(name="run")
+@common
+@click.option("--modes", default="resident,reactive,hint,route", show_default=True,
+              help="Decode modes, comma-separated.")  # fmt: skip
+@click.option("--k", "ks", default="", help="Routing capacities K, e.g. 2,4,8 [default: the "
+              "model's top-k].")  # fmt: skip
+@click.option("--tiers", "specs", multiple=True, metavar="SPEC",
+              help="Tier stack (repeatable) [default: ram:1GiB>pread; with --io-ratio, "
+              "only the calibrated stack].")  # fmt: skip
+@click.option(
+    "--io-ratio",
+    type=float,
+    default=None,
+    help="Add a throttle>pread stack "
+    "calibrated so reactive's reads per step take this many times its compute.",
+)
+def run_cmd(**kw: Any) -> None:
+    """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
+    from edge0.bench import run as bench_run
+
+    opts = _options(kw)
+    opts.check()
+    ks = _ks(kw["ks"])
+    specs = list(kw["specs"]) or ([] if kw["io_ratio"] is not None else ["ram:1GiB>pread"])
+    extra = ""
+    if kw["io_ratio"] is not None:
+        spec, cal = bench_run.calibrate(opts, ks[0], kw["io_ratio"])
+        extra = (f"Calibration (reactive over the page cache): compute "
+                 f"{cal['compute_ms_per_step']:.1f} ms/step, reads "
+                 f"{cal['decode_bytes_per_step'] / 2**20:.2f} MiB/step -> `{spec}` "
+                 f"(reads = {kw['io_ratio']:g} x compute).")  # fmt: skip
+        click.echo(extra, err=True)
+        specs.append(spec)
+    modes = _csv(kw["modes"])
+    for m in modes:
+        if m not in MODES:
+            raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    variants = bench_run.make_variants(modes, ks, specs, kw["predictor"])
+    runs = bench_run.run_rounds(variants, opts, _progress)
+    report = bench_run.report(variants, opts, runs, _command_line())
+    report["calibration"] = extra or None
+    body = report["table"] + "\n\n" + bench_run.ratio_lines(report["ratios"])
+    if extra:
+        body = extra + "\n\n" + body
+    plots: list[Path] = []
+    if kw["plot_dir"] is not None:
+        from edge0.bench import plot as bench_plot
+
+        kw["plot_dir"].mkdir(parents=True, exist_ok=True)
+        if any(v.get("runs_ok") for v in report["variants"]):
+            plots.append(bench_plot.bars(report, kw["plot_dir"] / "bars.png"))
+        traces = _traces(variants, opts, kw["plot_dir"])
+        if traces:
+            plots.append(bench_plot.timeline(traces, kw["plot_dir"] / "timeline.png"))
+        report["plots"] = [str(p) for p in plots]
+    click.echo(body)
+    _write(report, kw, "edge0 bench run", body, plots)
+
+
+@click.command(name="sweep")
+@common
+@click.option("--bandwidths", default="0.1,0.2,0.4,0.8,1.6,3.2", show_default=True,
+              help="Emulated storage bandwidths in GB/s.")  # fmt: skip
+@click.option("--modes", default="reactive,route", show_default=True)
+@click.option("--k", "k", type=int, default=None, help="Routing capacity K [default: model's].")
+@click.option("--lat", default="100us", show_default=True, help="Throttle latency per read.")
+@click.option("--inner", default="pread", show_default=True, help="Tier under the throttle.")
+@click.option(
+    "--bounds",
+    default="resident",
+    show_default=True,
+    help="Unthrottled reference variants: resident and/or route (over --inner).",
+)
+def sweep_cmd(**kw: Any) -> None:
+    """Decode tok/s against emulated storage bandwidth (throttle tier), with the compute bound."""
+    from edge0.bench import run as bench_run
+    from edge0.bench import sweep as bench_sweep
+
+    opts = _options(kw)
+    sweep = bench_sweep.Sweep(
+        bench_sweep.parse_bandwidths(kw["bandwidths"]), tuple(_csv(kw["modes"])), kw["k"],
+        kw["lat"], kw["inner"], tuple(_csv(kw["bounds"])), kw["predictor"],
+    )  # fmt: skip
+    variants = sweep.variants()
+    runs = bench_run.run_rounds(variants, opts, _progress)
+    report = bench_run.report(variants, opts, runs, _command_line())
+    report["sweep"] = {**bench_sweep.curves(sweep, report), "bandwidths_gbs": sweep.bandwidths}
+    body = bench_sweep.table(sweep, report)
+    plots: list[Path] = []
+    if kw["plot_dir"] is not None:
+        from edge0.bench import plot as bench_plot
+
+        kw["plot_dir"].mkdir(parents=True, exist_ok=True)
+        c = report["sweep"]
+        title = f"{Path(kw['model']).name}, K={kw['k'] or 'model'}, throttle lat {kw['lat']}"
+        plots.append(bench_plot.sweep_plot(c["points"], c["bounds"],
+                                           kw["plot_dir"] / "sweep.png", title))  # fmt: skip
+        report["plots"] = [str(p) for p in plots]
+    click.echo(body)
+    _write(report, kw, "edge0 bench sweep", body, plots)
+
+
+def register(group: click.Group) -> None:
+    """Add `run` and `sweep` to the `edge0 bench` group."""
+    group.add_command(run_cmd)
+    group.add_command(sweep_cmd)

@@ -1,0 +1,121 @@
+"""`edge0 run`: generate text from a prompt; text streams to stdout, one stats line to stderr."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge0.cli.stream import is_layout, run_streaming, runtime_options
+from edge0.errors import ConfigError, PromptError
+
+RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
+                "trace_file", "run_log_json", "io_workers", "adapter")  # fmt: skip
+
+
+def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The sampler options shared by commands that generate."""
+    options = [
+        click.option(
+            "--max-tokens",
+            default=128,
+            show_default=True,
+            type=click.IntRange(1),
+            help="Most tokens to generate.",
+        ),
+        click.option(
+            "--temp",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(0.0),
+            help="Sampling temperature; 0 is greedy.",
+        ),
+        click.option(
+            "--top-p",
+            default=1.0,
+            show_default=True,
+            type=click.FloatRange(0.0, 1.0),
+            help="Nucleus sampling mass; 1.0 is off.",
+        ),
+        click.option(
+            "--sample-top-k",
+            "top_k",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0),
+            help="Sample among the k most likely tokens; 0 is off.",
+        ),
+        click.option(
+            "--min-p",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(0.0, 1.0),
+            help="Drop tokens below min-p times the top probability; 0 is off.",
+        ),
+        click.option("--seed", default=None, type=int, help="Random seed for sampling."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def read_prompt(prompt: str) -> str:
+    """The prompt text; "-" reads all of stdin."""
+    if prompt == "-":
+        text = sys.stdin.read()
+        if not text.strip():
+            raise PromptError("`-p -` read an empty prompt from stdin; pipe some text in")
+        return text
+    return prompt
+
+
+@click.command("run")
+@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.option("-p", "--prompt", required=True, help='Prompt text, or "-" to read stdin.')
+@sampling_options
+@click.option(
+    "--chat/--no-chat",
+    default=True,
+    show_default=True,
+    help="Wrap the prompt in the tokenizer's chat template (if it has one).",
+)
+@runtime_options
+def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
+    """Generate text with MODEL (a model directory; default: the demo model).
+
+    Text streams to stdout as it is generated. Then one line of statistics goes to
+    stderr: prompt and decode tokens per second, peak MLX memory and peak RSS.
+    """
+    from edge0.model.demo import default_model_path
+    from edge0.model.generate import SamplingSettings, encode_prompt, generate
+    from edge0.model.loader import load
+    from edge0.model.lora import maybe_apply_adapters
+
+    text = read_prompt(prompt)
+    runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
+    path = model if model is not None else default_model_path()
+    if is_layout(path) and runtime["mode"] != "resident":
+        run_streaming(path, text, chat, sampling, runtime)  # the streaming engine (docs/runtime.md)
+        return
+    if runtime["mode"] not in (None, "resident"):
+        raise ConfigError(
+            f"--mode {runtime['mode']} streams experts from an edge0-layout directory; "
+            f"convert {path} first with `edge0 convert {path} OUT`"
+        )
+    loaded = load(path)
+    maybe_apply_adapters(loaded.model, path, enabled=runtime["adapter"])
+    tokens = encode_prompt(loaded.tokenizer, text, chat=chat)
+    settings = SamplingSettings(**sampling)
+    last = ""
+    for piece in generate(loaded, tokens, settings):
+        if piece.text:
+            click.echo(piece.text, nl=False)
+            sys.stdout.flush()
+            last = piece.text
+        if piece.stats is not None:
+            if not last.endswith("\n"):
+                click.echo("")
+            click.echo(piece.stats.line(), err=True)

@@ -1,0 +1,181 @@
+"""`edge0 train traces|heads`: teacher routing traces and prerouter head distillation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edge0.log import get_logger
+
+log = get_logger(__name__)
+
+
+def load_fp32(path: str, int4: bool = False) -> Any:
+    """edge0.load at fp32 (full precision on every backend).
+
+    int4: the int4 student path, as fake quantization (`fake_quantize_student`: the same
+    int4 values, fp32 matmuls; the CPU's int4 prefill kernels are ~15x slower).
+    """
+    import mlx.core as mx
+
+    import edge0.model.loader
+    from edge0.train.capture import fake_quantize_student
+
+    loaded = edge0.model.loader.load(path)
+    loaded.model.set_dtype(mx.float32)
+    if int4:
+        fake_quantize_student(loaded.model)
+    mx.eval(loaded.model.parameters())
+    return loaded
+
+
+def blas_hint() -> None:
+    from edge0.train.blas import openblas_hint
+
+    hint = openblas_hint()
+    if hint:
+        click.echo(hint, err=True)
+
+
+@click.group("train")
+def command() -> None:
+    """Train Edge0's quality artifacts (prerouter heads; recovery LoRA)."""
+
+
+@command.command("traces")
+@click.argument("teacher", type=click.Path(exists=True, file_okay=False))
+@click.argument("corpus", type=click.Path(exists=True))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option(
+    "--tokens", default=131072, show_default=True, help="Tokens to trace (bounds disk and RAM)."
+)
+@click.option("--seq-len", default=256, show_default=True, help="Tokens per window.")
+@click.option("--batch", default=4, show_default=True, help="Windows per forward pass.")
+@click.option("--shard-tokens", default=16384, show_default=True, help="Tokens per shard file.")
+@click.option(
+    "--split",
+    default="train",
+    show_default=True,
+    help="CORPUS/<split>.txt when CORPUS is a directory.",
+)
+@click.option(
+    "--student-path",
+    is_flag=True,
+    help="Take the head inputs (hidden, top-k) from the int4 student; targets stay the teacher's.",
+)
+def traces(
+    teacher: str,
+    corpus: str,
+    out: str,
+    tokens: int,
+    seq_len: int,
+    batch: int,
+    shard_tokens: int,
+    split: str,
+    student_path: bool,
+) -> None:
+    """Run TEACHER (fp32) over CORPUS and write routing traces to OUT."""
+    from edge0.train import traces as tr
+
+    blas_hint()
+    loaded = load_fp32(teacher)
+    student = load_fp32(teacher, int4=True).model if student_path else None
+    text = tr.corpus_text(corpus, split)
+    n = max(2, tokens // seq_len)
+    windows = tr.sample_windows(text, tr.text_encoder(loaded.tokenizer), n, seq_len)
+    meta = tr.collect(
+        loaded.model,
+        windows,
+        Path(out),
+        student=student,
+        batch=batch,
+        shard_windows=max(1, shard_tokens // seq_len),
+        model_name=str(teacher),
+    )
+    click.echo(
+        f"wrote {meta.windows * meta.seq_len} tokens x {len(meta.moe_layers)} MoE layers "
+        f"in {len(meta.shards)} shards to {out} (inputs from the {meta.source})"
+    )
+
+
+@command.command("heads")
+@click.argument("traces", type=click.Path(exists=True, file_okay=False))
+@click.argument("model", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--k",
+    "k",
+    type=int,
+    default=None,
+    help="Routing capacity of the set term [default: model top-k].",
+)
+@click.option("--hidden", type=int, default=None, help="Head width [default: d_model // 4].")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where prerouter.safetensors/json go [default: MODEL].",
+)
+@click.option("--batch", default=512, show_default=True)
+@click.option("--lr", default=2e-3, show_default=True)
+@click.option("--set-weight", default=0.5, show_default=True, help="Weight of the top-K BCE term.")
+@click.option("--max-steps", default=4000, show_default=True)
+@click.option("--eval-every", default=100, show_default=True)
+@click.option(
+    "--patience", default=6, show_default=True, help="Held-out evals without improvement."
+)
+@click.option("--max-minutes", type=float, default=None, help="Stop after this long.")
+@click.option("--seed", default=0, show_default=True)
+def heads(
+    traces: str,
+    model: str,
+    k: int | None,
+    hidden: int | None,
+    out: str | None,
+    batch: int,
+    lr: float,
+    set_weight: float,
+    max_steps: int,
+    eval_every: int,
+    patience: int,
+    max_minutes: float | None,
+    seed: int,
+) -> None:
+    """Distil prerouter heads for MODEL from TRACES; write them into MODEL (or --out)."""
+    from edge0.routing.prerouter import PrerouterSet
+    from edge0.train.heads import HeadTrainConfig, train_heads
+    from edge0.train.traces import TraceSet
+
+    blas_hint()
+    loaded = load_fp32(model)
+    init = PrerouterSet.from_model(loaded.model, hidden=hidden)
+    ts = TraceSet.load(traces)
+    cfg = HeadTrainConfig(
+        k=k or init.config.top_k,
+        hidden=hidden,
+        batch=batch,
+        lr=lr,
+        set_weight=set_weight,
+        max_steps=max_steps,
+        eval_every=eval_every,
+        patience=patience,
+        max_minutes=max_minutes,
+        seed=seed,
+    )
+    trained, summary = train_heads(ts, init, cfg)
+    path = trained.save(out or model)
+    click.echo(json.dumps({k: v for k, v in summary.items() if k != "hparams"}, indent=2))
+    click.echo(
+        f"held-out recall@{cfg.k}: {summary['heldout_recall_init']:.3f} (init) -> "
+        f"{summary['heldout_recall']:.3f} (trained); wrote {path}"
+    )
+
+
+# Recovery LoRA stages 2 and 3 (edge0/cli/lora_cmds.py).
+from edge0.cli.lora_cmds import distill as _distill  # noqa: E402
+from edge0.cli.lora_cmds import sft as _sft  # noqa: E402
+
+command.add_command(_sft)
+command.add_command(_distill)

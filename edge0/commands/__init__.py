@@ -1,1 +1,0 @@
-"""One module per `edge0` subcommand; each exposes `command`."""

@@ -1,0 +1,1 @@
+"""Evaluation: routing-prediction recall and student-vs-teacher quality."""

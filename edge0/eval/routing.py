@@ -1,0 +1,142 @@
+"""Routing-prediction quality on held-out text: recall@K, exact set, F1, mass, per head and mean.
+
+Every head owned by MoE layer N at token t predicts the routing of the next MoE layer at
+token t+1 (the last layer's wrap-around head predicts the first MoE layer). Predictors:
+  shuffle   K experts drawn uniformly at random
+  temporal  the target layer's own top-K at token t ("same experts as last token")
+  init      the untrained head: the target layer's router on layer N's hidden
+  trained   the trained heads (prerouter.safetensors), when given
+Per row, with P = predicted top-K, T_K = the true top-K, T_k = the executed top-k (k = the
+model's top-k): recall = |P ∩ T_K| / K, exact = [P == T_K], f1 = 2|P ∩ T_k| / (K + k),
+mass = the true router's softmax probability that P covers. The head inputs use the
+model's executed top-k at t and t-1 (as in `hint` mode).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from tqdm import tqdm
+
+from edge0.routing.prerouter import PrerouterSet
+from edge0.train.capture import run_and_record
+from edge0.train.traces import NO_EXPERT
+
+METRICS = ("recall", "exact", "f1", "mass")
+
+
+def _hot(scores: mx.array, k: int) -> mx.array:
+    inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
+    onehots = inds[..., None] == mx.arange(scores.shape[-1])
+    return mx.any(onehots, axis=-2).astype(mx.float32)
+
+
+def _row_metrics(pred: mx.array, truth: mx.array, k_model: int, k: int) -> dict[str, mx.array]:
+    """Sums over rows of each metric; pred/truth (..., E) scores (truth = router logits)."""
+    p, t_k, t_exec = _hot(pred, k), _hot(truth, k), _hot(truth, k_model)
+    hit = mx.sum(p * t_k, axis=-1)
+    probs = mx.softmax(truth, axis=-1)
+    return {
+        "recall": mx.sum(hit / k),
+        "exact": mx.sum(hit == k),
+        "f1": mx.sum(2 * mx.sum(p * t_exec, axis=-1) / (k + k_model)),
+        "mass": mx.sum(mx.sum(p * probs, axis=-1)),
+    }
+
+
+def evaluate_routing(
+    model: nn.Module,
+    windows: np.ndarray,
+    ks: list[int],
+    trained: PrerouterSet | None = None,
+    batch: int = 4,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run `model` over (n, S) token windows and score every predictor at each K."""
+    init = PrerouterSet.from_model(model, wrap=True)
+    if trained is not None:
+        trained.check_model(model)
+    cfg = init.config
+    preds = ["shuffle", "temporal", "init"] + (["trained"] if trained is not None else [])
+    pairs = list(enumerate(cfg.heads()))  # (pair index, (owner layer, target layer))
+    pos = {layer: i for i, layer in enumerate(cfg.moe_layers)}
+    sums = {(p, k, j, m): 0.0 for p in preds for k in ks for j, _ in pairs for m in METRICS}
+    rows = 0
+    rng = np.random.default_rng(seed)
+    bar = tqdm(total=windows.size, unit="tok", desc="eval routing", disable=not progress)
+    for lo in range(0, len(windows), batch):
+        toks = windows[lo : lo + batch]
+        r = run_and_record(model, mx.array(toks), np.dtype(np.float32))
+        rows += toks.shape[0] * (toks.shape[1] - 1)
+        for j, (owner, target) in pairs:
+            a, b = pos[owner], pos[target]
+            hidden = mx.array(r.hidden[:, a, :-1])  # (B, S-1, d) at token t
+            topk_t = mx.array(r.topk[:, a, :-1].astype(np.int32))
+            prev = np.full_like(r.topk[:, a, :-1], NO_EXPERT, dtype=np.int32)
+            prev[:, 1:] = r.topk[:, a, :-2]
+            truth = mx.array(r.logits[:, b, 1:])  # (B, S-1, E) target layer at t+1
+            scores = {
+                "shuffle": mx.array(rng.random(truth.shape, dtype=np.float32)),
+                "temporal": mx.array(r.logits[:, b, :-1]),
+                "init": init.predict(owner, hidden, topk_t, mx.array(prev)),
+            }
+            if trained is not None:
+                scores["trained"] = trained.predict(owner, hidden, topk_t, mx.array(prev))
+            for p in preds:
+                for k in ks:
+                    got = _row_metrics(scores[p], truth, cfg.top_k, k)
+                    mx.eval(got)
+                    for m, v in got.items():
+                        sums[(p, k, j, m)] += float(v)
+        bar.update(toks.size)
+    bar.close()
+    per_head = {
+        f"{owner}->{target}": {
+            p: {str(k): {m: sums[(p, k, j, m)] / rows for m in METRICS} for k in ks} for p in preds
+        }
+        for j, (owner, target) in pairs
+    }
+    forward = [f"{o}->{t}" for _, (o, t) in pairs if t > o]  # mean leaves out the wrap head
+    mean = {
+        p: {
+            str(k): {
+                m: float(np.mean([per_head[h][p][str(k)][m] for h in forward])) for m in METRICS
+            }
+            for k in ks
+        }
+        for p in preds
+    }
+    return {
+        "top_k": cfg.top_k,
+        "num_experts": cfg.num_experts,
+        "ks": ks,
+        "rows_per_head": rows,
+        "predictors": preds,
+        "mean": mean,
+        "per_head": per_head,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The mean table (predictor x K x metric), then recall@K per head."""
+    ks = [str(k) for k in result["ks"]]
+    head = "| predictor | " + " | ".join(f"{m}@{k}" for k in ks for m in METRICS) + " |"
+    lines = [head, "|" + "---|" * (1 + len(ks) * len(METRICS))]
+    for p in result["predictors"]:
+        cells = [f"{result['mean'][p][k][m]:.3f}" for k in ks for m in METRICS]
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    heads = list(result["per_head"])
+    lines += [
+        "",
+        "| recall@K per head | " + " | ".join(heads) + " |",
+        "|" + "---|" * (1 + len(heads)),
+    ]
+    for k in ks:
+        for p in result["predictors"]:
+            cells = [f"{result['per_head'][h][p][k]['recall']:.3f}" for h in heads]
+            lines.append(f"| {p} @{k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

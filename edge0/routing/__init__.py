@@ -1,0 +1,1 @@
+"""Routing: routing families, prerouter heads and the predictors built on them."""

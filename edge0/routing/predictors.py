@@ -1,0 +1,148 @@
+"""Predictors of the next step's experts: oracle, temporal, init (untrained heads) and heads.
+
+A predictor owned by layer N, run at step t after N's routing is known, returns
+the K experts its target layer (the next streamed layer; the first one for the
+wrap-around head of the last layer) will use at step t+1. The runtime turns the
+answer into prefetch tickets (hint) or into the routing itself (route).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0.errors import ConfigError
+from edge0.log import get_logger
+from edge0.routing.prerouter import PrerouterSet
+
+log = get_logger("edge0.routing.predictors")
+NAMES = ("oracle", "temporal", "init", "heads")
+
+
+class Predictor(Protocol):
+    """`graph` (lazy, evaluated together with the layer's routing) or `predict` (after it)."""
+
+    name: str
+    targets: dict[int, int]  # owner layer -> target layer (predicted for the next step)
+
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None: ...
+
+    def predict(
+        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
+        prev: list[int] | None, k: int,
+    ) -> list[int] | None: ...  # fmt: skip
+
+
+def chain(layers: list[int], wrap: bool) -> dict[int, int]:
+    """Owner -> target: each streamed layer predicts the next; the last the first when `wrap`."""
+    targets = {a: b for a, b in zip(layers, layers[1:], strict=False)}
+    if wrap and layers:
+        targets[layers[-1]] = layers[0]
+    return targets
+
+
+class _HostOnly:
+    """Predictors that decide on the host from routing already known: no MLX graph."""
+
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        return None
+
+
+class OraclePredictor(_HostOnly):
+    """Replays recorded true routing: `recording[(pos, layer)]` = experts in router order."""
+
+    name = "oracle"
+
+    def __init__(self, recording: dict[tuple[int, int], list[int]], layers: list[int]) -> None:
+        self.recording = recording
+        self.targets = chain(layers, wrap=True)
+
+    def predict(
+        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
+        prev: list[int] | None, k: int,
+    ) -> list[int] | None:  # fmt: skip
+        got = self.recording.get((pos + 1, self.targets[layer]))
+        return None if got is None else got[:k]
+
+
+class TemporalPredictor(_HostOnly):
+    """The experts a layer's router chose for the last token (same layer, next step)."""
+
+    name = "temporal"
+
+    def __init__(self, layers: list[int]) -> None:
+        self.targets = {layer: layer for layer in layers}
+
+    def predict(
+        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
+        prev: list[int] | None, k: int,
+    ) -> list[int] | None:  # fmt: skip
+        return true[:k]
+
+
+class HeadPredictor:
+    """Prerouter heads: trained (`heads`) or untrained = next layer's router (`init`)."""
+
+    def __init__(self, heads: PrerouterSet, name: str) -> None:
+        self.heads = heads
+        self.name = name
+        self.targets = dict(heads.target)
+
+    def graph(
+        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d))."""
+        logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1),
+                                    None if prev is None else prev.reshape(-1))  # (E,)
+        return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
+
+    def predict(
+        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
+        prev: list[int] | None, k: int,
+    ) -> list[int] | None:  # fmt: skip
+        top = self.graph(layer, x, mx.array(executed), None if prev is None else mx.array(prev), k)
+        assert top is not None
+        out: list[int] = top.tolist()  # type: ignore[assignment]
+        return out
+
+
+def make_predictor(
+    name: str,
+    model: nn.Module,
+    layers: list[int],
+    model_dir: Path | None = None,
+    wrap: bool = True,
+    recording: dict[tuple[int, int], list[int]] | None = None,
+) -> Predictor:
+    """Build a predictor before the model's sparse blocks are replaced (heads read routers)."""
+    pred: Predictor
+    if name == "oracle":
+        if recording is None:
+            raise ConfigError("the oracle predictor replays a recorded routing; pass recording=")
+        pred = OraclePredictor(recording, layers)
+    elif name == "temporal":
+        pred = TemporalPredictor(layers)
+    elif name == "heads":
+        if model_dir is None or not PrerouterSet.exists(model_dir):
+            raise ConfigError(
+                f"{model_dir}: no trained prerouter (prerouter.safetensors); train one with "
+                "`edge0 train heads`, or use --predictor init (untrained heads)"
+            )
+        heads = PrerouterSet.load(model_dir)
+        heads.check_model(model)
+        pred = HeadPredictor(heads, "heads")
+    elif name == "init":
+        pred = HeadPredictor(PrerouterSet.from_model(model, wrap=wrap), "init")
+    else:
+        raise ConfigError(f"unknown predictor {name!r}; choose one of {', '.join(NAMES)}")
+    if not wrap:  # no head predicts the first streamed layer
+        pred.targets = {a: b for a, b in pred.targets.items() if b != layers[0]}
+    log.info("predictor", name=pred.name, heads=len(pred.targets))
+    return pred

@@ -1,0 +1,1 @@
+"""The streaming runtime: engine, compute thread, scheduler, tickets, slots, streaming block."""

@@ -1,0 +1,198 @@
+"""Building an engine: load the resident model, predictor, streaming blocks, tier stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.log import get_logger
+from edge0.model.sparse import sparse_blocks
+from edge0.routing.families import family_for
+from edge0.routing.predictors import NAMES, Predictor, make_predictor
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.block import StreamingMoE
+from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
+from edge0.runtime.runner import MODES, StreamContext
+from edge0.runtime.scheduler import ComputeThread, Scheduler
+from edge0.runtime.slotmem import SlotMemory
+from edge0.runtime.slots import SlotTable
+from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.trace import Tracer
+from edge0.storage.spec import open_tiers
+from edge0.storage.tier import Tier
+
+log = get_logger("edge0.runtime.engine")
+KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves
+# first streamed layer: its experts resident in memory; predicted by the last layer's
+# wrap-around head; or routed and read on demand (docs/runtime.md has the measurements)
+FIRST_LAYER = ("resident", "wrap", "reactive")
+
+
+@attrs.frozen
+class EngineOptions:
+    """How an engine runs (the CLI flags of `edge0 run` map onto these)."""
+
+    tiers: Any = "ram:1GiB>pread"  # a spec string or a Tier object
+    mode: str = "route"
+    top_k: int | None = None  # routing capacity K; None: the model's top-k
+    predictor: str | None = None  # None: "heads" when prerouter.safetensors exists, else "init"
+    memory_budget: str | int | None = None
+    trace: str | Path | None = None  # Chrome trace JSON written at close
+    first_layer: str = "resident"  # resident | wrap | reactive (FIRST_LAYER)
+    io_workers: int = 2
+    recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
+    record_routing: bool = False  # keep true routing in ctx.recording (to replay as oracle)
+    adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.predictor is not None and self.predictor not in NAMES:
+            raise ConfigError(
+                f"unknown predictor {self.predictor!r}; choose one of {', '.join(NAMES)}"
+            )
+        if self.first_layer not in FIRST_LAYER:
+            raise ConfigError(
+                f"first_layer must be one of {', '.join(FIRST_LAYER)}, not {self.first_layer!r}"
+            )
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.io_workers < 1:
+            raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
+
+
+@attrs.define
+class Setup:
+    """Everything an Engine runs with."""
+
+    options: EngineOptions
+    path: Path
+    model: nn.Module
+    tokenizer: Any
+    manifest: Manifest
+    ctx: StreamContext
+    tracer: Tracer
+    scheduler: Scheduler | None = None
+    tier: Tier | None = None
+    memory_plan: MemoryPlan | None = None
+
+
+def model_top_k(block: nn.Module) -> int:
+    for attr in ("top_k", "num_experts_per_tok"):
+        k = getattr(block, attr, None)
+        if isinstance(k, int):
+            return k
+    raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
+
+
+def _set_top_k(block: nn.Module, k: int) -> None:
+    for attr in ("top_k", "num_experts_per_tok"):
+        if isinstance(getattr(block, attr, None), int):
+            setattr(block, attr, k)
+
+
+def prepare(
+    model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
+    tracer: Tracer,
+) -> tuple[StreamContext, SlotMemory | None, SlotTable | None]:  # fmt: skip
+    """On the compute thread: predictor, slot memory, streaming blocks (model changed in place)."""
+    blocks = sparse_blocks(model)
+    layers = [i for i, _, _ in blocks]
+    k = opts.top_k or model_top_k(blocks[0][2])
+    if k > manifest.n_experts:
+        raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
+    if opts.mode == "resident":
+        for _, _, block in blocks:
+            _set_top_k(block, k)
+        return StreamContext("resident", k, tracer), None, None
+    predictor: Predictor | None = None
+    if opts.mode in ("hint", "route"):
+        name = opts.predictor or (
+            "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
+        )
+        predictor = make_predictor(
+            name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
+            recording=opts.recording,
+        )  # fmt: skip
+    keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+    streamed = [i for i in layers if i not in keep]
+    n_slots = 2 * k
+    memory = SlotMemory(manifest, streamed, n_slots)
+    table = SlotTable(streamed, n_slots)
+    ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
+                        predictor=predictor)  # fmt: skip
+    if predictor is not None:  # heads only for layers that are streamed
+        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
+    if keep and model_dir is not None:
+        ctx.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
+    if opts.record_routing:
+        ctx.recording = {}
+    family = family_for(manifest.model_type)
+    for i, attr, block in blocks:
+        setattr(model.layers[i], attr, StreamingMoE(block, i, family, ctx))
+    return ctx, memory, table
+
+
+async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
+    """Load `path` on the compute thread, then open the tier stack and the scheduler."""
+    from edge0.layout.load import load_layout
+    from edge0.model.loader import LoadedModel
+
+    opts.check()
+    baseline = current_rss_bytes()  # interpreter + libraries, before any weights
+    manifest = Manifest.load(path)
+    experts = "resident" if opts.mode == "resident" else "none"
+    def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
+        from edge0.model.lora import maybe_apply_adapters
+
+        loaded = load_layout(path, experts=experts)
+        maybe_apply_adapters(loaded.model, path, enabled=opts.adapter)
+        return loaded
+
+    loaded: LoadedModel = await compute.run(load)
+    tracer = Tracer(chrome=opts.trace is not None)
+    ctx, memory, table = await compute.run(
+        lambda: prepare(loaded.model, manifest, opts, path, tracer)
+    )
+    setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
+    if memory is None or table is None:
+        return setup
+    spec = opts.tiers
+    if opts.memory_budget is not None and isinstance(spec, str):
+        resident = sum(int(v.nbytes) for _, v in _flat_params(loaded.model))
+        resident += sum(int(a.nbytes) for d in ctx.resident_experts.values() for a in d.values())
+        overhead = baseline  # RSS after loading also holds freed load buffers: not counted
+        setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
+                                 kv_bytes(manifest.config, KV_CONTEXT), overhead,
+                                 working_bytes(memory.nbytes))  # fmt: skip
+        spec = apply_to_spec(spec, setup.memory_plan.cache)
+        log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec)
+    setup.tier = open_tiers(spec, path, manifest)
+    layers = list(table.layers)
+    if not layers:
+        return setup  # nothing streamed (a single MoE layer kept resident)
+    setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
+    ctx.scheduler = setup.scheduler
+    return setup
+
+
+def resident_stacks(model_dir: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
+    """All experts of `layer` as stacked (E, ...) arrays (CRC-checked), for a resident layer."""
+    from edge0.layout.load import read_expert_stacks
+
+    stacks = read_expert_stacks(model_dir, manifest, layer)
+    mx.eval(list(stacks.values()))
+    return stacks
+
+
+def _flat_params(model: nn.Module) -> list[tuple[str, Any]]:
+    from mlx.utils import tree_flatten
+
+    flat: Any = tree_flatten(model.parameters())
+    return list(flat)
