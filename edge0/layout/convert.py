@@ -197,7 +197,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     src, dst = Path(src), Path(dst)
     if opts.compress not in (None, "zstd"):
         raise ConversionError(f"unknown --compress {opts.compress!r}; the choice is zstd")
-    check_destination(dst, opts.force)
+    check_destination(dst, opts.force, src)
     start = time.perf_counter()
     source = open_source(src)
     model = build_float_model(source.config)
@@ -210,7 +210,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     resident_bytes = sum(source.tensors[k].nbytes for k in source.resident_keys)  # upper bound
     need = experts_bytes * (2 if opts.compress else 1) + resident_bytes
     check_free_space(dst, need, f"converting {src}")
-    with atomic_directory(dst, opts.force) as tmp:
+    with atomic_directory(dst, opts.force, src) as tmp:
         config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
         writer = _write_experts(source, shape, spec, params, tmp, opts)
         compression = None
