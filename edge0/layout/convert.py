@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,9 @@ from edge0.layout.model import build_float_model
 from edge0.layout.quant import conversion_dtype, quantize, switch_modules
 from edge0.layout.records import PROJECTIONS, RecordSpec, pack_record, record_layout
 from edge0.layout.resident import write_resident
-from edge0.layout.safetensors_io import mx_dtype_name, to_mx, to_raw
+from edge0.layout.safetensors_io import header_bytes, mx_dtype_name, to_mx, to_raw
 from edge0.layout.sources import Source, expert_count, open_source
+from edge0.layout.verify import file_crc32
 from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
 
@@ -212,6 +214,10 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     check_free_space(dst, need, f"converting {src}")
     with atomic_directory(dst, opts.force, src) as tmp:
         config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
+        resident_crc = {
+            "header": zlib.crc32(header_bytes(tmp / RESIDENT_FILE)),
+            "file": file_crc32(tmp / RESIDENT_FILE),
+        }
         writer = _write_experts(source, shape, spec, params, tmp, opts)
         compression = None
         if opts.compress == "zstd":
@@ -234,6 +240,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
             fields=spec.fields,
             crc32=tuple(writer.crc32),
             compression=compression,
+            resident_crc32=resident_crc,
         )
         _copy_side_files(src, tmp, config)
         manifest.save(tmp)  # last: a directory without edge0.json is never taken for valid
