@@ -21,10 +21,14 @@ class RecordWriter:
     per record.
     """
 
-    def __init__(self, directory: Path, record_size: int, zstd_level: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, record_size: int, zstd_level: int | None = None, header: bytes = b""
+    ) -> None:
+        """`header` is written before the first record (the manifest's `data_offset` bytes)."""
         self.record_size = record_size
         self.crc32: list[int] = []
         self._bin: BinaryIO = open(Path(directory) / EXPERTS_FILE, "wb")  # noqa: SIM115
+        self._bin.write(header)
         self._zst: BinaryIO | None = None
         self._index: list[tuple[int, int]] = []
         self._zst_offset = 0
