@@ -11,7 +11,7 @@ import pytest
 from edge0.routing.families import FAMILIES, family_for
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, ResidentExperts
-from edge0.runtime.runner import Steps
+from edge0.runtime.steps import Steps
 from edge0.runtime.trace import Tracer
 
 D, FF, E, K = 64, 64, 8, 2

@@ -18,8 +18,8 @@ import mlx.core as mx
 from edge0.routing.predictors import Predictor
 
 if TYPE_CHECKING:
-    from edge0.runtime.runner import Steps
     from edge0.runtime.scheduler import Scheduler
+    from edge0.runtime.steps import Steps
 
 
 class Experts(Protocol):
@@ -107,6 +107,13 @@ class LayerStream:
         self.plans: list[tuple[int, list[int]] | None] = [None, None]
         self.prev_experts: list[int] | None = None  # executed at the previous step
         self.prev_inds: mx.array | None = None
+
+    def attach(self, scheduler: Scheduler) -> None:
+        """The scheduler, once the tier stack is open: for slot acquisition and prefetch."""
+        if isinstance(self.experts, SlotExperts):
+            self.experts.scheduler = scheduler
+        if self.head is not None:
+            self.head.scheduler = scheduler
 
     def reset(self) -> None:
         """A new request: nothing predicted, no previous step."""

@@ -19,11 +19,11 @@ from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
 from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
-from edge0.runtime.runner import MODES, Steps
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotTable
 from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.steps import MODES, Steps
 from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import Tier
@@ -137,19 +137,21 @@ def prepare(
         steps.recording = {}
     stream_cls = RoutedStream if opts.mode == "route" else LayerStream
     quant = manifest.quantization
+    streams: dict[int, LayerStream] = {}
     for i in layers:
         where: ResidentExperts | SlotExperts = (
             ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
             else SlotExperts(i, memory.views[i], steps)
         )  # fmt: skip
-        steps.layers[i] = stream_cls(i, steps, where, quant)
+        streams[i] = stream_cls(i, steps, where, quant)
     if predictor is not None:  # heads only for layers that are streamed
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
         for owner, target in predictor.targets.items():
-            steps.layers[owner].head = Lookahead(owner, predictor, steps.layers[target], steps)
+            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+    steps.layers = dict(streams)
     family = family_for(manifest.model_type)
     for i, attr, block in blocks:
-        setattr(model.layers[i], attr, StreamingMoE(block, i, family, steps.layers[i]))
+        setattr(model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
     return steps, memory, table
 
 

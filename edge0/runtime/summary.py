@@ -6,9 +6,9 @@ from typing import Any
 
 import attrs
 
-from edge0.runtime.runner import StepRecord
 from edge0.runtime.scheduler import ReadStats
 from edge0.runtime.stats import speed_line
+from edge0.runtime.steps import StepRecord
 
 _MIB = 1 << 20
 
