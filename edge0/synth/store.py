@@ -17,8 +17,6 @@ import numpy as np
 from edge0.layout.manifest import (
     FORMAT_VERSION,
     RECORD_ALIGN,
-    ZSTD_FILE,
-    ZSTD_INDEX_FILE,
     Manifest,
 )
 from edge0.layout.records import RecordSpec, pack_record, record_layout
@@ -57,10 +55,6 @@ def write_store(
     with RecordWriter(out, spec.record_size, zstd_level, header=header) as writer:
         for _ in range(n_layers * n_experts):
             writer.write(random_record(spec, rng))
-    compression = None
-    if zstd_level is not None:
-        compression = {"codec": "zstd", "level": zstd_level,
-                       "file": ZSTD_FILE, "index": ZSTD_INDEX_FILE}  # fmt: skip
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         model_type="synthetic",
@@ -73,7 +67,7 @@ def write_store(
         data_offset=len(header),
         fields=spec.fields,
         crc32=tuple(writer.crc32),
-        compression=compression,
+        compression=writer.compression(),
     )
     manifest.save(out)
     return manifest
