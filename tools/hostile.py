@@ -130,8 +130,17 @@ def main(keep: bool, code_dir: str | None) -> None:
         shutil.copytree(src, copy)
         return copy
 
-    def intact(p: Path) -> Callable[[], str]:
-        return lambda: "SRC intact" if (p / "config.json").is_file() else "SRC DELETED"
+    before = sorted(f.name for f in src.iterdir())
+
+    def intact(p: Path) -> Callable[[], str]:  # SRC still holds exactly its own files
+        def check() -> str:
+            now = sorted(f.name for f in p.iterdir()) if p.is_dir() else []
+            extra = sorted(set(now) - set(before))
+            if set(before) <= set(now):
+                return "SRC intact" + (f" (plus {extra})" if extra else "")
+            return "SRC REPLACED by the output" if "edge0.json" in now else "SRC DELETED"
+
+        return check
 
     e = ["run", str(store), "-p", "hi", "--max-tokens", "4"]
     s1, s2, s3, s4 = (isolated(n) for n in range(4))
