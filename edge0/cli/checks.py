@@ -47,7 +47,8 @@ def streaming_only_flags(ctx: click.Context, why: str) -> None:
     given = [f for k, f in STREAMING_ONLY.items() if ctx.get_parameter_source(k) not in default]
     if given:
         raise ConfigError(
-            f"{', '.join(given)} only apply to the streaming engine, and {why}; drop "
+            f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to the streaming "
+            f"engine, and {why}; drop "
             f"{'them' if len(given) > 1 else 'it'} or use a streaming --mode on an "
             "edge0-layout directory"
         )
