@@ -158,6 +158,9 @@ def test_rejects_non_moe_and_bad_sources(tmp_path: Path) -> None:
         convert(tmp_path, tmp_path / "out")
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
     mx.save_safetensors(str(tmp_path / "model.safetensors"), {"lm_head.weight": mx.zeros((4, 4))})
+    with pytest.raises(ConversionError, match="dense model: it has no experts to stream"):
+        convert(tmp_path, tmp_path / "out")
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 8}')
     with pytest.raises(ConversionError, match="no routed-expert tensors"):
         convert(tmp_path, tmp_path / "out")
 
