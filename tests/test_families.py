@@ -161,3 +161,16 @@ def test_recorded_sets_follow_the_family_rule(built: dict[str, Any], tmp_path: P
         inds, _ = block.gate(x)  # mlx-lm's own selection
         assert (np.sort(np.array(inds), -1) == rec.topk[:, j]).all()
         assert np.allclose(np.array(fam.router_logits(block, x)), rec.logits[:, j], atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "mixtral"])
+def test_capacity_k1_streams_what_resident_computes(built: dict[str, Any], model_type: str) -> None:
+    """--top-k 1 reaches the router itself (DeepSeek's gate keeps its own top_k)."""
+    e0 = built[model_type]["e0"]
+    ref, _ = asyncio.run(_decode(e0, mode="resident", top_k=1))
+    full, _ = asyncio.run(_decode(e0, mode="resident"))
+    got, eng = asyncio.run(_decode(e0, mode="reactive", top_k=1, record_routing=True))
+    assert got == ref and ref != full
+    oracle, _ = asyncio.run(_decode(e0, mode="route", top_k=1, predictor="oracle",
+                                    recording=eng.setup.ctx.recording))  # fmt: skip
+    assert oracle == ref

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edge0.errors import ConversionError
+from edge0.synth.flagships import FLAGSHIPS, flagship_config
 
 
 def shape_config(name: str) -> dict[str, Any]:
@@ -113,6 +114,8 @@ def shape_config(name: str) -> dict[str, Any]:
                 dtype="bfloat16",
             )
         )
+    elif name in FLAGSHIPS:  # the other families' flagships (edge0/synth/flagships.py)
+        return flagship_config(name)
     else:
         raise ConversionError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
     out: dict[str, Any] = cfg.to_dict()
@@ -132,4 +135,5 @@ SHAPES = (
     "medium",
     "tiny-qwen3",
     "small-qwen3",
+    *FLAGSHIPS,
 )

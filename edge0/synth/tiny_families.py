@@ -90,6 +90,17 @@ def _glm4_moe(vocab: int) -> Any:
                          first_k_dense_replace=1, routed_scaling_factor=1.5)  # fmt: skip
 
 
+def _qwen3_next(vocab: int) -> Any:
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**dict(_common(vocab), num_hidden_layers=4), intermediate_size=2 * FF,
+                           num_key_value_heads=KV, head_dim=HEAD_DIM, num_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=FF,
+                           shared_expert_intermediate_size=FF, linear_num_key_heads=2,
+                           linear_num_value_heads=4, linear_key_head_dim=16,
+                           linear_value_head_dim=16, norm_topk_prob=True)  # fmt: skip
+
+
 CONFIGS: dict[str, Callable[[int], Any]] = {
     "mixtral": _mixtral,
     "olmoe": _olmoe,
@@ -97,6 +108,7 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "deepseek_v3": _deepseek_v3,
     "deepseek_v2": _deepseek_v2,
     "glm4_moe": _glm4_moe,
+    "qwen3_next": _qwen3_next,
 }
 
 
@@ -122,12 +134,18 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
             return sorted((k, tuple(f.get_slice(k).get_shape())) for k in f.keys())
 
 
-def values(name: str, shape: tuple[int, ...]) -> np.ndarray:
+# families whose RMSNorms multiply by (1 + w): their norm weights are zero-centred
+CENTRED_NORMS = ("qwen3_next",)
+
+
+def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarray:
     """Deterministic float32 values of one tensor, from its name alone."""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     z = rng.standard_normal(shape).astype(np.float32)
     if len(shape) == 1:
-        return (1.0 + 0.1 * z) if "norm" in name else 0.1 * z
+        if "norm" in name and not (centred and not name.endswith("linear_attn.norm.weight")):
+            return 1.0 + 0.1 * z
+        return 0.1 * z
     gain = 1.0
     if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
         gain = 2.0  # decisive routing: no near-ties between fp32 implementations
@@ -163,8 +181,9 @@ def write_family(fixture: Path, out: Path) -> Path:
     config = spec["config"]
     if vocab != config["vocab_size"]:
         raise ValueError(f"{fixture}: tokenizer has {vocab} tokens, config {config['vocab_size']}")
+    centred = config["model_type"] in CENTRED_NORMS
     tensors = {
-        name: mx.array(values(name, tuple(shape))).astype(mx.bfloat16)
+        name: mx.array(values(name, tuple(shape), centred)).astype(mx.bfloat16)
         for name, shape in spec["tensors"]
     }
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "pt"})

@@ -63,6 +63,15 @@ class Family:
         """HF tensors -> what the mlx-lm module's `sanitize` expects (default: as they are)."""
         return weights
 
+    def sanitize_resident(
+        self, model: nn.Module, weights: dict[str, mx.array], tc: dict[str, Any], mlx: bool
+    ) -> dict[str, mx.array]:
+        """The model's `sanitize` on the resident tensors alone (convert leaves experts out).
+
+        `mlx`: the source is an mlx-lm directory (experts stacked, names already sanitized).
+        """
+        return model.sanitize(weights) if hasattr(model, "sanitize") else weights
+
     # -- routing -------------------------------------------------------------------------
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         """Raw router logits (..., E) (what the prerouter's linear path is initialised from)."""

@@ -54,6 +54,21 @@ class Qwen3Moe(Family):
             return weights
         return _fuse_per_expert(weights)
 
+    def sanitize_resident(
+        self, model: nn.Module, weights: dict[str, mx.array], tc: dict[str, Any], mlx: bool
+    ) -> dict[str, mx.array]:
+        if tc.get("model_type") != "qwen3_next" or mlx:
+            return super().sanitize_resident(model, weights, tc, mlx)
+        # mlx-lm's qwen3_next sanitize only converts HF tensors (conv1d layout, 1 + w norms)
+        # when it sees per-expert tensors: show it empty ones, then drop what it stacks
+        n = int(tc["num_experts"])
+        for layer in self.sparse_layers(tc):
+            for e in range(n):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    weights[f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"] = mx.zeros((0,))
+        out = model.sanitize(weights)
+        return {k: v for k, v in out.items() if ".switch_mlp." not in k}
+
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         return sigmoid_gated_shared(block, x, y)
 
