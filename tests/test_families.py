@@ -26,6 +26,7 @@ from edge0.layout.load import load_layout
 from edge0.layout.verify import verify
 from edge0.model.loader import load
 from edge0.runtime.engine import Engine
+from edge0.synth.flagships import FLAGSHIPS
 from edge0.synth.tiny_families import CONFIGS, fixture_file, layout_from_transformers, write_family
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +175,29 @@ def test_capacity_k1_streams_what_resident_computes(built: dict[str, Any], model
     oracle, _ = asyncio.run(_decode(e0, mode="route", top_k=1, predictor="oracle",
                                     recording=eng.setup.ctx.recording))  # fmt: skip
     assert oracle == ref
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3", *FLAGSHIPS])
+def test_flagship_shapes_follow_their_family_rules(shape: str) -> None:
+    """Each flagship config is supported, and its family's sparse-layer rule is mlx-lm's."""
+    from edge0.layout.model import build_float_model
+    from edge0.layout.quant import switch_modules
+    from edge0.model.arch import check_supported, sparse_layers
+    from edge0.synth.shapes import shape_config
+
+    config = shape_config(shape)
+    check_supported(config, shape)
+    assert sparse_layers(config) == list(switch_modules(build_float_model(config)))
+
+
+def test_plan_sizes_equal_what_synthesis_writes(tmp_path: Path) -> None:
+    from edge0.layout.manifest import RESIDENT_FILE, Manifest
+    from edge0.synth.flagships import plan_sizes
+    from edge0.synth.layout import synthesize
+
+    plan = plan_sizes("tiny-qwen3", group_size=32)
+    m = synthesize("tiny-qwen3", tmp_path / "t", group_size=32)
+    assert plan["experts_bytes"] == m.n_records * m.record_size
+    assert plan["record_bytes"] == m.record_size == Manifest.load(tmp_path / "t").record_size
+    header = (tmp_path / "t" / RESIDENT_FILE).stat().st_size
+    assert 0 < header - plan["resident_bytes"] < 64 * 1024  # the rest is the safetensors header

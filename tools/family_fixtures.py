@@ -5,6 +5,7 @@ tensor layout its save_pretrained writes) and tests/fixtures/golden/<model_type>
 (transformers fp32 logits for the fixed prompt + 8 cached greedy steps). Usage:
 
     .venv/bin/python tools/family_fixtures.py [MODEL_TYPE ...]
+    .venv/bin/python tools/family_fixtures.py --report   # deltas vs golden, no torch
 """
 
 from __future__ import annotations
@@ -33,9 +34,33 @@ def _golden() -> Any:
     return module
 
 
+def report(model_types: tuple[str, ...]) -> None:
+    """Max |logit delta| of edge0.load against the committed golden files (no torch)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    edge0_logits = importlib.import_module("test_reference").edge0_logits
+    from edge0.model.loader import load
+    from edge0.synth.tiny_families import fixture_file
+
+    for model_type in model_types or tuple(CONFIGS):
+        g = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_family(fixture_file(FIXTURES, model_type), Path(tmp) / model_type)
+            ours = edge0_logits(load(path), g["prompt_ids"], g["decode_ids"])
+        pre = float(np.abs(ours["prefill_logits"] - g["prefill_logits"]).max())
+        dec = float(np.abs(ours["decode_logits"] - g["decode_logits"]).max())
+        click.echo(f"{model_type}: max |dlogit| prefill {pre:.1e}, 8 decode steps {dec:.1e}")
+
+
 @click.command()
 @click.argument("model_types", nargs=-1)
-def main(model_types: tuple[str, ...]) -> None:
+@click.option("--report", "only_report", is_flag=True, help="Only compare against golden files.")
+def main(model_types: tuple[str, ...], only_report: bool) -> None:
+    if only_report:
+        report(model_types)
+        return
     golden = _golden()
     for model_type in model_types or tuple(CONFIGS):
         fixture = write_fixture(FIXTURES, model_type)

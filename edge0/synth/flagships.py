@@ -119,14 +119,18 @@ def plan_sizes(shape: str, bits: int = 4, group_size: int = 64) -> dict[str, Any
     spec = record_layout(d_model, d_ff, bits, group_size, "bfloat16")
     plan, _ = resident_plan(model, {"group_size": group_size, "bits": bits, "mode": "affine"})
     tc = config.get("text_config") or config
+    k = int(tc["num_experts_per_tok"])
     return {
         "shape": shape,
         "model_type": config["model_type"],
         "layers": int(tc["num_hidden_layers"]),
         "moe_layers": len(layers),
         "experts": int(n_experts),
-        "top_k": int(tc["num_experts_per_tok"]),
+        "top_k": k,
         "record_bytes": spec.record_size,
         "resident_bytes": sum(_plan_bytes(p) for p in plan),
         "experts_bytes": len(layers) * int(n_experts) * spec.record_size,
+        # streamed at the model's top-k, first MoE layer resident (the runtime's default):
+        "first_layer_bytes": int(n_experts) * spec.record_size,
+        "slot_bytes": 2 * k * (len(layers) - 1) * spec.record_size,
     }
