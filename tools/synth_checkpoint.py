@@ -72,7 +72,8 @@ def main(
             f"{p['experts']} experts, top-{p['top_k']}; resident {p['resident_bytes'] / 2**30:.2f} "
             f"GiB, experts {p['experts_bytes'] / 2**30:.2f} GiB ({p['record_bytes'] / 2**20:.2f} "
             f"MiB per expert record); streamed at top-{p['top_k']}: first layer's experts "
-            f"{p['first_layer_bytes'] / 2**30:.2f} GiB + slot tables {p['slot_bytes'] / 2**30:.2f} GiB"
+            f"{p['first_layer_bytes'] / 2**30:.2f} GiB + slot tables "
+            f"{p['slot_bytes'] / 2**30:.2f} GiB"
         )
         return
     if dst is None:
