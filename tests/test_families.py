@@ -201,3 +201,36 @@ def test_plan_sizes_equal_what_synthesis_writes(tmp_path: Path) -> None:
     assert plan["record_bytes"] == m.record_size == Manifest.load(tmp_path / "t").record_size
     header = (tmp_path / "t" / RESIDENT_FILE).stat().st_size
     assert 0 < header - plan["resident_bytes"] < 64 * 1024  # the rest is the safetensors header
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
+    built: dict[str, Any], model_type: str
+) -> None:
+    """Every sparse block of the int4 model: the streaming block computes the same bits."""
+    from edge0.layout.manifest import Manifest
+    from edge0.model.sparse import sparse_blocks
+    from edge0.routing.families import family_for
+    from edge0.runtime.block import StreamingMoE
+    from edge0.runtime.layers import LayerStream, ResidentExperts
+    from edge0.runtime.steps import Steps
+    from edge0.runtime.trace import Tracer
+
+    loaded = load_layout(built[model_type]["e0"])
+    quant = Manifest.load(built[model_type]["e0"]).quantization
+    d = int(loaded.text_config["hidden_size"])
+    fam = family_for(model_type)
+    mx.random.seed(5)
+    for i, _, block in sparse_blocks(loaded.model):
+        k = fam.top_k(block)
+        sw = block.switch_mlp
+        views = {f"{p}.{q}": getattr(getattr(sw, p), q) for p in ("gate_proj", "up_proj",
+                 "down_proj") for q in ("weight", "scales", "biases")}  # fmt: skip
+        stream = LayerStream(i, Steps("reactive", k, Tracer()), ResidentExperts(views), quant)
+        streaming = StreamingMoE(block, i, fam, stream)
+        for _ in range(4):
+            x = mx.random.normal((1, 1, d)) * 2
+            assert mx.array_equal(streaming(x), block(x)).item(), (model_type, i)
+            scores = fam.scores(block, x)
+            inds, w = fam.select(block, scores, k)
+            assert mx.array_equal(fam.weights(block, scores, inds), w).item()
