@@ -17,6 +17,7 @@ COMMAND_START = re.compile(
 FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)")
 MARKER = re.compile(r"^<!--\s*ci:\s*(.*?)\s*-->\s*$")
 SKIP = re.compile(r"^skip\s+(?:`(?P<prefix>[^`]+)`\s+)?\((?P<reason>.+)\)$")
+SYNTH = re.compile(r"^synth\s+(?P<path>\S+)\s+(?P<shape>[\w.-]+)$")
 GENERATED = "docs/benchmarks/"  # pages written by `edge0 bench ... --md`: no hand-made markers
 
 
@@ -86,10 +87,13 @@ def skip_rules(block: Block) -> list[tuple[str | None, str]]:
     """(command prefix or None for the whole block, reason) for each skip marker of `block`.
 
     Raises:
-        ValueError: a marker that is not `skip (REASON)` or ``skip `PREFIX` (REASON)``.
+        ValueError: a marker that is not `skip (REASON)`, ``skip `PREFIX` (REASON)`` or
+            `synth PATH SHAPE`.
     """
     rules: list[tuple[str | None, str]] = []
     for marker in block.markers:
+        if SYNTH.match(marker):
+            continue
         m = SKIP.match(marker)
         if not m:
             raise ValueError(f"{block.file}:{block.line}: unknown marker <!-- ci: {marker} -->")
@@ -98,6 +102,11 @@ def skip_rules(block: Block) -> list[tuple[str | None, str]]:
         rules.append((None, "benchmark page written by `edge0 bench`: its rerun takes minutes "
                             "on the /work/scratch synthetic models"))  # fmt: skip
     return rules
+
+
+def synth_paths(block: Block) -> dict[str, str]:
+    """PATH -> SHAPE for each `synth PATH SHAPE` marker: in CI, PATH is a synthetic checkpoint."""
+    return {m["path"]: m["shape"] for m in map(SYNTH.match, block.markers) if m}
 
 
 def commands(block: Block) -> list[Command]:

@@ -25,12 +25,14 @@ Chrome trace, `edge0 verify` says ok, `edge0 convert ... OUT` writes OUT.
 Too slow for CI: put `<!-- ci: skip (REASON) -->` on the line(s) right above
 the block (whole block) or ``<!-- ci: skip `CMD PREFIX` (REASON) -->`` (the
 commands starting with CMD PREFIX); the test is reported as skipped with
-REASON. Pages under docs/benchmarks/ are written by `edge0 bench` and skipped
-as a whole. Skipped or not, every documented `edge0 ...` command (blocks and
-`inline spans`) must name real subcommands and options, every `python
-tools/x.py --opt` a real script and option, and every Python block must
-compile and its imports resolve. The list of what runs and what is skipped:
-docs/docs-tests.md.
+REASON. `<!-- ci: synth PATH SHAPE -->` runs the block with PATH replaced by a
+small checkpoint from `tools/synth_checkpoint.py --shape SHAPE` (edge0 layout):
+for reruns documented on large scratch models. Pages under docs/benchmarks/ are
+written by `edge0 bench` and skipped as a whole. Skipped or not, every
+documented `edge0 ...` command (blocks and `inline spans`) must name real
+subcommands and options, every `python tools/x.py --opt` a real script and
+option, and every Python block must compile and its imports resolve. What runs
+and what is skipped: docs/docs-tests.md.
 """
 
 from __future__ import annotations
@@ -47,7 +49,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doc_blocks import Block, Command, blocks, commands, doc_files, inline_commands, skip_rules
+from doc_blocks import (
+    Block,
+    Command,
+    blocks,
+    commands,
+    doc_files,
+    inline_commands,
+    skip_rules,
+    synth_paths,
+)
 from docs_helpers import BIN, ROOT, report, subprocess_env
 
 TIMEOUT = 300
@@ -81,10 +92,20 @@ def _scratch(block: Block, tmp_root: Path, model: Path) -> dict[str, str]:
         (d / "prompt.txt").write_text("def parse(s):\n")
         if not re.search(r"\bconvert\b.*\bOUT\b", block.text):
             (d / "OUT").symlink_to(model, target_is_directory=True)
-        _SCRATCH[key] = {"SRC": str(ROOT / "edge0/data/teacher"), "OUT": str(d / "OUT"),
-                         "MODEL": str(model), "prompt.txt": str(d / "prompt.txt"),
-                         "trace.json": str(d / "trace.json")}  # fmt: skip
+        values = {"SRC": str(ROOT / "edge0/data/teacher"), "OUT": str(d / "OUT"),
+                  "MODEL": str(model), "prompt.txt": str(d / "prompt.txt"),
+                  "trace.json": str(d / "trace.json")}  # fmt: skip
+        for i, (path, shape) in enumerate(synth_paths(block).items()):
+            values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
+        _SCRATCH[key] = values
     return _SCRATCH[key]
+
+
+def _synth(shape: str, dst: Path) -> Path:
+    cmd = [sys.executable, str(ROOT / "tools/synth_checkpoint.py"), "--shape", shape, str(dst)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert res.returncode == 0, report(res)
+    return dst
 
 
 def _run(cmd: Command, values: dict[str, str]) -> subprocess.CompletedProcess[str]:
