@@ -18,6 +18,7 @@ FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)")
 MARKER = re.compile(r"^<!--\s*ci:\s*(.*?)\s*-->\s*$")
 SKIP = re.compile(r"^skip\s+(?:`(?P<prefix>[^`]+)`\s+)?\((?P<reason>.+)\)$")
 SYNTH = re.compile(r"^synth\s+(?P<path>\S+)\s+(?P<shape>[\w.-]+)$")
+BACKGROUND = re.compile(r"^background\s+`(?P<prefix>[^`]+)`\s+port\s+(?P<port>\d+)$")
 GENERATED = "docs/benchmarks/"  # pages written by `edge0 bench ... --md`: no hand-made markers
 
 
@@ -87,12 +88,12 @@ def skip_rules(block: Block) -> list[tuple[str | None, str]]:
     """(command prefix or None for the whole block, reason) for each skip marker of `block`.
 
     Raises:
-        ValueError: a marker that is not `skip (REASON)`, ``skip `PREFIX` (REASON)`` or
-            `synth PATH SHAPE`.
+        ValueError: a marker that is not `skip (REASON)`, ``skip `PREFIX` (REASON)``,
+            `synth PATH SHAPE` or ``background `PREFIX` port N``.
     """
     rules: list[tuple[str | None, str]] = []
     for marker in block.markers:
-        if SYNTH.match(marker):
+        if SYNTH.match(marker) or BACKGROUND.match(marker):
             continue
         m = SKIP.match(marker)
         if not m:
@@ -107,6 +108,11 @@ def skip_rules(block: Block) -> list[tuple[str | None, str]]:
 def synth_paths(block: Block) -> dict[str, str]:
     """PATH -> SHAPE for each `synth PATH SHAPE` marker: in CI, PATH is a synthetic checkpoint."""
     return {m["path"]: m["shape"] for m in map(SYNTH.match, block.markers) if m}
+
+
+def background(block: Block) -> dict[str, str]:
+    """PREFIX -> PORT for each ``background `PREFIX` port N`` marker (a server the block starts)."""
+    return {m["prefix"]: m["port"] for m in map(BACKGROUND.match, block.markers) if m}
 
 
 def commands(block: Block) -> list[Command]:

@@ -27,7 +27,11 @@ the block (whole block) or ``<!-- ci: skip `CMD PREFIX` (REASON) -->`` (the
 commands starting with CMD PREFIX); the test is reported as skipped with
 REASON. `<!-- ci: synth PATH SHAPE -->` runs the block with PATH replaced by a
 small checkpoint from `tools/synth_checkpoint.py --shape SHAPE` (edge0 layout):
-for reruns documented on large scratch models. Pages under docs/benchmarks/ are
+for reruns documented on large scratch models. ``<!-- ci: background `PREFIX`
+port N -->``: commands starting with PREFIX (a server, e.g. `edge0 serve`) are
+started in the background, N is replaced by a free port in the whole block, the
+next command runs once the port accepts connections, and the server is stopped
+when this module ends. Pages under docs/benchmarks/ are
 written by `edge0 bench` and skipped as a whole. Skipped or not, every
 documented `edge0 ...` command (blocks and `inline spans`) must name real
 subcommands and options, every `python tools/x.py --opt` a real script and
@@ -45,88 +49,29 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from doc_blocks import (
-    Block,
-    Command,
-    blocks,
-    commands,
-    doc_files,
-    inline_commands,
-    skip_rules,
-    synth_paths,
-)
-from docs_helpers import BIN, ROOT, report, subprocess_env
+from doc_blocks import Block, Command, blocks, commands, doc_files, inline_commands, skip_rules
+from doc_runner import TIMEOUT, DocRunner, substitute
+from docs_helpers import ROOT, report, subprocess_env
 
-TIMEOUT = 300
 ALL_BLOCKS = [b for path in doc_files(ROOT) for b in blocks(ROOT, path)]
 SHELL = [c for b in ALL_BLOCKS if b.lang == "sh" for c in commands(b)]
 PYTHON = [b for b in ALL_BLOCKS if b.lang == "python"]
-WORDS = {"SRC", "OUT", "MODEL", "prompt.txt", "trace.json"}
-
-
-def _word(name: str) -> re.Pattern[str]:
-    return re.compile(rf"(?<![\w./-]){re.escape(name)}(?![\w.-])")
-
-
-def substitute(text: str, values: dict[str, str]) -> str:
-    for name, value in values.items():
-        text = _word(name).sub(value.replace("\\", "\\\\"), text)
-    if re.match(r"make(\s|$)", text):
-        text = f"make BIN={BIN} -o {BIN}/edge0" + text[len("make") :]
-    return text
-
-
-_SCRATCH: dict[tuple[str, int], dict[str, str]] = {}
-_DONE: dict[tuple[str, int, int], subprocess.CompletedProcess[str]] = {}
-
-
-def _scratch(block: Block, tmp_root: Path, model: Path) -> dict[str, str]:
-    key = (block.file, block.line)
-    if key not in _SCRATCH:
-        d = tmp_root / f"{Path(block.file).stem}-{block.line}"
-        d.mkdir(parents=True)
-        (d / "prompt.txt").write_text("def parse(s):\n")
-        if not re.search(r"\bconvert\b.*\bOUT\b", block.text):
-            (d / "OUT").symlink_to(model, target_is_directory=True)
-        values = {"SRC": str(ROOT / "edge0/data/teacher"), "OUT": str(d / "OUT"),
-                  "MODEL": str(model), "prompt.txt": str(d / "prompt.txt"),
-                  "trace.json": str(d / "trace.json")}  # fmt: skip
-        for i, (path, shape) in enumerate(synth_paths(block).items()):
-            values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
-        _SCRATCH[key] = values
-    return _SCRATCH[key]
-
-
-def _synth(shape: str, dst: Path) -> Path:
-    cmd = [sys.executable, str(ROOT / "tools/synth_checkpoint.py"), "--shape", shape, str(dst)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
-    assert res.returncode == 0, report(res)
-    return dst
-
-
-def _run(cmd: Command, values: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    key = (cmd.block.file, cmd.block.line, cmd.index)
-    if key not in _DONE:
-        script = "set -euo pipefail\n" + substitute(cmd.text, values)
-        _DONE[key] = subprocess.run(["bash", "-c", script], cwd=ROOT, env=subprocess_env(),
-                                    capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
-    return _DONE[key]
+Result = subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
+def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocRunner]:
     from edge0.model.demo import default_model_path
 
-    return default_model_path()  # conftest.py points EDGE0_CACHE at the session's cache
-
-
-@pytest.fixture(scope="module")
-def scratch_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("docs")
+    # MODEL: the demo model, converted in the session's EDGE0_CACHE (conftest.py)
+    docs = DocRunner(tmp_path_factory.mktemp("docs"), default_model_path())
+    yield docs
+    docs.close()  # stops the servers that blocks started in the background
 
 
 def _param(cmd: Command) -> Any:
@@ -158,22 +103,16 @@ def check_claims(
 
 
 @pytest.mark.parametrize("cmd", [_param(c) for c in SHELL])
-def test_command(cmd: Command, model: Path, scratch_root: Path) -> None:
-    values = _scratch(cmd.block, scratch_root, model)
-    for earlier in commands(cmd.block)[: cmd.index]:
-        if not earlier.skip:
-            res = _run(earlier, values)
-            assert res.returncode == 0, f"earlier command failed: {earlier.text}\n{report(res)}"
-    res = _run(cmd, values)
+def test_command(cmd: Command, runner: DocRunner) -> None:
+    res = runner.run(cmd)
     assert res.returncode == 0 and "Traceback" not in res.stderr, report(res)
-    check_claims(cmd, values, res)
+    check_claims(cmd, runner.values(cmd.block), res)
 
 
 @pytest.mark.parametrize("block", [_block_param(b) for b in PYTHON])
-def test_python_block(block: Block, model: Path, scratch_root: Path, tmp_path: Path) -> None:
-    values = _scratch(block, scratch_root, model)
+def test_python_block(block: Block, runner: DocRunner, tmp_path: Path) -> None:
     script = tmp_path / "block.py"
-    script.write_text(substitute(block.text, values))
+    script.write_text(substitute(block.text, runner.values(block)))
     res = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=subprocess_env(),
                          capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
     assert res.returncode == 0 and "Traceback" not in res.stderr, report(res)
@@ -283,3 +222,19 @@ def _python_problems(args: list[str]) -> list[str]:
     source = script.read_text()
     return [f"{args[0]} has no option {a.split('=')[0]}" for a in args[1:]
             if a.startswith("--") and a.split("=")[0] not in source]  # fmt: skip
+
+
+def test_background_marker(tmp_path: Path) -> None:
+    """A block that starts a server (``background `PREFIX` port N``), then talks to it."""
+    fetch = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/').status)"
+    text = f'python3 -m http.server 8080 --bind 127.0.0.1\npython3 -c "{fetch}"'
+    block = Block("docs/x.md", 1, "sh", text, ("background `python3 -m http.server` port 8080",))
+    docs = DocRunner(tmp_path, tmp_path)
+    try:
+        server, client = commands(block)
+        assert docs.run(server).returncode == 0
+        res = docs.run(client)
+        assert res.returncode == 0 and res.stdout.strip() == "200", report(res)
+        assert "8080" not in substitute(client.text, docs.values(block))  # a free port instead
+    finally:
+        docs.close()

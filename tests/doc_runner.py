@@ -1,0 +1,115 @@
+"""Runs documented commands for test_docs.py: placeholders filled, one scratch dir per block."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from doc_blocks import Block, Command, background, commands, synth_paths
+from docs_helpers import BIN, ROOT, free_port, report, subprocess_env
+
+TIMEOUT = 300  # seconds per command
+
+
+def _word(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w./-]){re.escape(name)}(?![\w.-])")
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """`text` with each placeholder (a whole word) replaced; `make X` uses the installed edge0."""
+    for name, value in values.items():
+        text = _word(name).sub(value.replace("\\", "\\\\"), text)
+    if re.match(r"make(\s|$)", text):
+        text = f"make BIN={BIN} -o {BIN}/edge0" + text[len("make") :]
+    return text
+
+
+class DocRunner:
+    """Runs a block's commands in order, once each; keeps background servers until close()."""
+
+    def __init__(self, scratch: Path, model: Path) -> None:
+        self.scratch = scratch
+        self.model = model
+        self._values: dict[tuple[str, int], dict[str, str]] = {}
+        self._done: dict[tuple[str, int, int], subprocess.CompletedProcess[str]] = {}
+        self._servers: list[subprocess.Popen[bytes]] = []
+
+    def values(self, block: Block) -> dict[str, str]:
+        """The placeholders of `block` -> real paths (and ports), made on first use."""
+        key = (block.file, block.line)
+        if key not in self._values:
+            d = self.scratch / f"{Path(block.file).stem}-{block.line}"
+            d.mkdir(parents=True)
+            (d / "prompt.txt").write_text("def parse(s):\n")
+            if not re.search(r"\bconvert\b.*\bOUT\b", block.text):
+                (d / "OUT").symlink_to(self.model, target_is_directory=True)
+            values = {"SRC": str(ROOT / "edge0/data/teacher"), "OUT": str(d / "OUT"),
+                      "MODEL": str(self.model), "prompt.txt": str(d / "prompt.txt"),
+                      "trace.json": str(d / "trace.json")}  # fmt: skip
+            for i, (path, shape) in enumerate(synth_paths(block).items()):
+                values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
+            for port in background(block).values():
+                values[port] = str(free_port())
+            self._values[key] = values
+        return self._values[key]
+
+    def run(self, cmd: Command) -> subprocess.CompletedProcess[str]:
+        """Run `cmd` after the earlier unskipped commands of its block (each only once)."""
+        for earlier in commands(cmd.block)[: cmd.index]:
+            if not earlier.skip:
+                res = self._run_one(earlier)
+                assert res.returncode == 0, f"earlier command failed: {earlier.text}\n{report(res)}"
+        return self._run_one(cmd)
+
+    def _run_one(self, cmd: Command) -> subprocess.CompletedProcess[str]:
+        key = (cmd.block.file, cmd.block.line, cmd.index)
+        if key not in self._done:
+            values = self.values(cmd.block)
+            text = substitute(cmd.text, values)
+            ports = background(cmd.block)
+            prefix = next((p for p in ports if cmd.text.startswith(p)), None)
+            if prefix is None:
+                self._done[key] = subprocess.run(
+                    ["bash", "-c", "set -euo pipefail\n" + text], cwd=ROOT, env=subprocess_env(),
+                    capture_output=True, text=True, timeout=TIMEOUT,
+                )  # fmt: skip
+            else:
+                log = self.scratch / f"server-{len(self._servers)}.log"
+                self._done[key] = self._serve(text, int(values[ports[prefix]]), log)
+        return self._done[key]
+
+    def _serve(self, text: str, port: int, log: Path) -> subprocess.CompletedProcess[str]:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(["bash", "-c", "exec " + text], cwd=ROOT, env=subprocess_env(),
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        self._servers.append(proc)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return subprocess.CompletedProcess(text, 0, f"listening on {port}\n", "")
+            except OSError:
+                time.sleep(0.2)
+        rc = proc.poll()
+        why = f"never listened on {port}\n{log.read_text()}"
+        return subprocess.CompletedProcess(text, 1 if rc in (None, 0) else rc, "", why)
+
+    def close(self) -> None:
+        for proc in self._servers:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _synth(shape: str, dst: Path) -> Path:
+    cmd = [sys.executable, str(ROOT / "tools/synth_checkpoint.py"), "--shape", shape, str(dst)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert res.returncode == 0, report(res)
+    return dst
