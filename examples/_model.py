@@ -57,6 +57,13 @@ def resolve_model(p: argparse.ArgumentParser, given: str | None) -> Path:
         is_hf = (path / "config.json").is_file()
         hint = f"; convert it first: edge0 convert {given} OUT" if is_hf else ""
         p.error(f"MODEL_DIR {given!r} is not an edge0-layout directory (no edge0.json){hint}")
+    from edge0.errors import Edge0Error
+    from edge0.layout.manifest import Manifest
+
+    try:
+        Manifest.load(path)  # a damaged manifest: one line here, not a traceback later
+    except Edge0Error as exc:
+        p.error(f"MODEL_DIR {given!r}: {exc}")
     return path
 
 

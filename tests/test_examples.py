@@ -18,7 +18,9 @@ Examples are discovered: every `examples/*.py` whose name does not start with
                          the port accepts connections. `edge0` is this venv's.
     ci-bad-args: ARGS    a wrong command line that must print a usage line and exit
                          2 without a traceback (repeatable; default: an unknown
-                         option and a MODEL_DIR that does not exist).
+                         option, a MODEL_DIR that does not exist, {hf} = a Hugging
+                         Face checkpoint not yet converted, {broken} = a directory
+                         whose edge0.json is not JSON).
     ci-skip: REASON      the example is not run in CI; reported as skipped, with REASON.
 
 Runs happen in an empty scratch directory with the same environment as the
@@ -39,12 +41,12 @@ from typing import Any
 
 import attrs
 import pytest
-from docs_helpers import ROOT, free_port, subprocess_env, tail, tiny_layout
+from docs_helpers import FIXTURES, ROOT, free_port, subprocess_env, tail, tiny_layout
 from docs_helpers import report as output
 
 EXAMPLES = ROOT / "examples"
 RUN_TIMEOUT = 240  # seconds per run; a loaded 2-core machine is slow, a hang is not
-DEFAULT_BAD_ARGS = ("--no-such-option", "/no/such/model-dir")
+DEFAULT_BAD_ARGS = ("--no-such-option", "/no/such/model-dir", "{hf}", "{broken}")
 
 
 @attrs.frozen
@@ -164,7 +166,10 @@ def test_example_runs(
     _params(lambda ex: [(f"{ex.name}[{bad}]", (bad,)) for bad in ex.bad_args]),
 )
 def test_example_usage_error(example: Example, bad: str, tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, str(example.path), *shlex.split(bad)], cwd=tmp_path,
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "edge0.json").write_text("{not json")
+    values = {"hf": str(FIXTURES / "qwen3_moe"), "broken": str(tmp_path / "broken")}
+    res = subprocess.run([sys.executable, str(example.path), *_fill(bad, values)], cwd=tmp_path,
                          env=subprocess_env(), capture_output=True, text=True,
                          timeout=RUN_TIMEOUT)  # fmt: skip
     report = output(res)
