@@ -111,8 +111,13 @@ def synth_paths(block: Block) -> dict[str, str]:
 
 
 def background(block: Block) -> dict[str, str]:
-    """PREFIX -> PORT for each ``background `PREFIX` port N`` marker (a server the block starts)."""
-    return {m["prefix"]: m["port"] for m in map(BACKGROUND.match, block.markers) if m}
+    """PREFIX -> PORT of the servers the block starts: ``background `PREFIX` port N`` markers,
+    and, without a marker, every `edge0 serve ... --port N` command."""
+    found = {m["prefix"]: m["port"] for m in map(BACKGROUND.match, block.markers) if m}
+    for line in block.text.splitlines():
+        if (m := re.match(r"\s*(edge0 serve\b.*--port[ =](\d+))", line)) and m[1] not in found:
+            found[m[1]] = m[2]
+    return found
 
 
 def commands(block: Block) -> list[Command]:

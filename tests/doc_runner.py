@@ -12,7 +12,7 @@ from pathlib import Path
 from doc_blocks import Block, Command, background, commands, synth_paths
 from docs_helpers import BIN, ROOT, free_port, report, subprocess_env
 
-TIMEOUT = 300  # seconds per command
+TIMEOUT = 240  # seconds per command (README commands take < 30 s on a loaded VM)
 
 
 def _word(name: str) -> re.Pattern[str]:

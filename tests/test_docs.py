@@ -31,12 +31,13 @@ for reruns documented on large scratch models. ``<!-- ci: background `PREFIX`
 port N -->``: commands starting with PREFIX (a server, e.g. `edge0 serve`) are
 started in the background, N is replaced by a free port in the whole block, the
 next command runs once the port accepts connections, and the server is stopped
-when this module ends. Pages under docs/benchmarks/ are
-written by `edge0 bench` and skipped as a whole. Skipped or not, every
-documented `edge0 ...` command (blocks and `inline spans`) must name real
-subcommands and options, every `python tools/x.py --opt` a real script and
-option, and every Python block must compile and its imports resolve. What runs
-and what is skipped: docs/docs-tests.md.
+when this module ends; an `edge0 serve ... --port N` command needs no marker.
+Pages under docs/benchmarks/ are written by `edge0 bench` and skipped as a
+whole. Skipped or not, every documented `edge0 ...` command (blocks and
+`inline spans`) must name real subcommands and options, every `python
+tools/x.py --opt` a real script and option, and every Python block must
+compile and its imports resolve. What runs and what is skipped:
+docs/docs-tests.md.
 """
 
 from __future__ import annotations
@@ -54,7 +55,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from doc_blocks import Block, Command, blocks, commands, doc_files, inline_commands, skip_rules
+from doc_blocks import (
+    Block,
+    Command,
+    background,
+    blocks,
+    commands,
+    doc_files,
+    inline_commands,
+    skip_rules,
+)
 from doc_runner import TIMEOUT, DocRunner, substitute
 from docs_helpers import ROOT, report, subprocess_env
 
@@ -222,6 +232,12 @@ def _python_problems(args: list[str]) -> list[str]:
     source = script.read_text()
     return [f"{args[0]} has no option {a.split('=')[0]}" for a in args[1:]
             if a.startswith("--") and a.split("=")[0] not in source]  # fmt: skip
+
+
+def test_edge0_serve_runs_in_the_background() -> None:
+    text = "edge0 serve MODEL --port 8080\ncurl -s http://127.0.0.1:8080/health"
+    block = Block("README.md", 1, "sh", text, ())
+    assert background(block) == {"edge0 serve MODEL --port 8080": "8080"}
 
 
 def test_background_marker(tmp_path: Path) -> None:
