@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import attrs
@@ -37,6 +38,7 @@ class Command:
     index: int  # position in its block
     text: str  # continuation lines joined, comments kept (bash ignores them)
     skip: str | None  # the reason, when marked
+    port: str | None = None  # a server: the port the docs say it listens on (run in background)
 
     @property
     def id(self) -> str:
@@ -110,35 +112,54 @@ def synth_paths(block: Block) -> dict[str, str]:
     return {m["path"]: m["shape"] for m in map(SYNTH.match, block.markers) if m}
 
 
-def background(block: Block) -> dict[str, str]:
-    """PREFIX -> PORT of the servers the block starts: ``background `PREFIX` port N`` markers,
-    and, without a marker, every `edge0 serve ... --port N` command."""
-    found = {m["prefix"]: m["port"] for m in map(BACKGROUND.match, block.markers) if m}
-    for line in block.text.splitlines():
-        if (m := re.match(r"\s*(edge0 serve\b.*--port[ =](\d+))", line)) and m[1] not in found:
-            found[m[1]] = m[2]
-    return found
+def server_port(block: Block, text: str) -> str | None:
+    """The documented port when `text` starts a server: a ``background `PREFIX` port N``
+    marker names it, or it is `edge0 serve` (its --port, else the default 8080)."""
+    for m in map(BACKGROUND.match, block.markers):
+        if m and text.startswith(m["prefix"]):
+            return m["port"]
+    if re.match(r"edge0 serve\b", text):
+        m = re.search(r"--port[ =](\d+)", text)
+        return m[1] if m else "8080"
+    return None
 
 
 def commands(block: Block) -> list[Command]:
-    """The block's commands: continuation lines joined, blank and comment-only lines dropped."""
+    """The block's commands: continuation lines and open quotes joined, blank and comment
+    lines dropped; a server's trailing `&` is dropped (the runner puts it in the background)."""
     rules = skip_rules(block)
     joined: list[str] = []
     pending = ""
     for raw in block.text.splitlines():
-        line = raw.rstrip()
+        line = pending + raw.rstrip()
         if line.endswith("\\"):
-            pending += line[:-1] + " "
+            pending = line[:-1] + " "
             continue
-        line, pending = pending + line, ""
+        if not _complete(line):
+            pending = line + "\n"
+            continue
+        pending = ""
         stripped = line.strip().removeprefix("$ ")
         if stripped and not stripped.startswith("#"):
             joined.append(stripped)
+    if pending.strip():
+        joined.append(pending.strip())  # unbalanced quotes: bash will say so
     out = []
     for i, text in enumerate(joined):
         reason = next((r for prefix, r in rules if prefix is None or text.startswith(prefix)), None)
-        out.append(Command(block, i, text, reason))
+        port = server_port(block, text)
+        if port is not None:
+            text = re.sub(r"\s*&\s*(#.*)?$", "", text)
+        out.append(Command(block, i, text, reason, port))
     return out
+
+
+def _complete(line: str) -> bool:
+    try:
+        shlex.split(line, comments=True)
+    except ValueError:  # no closing quotation: the command goes on on the next line
+        return False
+    return True
 
 
 def inline_commands(path: Path) -> list[str]:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from doc_blocks import Block, Command, background, commands, synth_paths
+from doc_blocks import Block, Command, commands, synth_paths
 from docs_helpers import BIN, ROOT, free_port, report, subprocess_env
 
 TIMEOUT = 240  # seconds per command (README commands take < 30 s on a loaded VM)
@@ -52,8 +52,9 @@ class DocRunner:
                       "trace.json": str(d / "trace.json")}  # fmt: skip
             for i, (path, shape) in enumerate(synth_paths(block).items()):
                 values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
-            for port in background(block).values():
-                values[port] = str(free_port())
+            for cmd in commands(block):
+                if cmd.port is not None and cmd.port not in values:
+                    values[cmd.port] = str(free_port())  # never the documented one
             self._values[key] = values
         return self._values[key]
 
@@ -70,16 +71,17 @@ class DocRunner:
         if key not in self._done:
             values = self.values(cmd.block)
             text = substitute(cmd.text, values)
-            ports = background(cmd.block)
-            prefix = next((p for p in ports if cmd.text.startswith(p)), None)
-            if prefix is None:
+            if cmd.port is None:
                 self._done[key] = subprocess.run(
                     ["bash", "-c", "set -euo pipefail\n" + text], cwd=ROOT, env=subprocess_env(),
                     capture_output=True, text=True, timeout=TIMEOUT,
                 )  # fmt: skip
             else:
+                port = values[cmd.port]
+                if not re.search(rf"\b{port}\b", text):
+                    text += f" --port {port}"  # `edge0 serve` on its default port
                 log = self.scratch / f"server-{len(self._servers)}.log"
-                self._done[key] = self._serve(text, int(values[ports[prefix]]), log)
+                self._done[key] = self._serve(text, int(port), log)
         return self._done[key]
 
     def _serve(self, text: str, port: int, log: Path) -> subprocess.CompletedProcess[str]:

@@ -31,7 +31,8 @@ for reruns documented on large scratch models. ``<!-- ci: background `PREFIX`
 port N -->``: commands starting with PREFIX (a server, e.g. `edge0 serve`) are
 started in the background, N is replaced by a free port in the whole block, the
 next command runs once the port accepts connections, and the server is stopped
-when this module ends; an `edge0 serve ... --port N` command needs no marker.
+when this module ends. `edge0 serve ...` needs no marker (port: its --port,
+else 8080, and then `--port <free>` is appended; a trailing `&` is dropped).
 Pages under docs/benchmarks/ are written by `edge0 bench` and skipped as a
 whole. Skipped or not, every documented `edge0 ...` command (blocks and
 `inline spans`) must name real subcommands and options, every `python
@@ -58,7 +59,6 @@ import pytest
 from doc_blocks import (
     Block,
     Command,
-    background,
     blocks,
     commands,
     doc_files,
@@ -234,10 +234,15 @@ def _python_problems(args: list[str]) -> list[str]:
             if a.startswith("--") and a.split("=")[0] not in source]  # fmt: skip
 
 
-def test_edge0_serve_runs_in_the_background() -> None:
-    text = "edge0 serve MODEL --port 8080\ncurl -s http://127.0.0.1:8080/health"
-    block = Block("README.md", 1, "sh", text, ())
-    assert background(block) == {"edge0 serve MODEL --port 8080": "8080"}
+def test_servers_and_multiline_commands() -> None:
+    """`edge0 serve` is a server (its port, else 8080); a quoted argument may span lines."""
+    text = ("edge0 serve &    # the demo model\n"
+            "edge0 serve OUT --port 9000\n"
+            "curl -s http://127.0.0.1:8080/v1/x -d '{\n  \"a\": 1}'\n")  # fmt: skip
+    first, second, curl = commands(Block("README.md", 1, "sh", text, ()))
+    assert (first.text, first.port) == ("edge0 serve", "8080")
+    assert second.port == "9000" and curl.port is None
+    assert curl.text == "curl -s http://127.0.0.1:8080/v1/x -d '{\n  \"a\": 1}'"
 
 
 def test_background_marker(tmp_path: Path) -> None:
