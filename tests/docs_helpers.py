@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 BIN = Path(sys.executable).parent  # the interpreter running the tests: its `edge0` script
@@ -29,6 +31,16 @@ def tiny_layout(root: Path, model_type: str = "qwen3_5_moe") -> Path:
     if not (out / "edge0.json").is_file():
         convert(FIXTURES / model_type, out, ConvertOptions(group_size=32))
     return out
+
+
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model converted in the session's cache: the EDGE0_CACHE that conftest.py sets
+    for each test, which a module-scoped fixture does not see yet (it is set up first)."""
+    from edge0.model.demo import default_model_path
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGE0_CACHE", str(tmp_path_factory.getbasetemp() / "edge0-cache"))
+        return default_model_path()
 
 
 def free_port() -> int:

@@ -66,7 +66,7 @@ from doc_blocks import (
     skip_rules,
 )
 from doc_runner import TIMEOUT, DocRunner, substitute
-from docs_helpers import ROOT, report, subprocess_env
+from docs_helpers import ROOT, demo_model, report, subprocess_env
 
 ALL_BLOCKS = [b for path in doc_files(ROOT) for b in blocks(ROOT, path)]
 SHELL = [c for b in ALL_BLOCKS if b.lang == "sh" for c in commands(b)]
@@ -76,10 +76,7 @@ Result = subprocess.CompletedProcess[str]
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocRunner]:
-    from edge0.model.demo import default_model_path
-
-    # MODEL: the demo model, converted in the session's EDGE0_CACHE (conftest.py)
-    docs = DocRunner(tmp_path_factory.mktemp("docs"), default_model_path())
+    docs = DocRunner(tmp_path_factory.mktemp("docs"), demo_model(tmp_path_factory))
     yield docs
     docs.close()  # stops the servers that blocks started in the background
 

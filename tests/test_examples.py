@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 import pytest
-from docs_helpers import FIXTURES, ROOT, free_port, subprocess_env, tail, tiny_layout
+from docs_helpers import FIXTURES, ROOT, demo_model, free_port, subprocess_env, tail, tiny_layout
 from docs_helpers import report as output
 
 EXAMPLES = ROOT / "examples"
@@ -97,11 +97,9 @@ def _params(per_example: Any) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def placeholders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from edge0.model.demo import default_model_path
-
     return {
         "model": str(tiny_layout(tmp_path_factory.mktemp("examples-model"))),
-        "demo": str(default_model_path()),  # EDGE0_CACHE is the session's (conftest.py)
+        "demo": str(demo_model(tmp_path_factory)),
     }
 
 
