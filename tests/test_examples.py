@@ -13,9 +13,10 @@ Examples are discovered: every `examples/*.py` whose name does not start with
     ci-expect: REGEX     must match the run's stdout (re.search, re.MULTILINE; use
                          (?s) to span lines). At least one per example: an exit
                          code alone proves nothing.
-    ci-serve: COMMAND    started before each run and stopped after it (e.g.
-                         `edge0 serve {demo} --port {port}`); the run starts once
-                         the port accepts connections. `edge0` is this venv's.
+    ci-serve: COMMAND    started before each run whose ARGS use {port}, stopped
+                         after it (e.g. `edge0 serve {model} --port {port}`); the
+                         run starts once the port accepts connections. `edge0`
+                         is this venv's.
     ci-bad-args: ARGS    a wrong command line that must print a usage line and exit
                          2 without a traceback (repeatable; default: an unknown
                          option, a MODEL_DIR that does not exist, {hf} = a Hugging
@@ -144,7 +145,7 @@ def test_example_runs(
     assert example.expect, f"{example.name}: add at least one `ci-expect: REGEX` docstring line"
     values = dict(placeholders, port=str(free_port()), tmp=str(tmp_path))
     server = _start_server(_fill(example.serve, values), int(values["port"]), tmp_path) \
-        if example.serve else None  # fmt: skip
+        if example.serve and "{port}" in args else None  # fmt: skip
     try:
         res = subprocess.run([sys.executable, str(example.path), *_fill(args, values)],
                              cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
