@@ -108,25 +108,25 @@ def _fill(template: str, values: dict[str, str]) -> list[str]:
     return [arg.format(**values) for arg in shlex.split(template)]
 
 
-def _start_server(command: list[str], port: int, cwd: Path) -> subprocess.Popen[str]:
+def _start_server(command: list[str], port: int, cwd: Path) -> subprocess.Popen[bytes]:
     import socket
 
-    proc = subprocess.Popen(command, cwd=cwd, env=subprocess_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    log = cwd / "server.log"  # a file, not a pipe: a chatty server never blocks on it
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=cwd, env=subprocess_env(), stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
     deadline = time.monotonic() + RUN_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"ci-serve {command} exited {proc.returncode}:\n{tail(proc.stdout.read())}")  # type: ignore[union-attr]
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return proc
         except OSError:
             time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"ci-serve {command}: port {port} not open after {RUN_TIMEOUT} s")
+    _stop(proc)
+    pytest.fail(f"ci-serve {command}: not listening on {port}:\n{tail(log.read_text())}")
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=15)
