@@ -193,7 +193,7 @@ def cli_problems(words: list[str]) -> list[str]:
             elif not (opts[name].is_flag or opts[name].count) and "=" not in word:
                 i += 1  # its value
         elif isinstance(node, click.Group) and word not in {"...", ""}:
-            names = word.split("|")  # `edge0 train sft|distill`: each must exist
+            names = re.split(r"[|/]", word)  # `train sft|distill`, `bench tiers/run`: each
             missing = [n for n in names if n not in node.commands]
             if missing:
                 problems.append(f"`{' '.join(path)}` has no command {', '.join(missing)}")
