@@ -118,7 +118,7 @@ def server_port(block: Block, text: str) -> str | None:
     for m in map(BACKGROUND.match, block.markers):
         if m and text.startswith(m["prefix"]):
             return m["port"]
-    if re.match(r"edge0 serve\b", text):
+    if re.match(r"([A-Z_][A-Z0-9_]*=\S*\s+)*edge0 serve\b", text):
         m = re.search(r"--port[ =](\d+)", text)
         return m[1] if m else "8080"
     return None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +31,33 @@ def substitute(text: str, values: dict[str, str]) -> str:
     return text
 
 
+def substitute_ports(text: str, ports: dict[str, str]) -> str:
+    """Documented server ports (in `--port N` and in `host:N` URLs) -> the free ones."""
+    for documented, free in ports.items():
+        text = re.sub(rf"(--port[ =]){documented}\b", rf"\g<1>{free}", text)
+        if documented != "0":
+            text = re.sub(rf"(?<=[\w\]]:){documented}\b", free, text)
+    return text
+
+
+def _shell(text: str, **kw: object) -> subprocess.Popen[str]:
+    """bash running `text` in its own process group (so a timeout can stop all of it)."""
+    return subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + text], cwd=ROOT,
+                            env=subprocess_env(), text=True, start_new_session=True,
+                            **kw)  # type: ignore[call-overload]  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class DocRunner:
     """Runs a block's commands in order, once each; keeps background servers until close()."""
 
@@ -36,7 +66,8 @@ class DocRunner:
         self.model = model
         self._values: dict[tuple[str, int], dict[str, str]] = {}
         self._done: dict[tuple[str, int, int], subprocess.CompletedProcess[str]] = {}
-        self._servers: list[subprocess.Popen[bytes]] = []
+        self._ports: dict[tuple[str, int], dict[str, str]] = {}
+        self._servers: list[subprocess.Popen[str]] = []
 
     def values(self, block: Block) -> dict[str, str]:
         """The placeholders of `block` -> real paths (and ports), made on first use."""
@@ -52,10 +83,9 @@ class DocRunner:
                       "trace.json": str(d / "trace.json")}  # fmt: skip
             for i, (path, shape) in enumerate(synth_paths(block).items()):
                 values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
-            for cmd in commands(block):
-                if cmd.port is not None and cmd.port not in values:
-                    values[cmd.port] = str(free_port())  # never the documented one
             self._values[key] = values
+            documented = {c.port for c in commands(block) if c.port is not None}
+            self._ports[key] = {port: str(free_port()) for port in sorted(documented)}
         return self._values[key]
 
     def run(self, cmd: Command) -> subprocess.CompletedProcess[str]:
@@ -69,25 +99,28 @@ class DocRunner:
     def _run_one(self, cmd: Command) -> subprocess.CompletedProcess[str]:
         key = (cmd.block.file, cmd.block.line, cmd.index)
         if key not in self._done:
-            values = self.values(cmd.block)
-            text = substitute(cmd.text, values)
+            ports = self.ports(cmd.block)
+            text = substitute_ports(substitute(cmd.text, self.values(cmd.block)), ports)
             if cmd.port is None:
-                self._done[key] = subprocess.run(
-                    ["bash", "-c", "set -euo pipefail\n" + text], cwd=ROOT, env=subprocess_env(),
-                    capture_output=True, text=True, timeout=TIMEOUT,
-                )  # fmt: skip
+                self._done[key] = foreground(text)
             else:
-                port = values[cmd.port]
+                port = ports[cmd.port]
+                if cmd.port != "0":  # a bare port argument, as in `python -m http.server 8080`
+                    text = re.sub(rf"(?<![\w.:]){cmd.port}(?![\w.])", port, text)
                 if not re.search(rf"\b{port}\b", text):
                     text += f" --port {port}"  # `edge0 serve` on its default port
                 log = self.scratch / f"server-{len(self._servers)}.log"
                 self._done[key] = self._serve(text, int(port), log)
         return self._done[key]
 
+    def ports(self, block: Block) -> dict[str, str]:
+        """The block's documented server ports -> free ports of this machine."""
+        self.values(block)
+        return self._ports[(block.file, block.line)]
+
     def _serve(self, text: str, port: int, log: Path) -> subprocess.CompletedProcess[str]:
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(["bash", "-c", "exec " + text], cwd=ROOT, env=subprocess_env(),
-                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        with open(log, "w") as out:
+            proc = _shell(text, stdout=out, stderr=subprocess.STDOUT)
         self._servers.append(proc)
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline and proc.poll() is None:
@@ -102,12 +135,21 @@ class DocRunner:
 
     def close(self) -> None:
         for proc in self._servers:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
+
+
+def foreground(text: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run `text`; past `timeout` its whole process group is stopped (exit -9, and why)."""
+    proc = _shell(text, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        out, err = proc.communicate()
+        err += (f"\ntimed out after {timeout} s: mark the block `<!-- ci: skip (why) -->` "
+                "when it is slow, or `background` when it is a server")  # fmt: skip
+        return subprocess.CompletedProcess(text, -9, out, err)
+    return subprocess.CompletedProcess(text, proc.returncode, out, err)
 
 
 def _synth(shape: str, dst: Path) -> Path:

@@ -65,7 +65,7 @@ from doc_blocks import (
     inline_commands,
     skip_rules,
 )
-from doc_runner import TIMEOUT, DocRunner, substitute
+from doc_runner import TIMEOUT, DocRunner, foreground, substitute, substitute_ports
 from docs_helpers import ROOT, demo_model, report, subprocess_env
 
 ALL_BLOCKS = [b for path in doc_files(ROOT) for b in blocks(ROOT, path)]
@@ -235,11 +235,15 @@ def test_servers_and_multiline_commands() -> None:
     """`edge0 serve` is a server (its port, else 8080); a quoted argument may span lines."""
     text = ("edge0 serve &    # the demo model\n"
             "edge0 serve OUT --port 9000\n"
-            "curl -s http://127.0.0.1:8080/v1/x -d '{\n  \"a\": 1}'\n")  # fmt: skip
-    first, second, curl = commands(Block("README.md", 1, "sh", text, ()))
+            "KEY=x edge0 serve --port 0\n"
+            "curl -s http://127.0.0.1:8080/v1/x -d '{\n  \"a\": 1, \"b\": 0}'\n")  # fmt: skip
+    first, second, third, curl = commands(Block("README.md", 1, "sh", text, ()))
     assert (first.text, first.port) == ("edge0 serve", "8080")
-    assert second.port == "9000" and curl.port is None
-    assert curl.text == "curl -s http://127.0.0.1:8080/v1/x -d '{\n  \"a\": 1}'"
+    assert (second.port, third.port, curl.port) == ("9000", "0", None)
+    assert curl.text == 'curl -s http://127.0.0.1:8080/v1/x -d \'{\n  "a": 1, "b": 0}\''
+    ports = {"8080": "5001", "0": "5002"}
+    assert substitute_ports(third.text, ports) == "KEY=x edge0 serve --port 5002"
+    assert substitute_ports(curl.text, ports) == curl.text.replace(":8080/", ":5001/")
 
 
 def test_background_marker(tmp_path: Path) -> None:
@@ -253,6 +257,14 @@ def test_background_marker(tmp_path: Path) -> None:
         assert docs.run(server).returncode == 0
         res = docs.run(client)
         assert res.returncode == 0 and res.stdout.strip() == "200", report(res)
-        assert "8080" not in substitute(client.text, docs.values(block))  # a free port instead
+        assert "8080" not in substitute_ports(client.text, docs.ports(block))  # a free one
     finally:
         docs.close()
+
+
+def test_a_hanging_command_is_stopped_with_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    res = foreground(f"sleep 60 & echo $! > {pidfile}; wait", timeout=1)
+    assert res.returncode == -9 and "timed out after 1 s" in res.stderr
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
