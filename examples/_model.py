@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from edge0.errors import Edge0Error  # light: no MLX
+
 
 def _positive(text: str) -> int:
     try:
@@ -43,7 +45,6 @@ def parser(doc: str | None, *, max_tokens: int | None = None) -> argparse.Argume
 def resolve_model(p: argparse.ArgumentParser, given: str | None) -> Path:
     """The model directory: `given` when it is an edge0 layout (else a usage error), or the demo."""
     if given is None:
-        from edge0.errors import Edge0Error
         from edge0.model.demo import default_model_path
 
         try:
@@ -57,7 +58,6 @@ def resolve_model(p: argparse.ArgumentParser, given: str | None) -> Path:
         is_hf = (path / "config.json").is_file()
         hint = f"; convert it first: edge0 convert {given} OUT" if is_hf else ""
         p.error(f"MODEL_DIR {given!r} is not an edge0-layout directory (no edge0.json){hint}")
-    from edge0.errors import Edge0Error
     from edge0.layout.manifest import Manifest
 
     try:

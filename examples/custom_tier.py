@@ -16,7 +16,7 @@ entry point in its pyproject.toml:
 after which `edge0 run out/ --tiers "histogram:5ms>ram:1GiB>direct"` and
 `edge0 bench tiers out/ --tiers ...` find it by name. A script or notebook
 can skip packaging and call `edge0.storage.spec.register_tier("histogram",
-HistogramTier)`, as `main` below does.
+HistogramTier)`, as `demo` below does.
 
 Run: python examples/custom_tier.py [MODEL_DIR]   (default: the demo model)
 
