@@ -1,0 +1,96 @@
+"""Stop strings across piece boundaries: the streamed text is the generated text cut before the
+first stop string, whatever the pieces; the engine's generator is closed at the cut."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge0.server.backend import Generation
+from edge0.server.chat import plain_prompt
+from edge0.server.metrics import ServerMetrics
+from edge0.server.schemas import Message, Sampling
+
+
+class PieceDetokenizer:
+    """Token i decodes to PIECES[i]."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces, self.last = pieces, ""
+
+    def reset(self) -> None:
+        self.last = ""
+
+    def add_token(self, tok: int) -> None:
+        self.last += self.pieces[tok]
+
+    def finalize(self) -> None:
+        pass
+
+    @property
+    def last_segment(self) -> str:
+        out, self.last = self.last, ""
+        return out
+
+
+class FakeEngine:
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+        self.tokenizer: Any = type("T", (), {"detokenizer": PieceDetokenizer(pieces)})()
+        self.last_stats = None
+        self.pulled = 0
+        self.closed = False
+
+    async def tokens(self, ids: list[int], **kw: Any) -> Any:
+        try:
+            for i in range(len(self.pieces)):
+                self.pulled += 1
+                yield i
+        finally:
+            self.closed = True
+
+
+def run(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], Generation, FakeEngine]:
+    engine = FakeEngine(pieces)
+    backend: Any = type("B", (), {"engine": engine, "metrics": METRICS})()
+    gen = Generation(backend, "test", [1], Sampling(max_tokens=len(pieces), stop=stops))
+
+    async def main() -> list[str]:
+        return [p async for p in gen.deltas()]
+
+    return asyncio.run(main()), gen, engine
+
+
+METRICS = ServerMetrics()
+text = st.text(alphabet="ab\n", max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(text, min_size=1, max_size=8), st.lists(text.filter(bool), max_size=3))
+def test_stream_is_the_text_cut_before_the_first_stop(pieces: list[str], stops: list[str]) -> None:
+    out, gen, engine = run(pieces, tuple(stops))
+    full = "".join(pieces)
+    cuts = [(full.find(s), s) for s in stops if s in full]
+    want = full[: min(cuts)[0]] if cuts else full
+    assert "".join(out) == want and all(out)
+    assert engine.closed
+    if cuts:
+        assert gen.finish_reason == "stop_sequence" and gen.stop_sequence in stops
+        assert gen.stop_sequence is not None and full.find(gen.stop_sequence) == min(cuts)[0]
+    else:
+        assert gen.finish_reason == "length" and gen.completion_tokens == len(pieces)
+
+
+def test_generation_stops_pulling_tokens_at_the_stop_string() -> None:
+    out, gen, engine = run(["ab", "c", "EN", "D", "x", "y"], ("END",))
+    assert "".join(out) == "abc" and engine.pulled == 4 and engine.closed
+    assert gen.completion_tokens == 4
+
+
+def test_plain_chat_layout() -> None:
+    assert plain_prompt([Message("user", "def f():")]) == "def f():"
+    two = plain_prompt([Message("system", "Be brief."), Message("user", "hi")])
+    assert two == "system: Be brief.\n\nuser: hi\n\nassistant:"
