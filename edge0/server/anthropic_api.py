@@ -17,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge0.errors import Edge0Error
 from edge0.server import schemas
 from edge0.server.backend import Backend, Generation
 from edge0.server.http import (
@@ -25,7 +24,7 @@ from edge0.server.http import (
     error_body,
     open_stream,
     read_json,
-    status_of,
+    stream_error,
     unless_disconnected,
 )
 
@@ -69,9 +68,9 @@ async def _events(
                             "stop_sequence": gen.stop_sequence},
                      usage={"output_tokens": gen.completion_tokens})  # fmt: skip
         yield _event("message_stop")
-    except Edge0Error as exc:
-        status, _ = status_of(exc)
-        body = error_body(path, status, str(exc))
+    except Exception as exc:  # a failure after the first token: the error is the last event
+        status, _, message = stream_error(exc, path)
+        body = error_body(path, status, message)
         yield ServerSentEvent(event="error", data=json.dumps(body))
     finally:
         await rest.aclose()

@@ -61,6 +61,16 @@ def status_of(exc: Edge0Error) -> tuple[int, str | None]:
     return 500, None
 
 
+def stream_error(exc: Exception, path: str) -> tuple[int, str | None, str]:
+    """Status, code and message for an error that ends a stream already under way."""
+    if isinstance(exc, Edge0Error):
+        status, code = status_of(exc)
+        log.info("server.stream_failed", path=path, status=status, error=str(exc))
+        return status, code, str(exc)
+    log.exception("server.internal_error", path=path)
+    return 500, None, f"internal error: {type(exc).__name__}: {exc}"
+
+
 def api_route(
     handler: Callable[[Request], Coroutine[Any, Any, Response]],
 ) -> Callable[[Request], Awaitable[Response]]:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge0.errors import Edge0Error, RequestError
+from edge0.errors import RequestError
 from edge0.server import schemas
 from edge0.server.backend import Backend, Generation
 from edge0.server.http import (
@@ -21,7 +21,7 @@ from edge0.server.http import (
     error_body,
     open_stream,
     read_json,
-    status_of,
+    stream_error,
     unless_disconnected,
 )
 
@@ -105,9 +105,9 @@ async def _events(
         if include_usage:
             yield shape.usage_chunk(gen)
         yield "[DONE]"
-    except Edge0Error as exc:  # a failure after the first token: the error is the last event
-        status, code = status_of(exc)
-        yield json.dumps(error_body(path, status, str(exc), code=code))
+    except Exception as exc:  # a failure after the first token: the error is the last event
+        status, code, message = stream_error(exc, path)
+        yield json.dumps(error_body(path, status, message, code=code))
     finally:
         await rest.aclose()
 
