@@ -212,21 +212,28 @@ def test_stop_strings_cut_the_text(live: LiveServer, reference: Any) -> None:
     assert msg.content[0].text == reference(PROMPT, 16, chat=True).split(stop)[0]  # type: ignore[union-attr]
 
 
-def test_concurrent_clients_are_all_served_in_full(live: LiveServer, reference: Any) -> None:
+def test_concurrent_clients_are_served_in_full_in_arrival_order(
+    live: LiveServer, reference: Any
+) -> None:
     prompts = ["import os", "class Node:", "def main():", "# parse the"]
+    done: list[int] = []
 
-    async def one(client: openai.AsyncOpenAI, prompt: str) -> str:
+    async def one(client: openai.AsyncOpenAI, i: int) -> str:
+        await asyncio.sleep(0.2 * i)  # arrivals 200 ms apart
         stream = await client.completions.create(
-            model="edge0-demo", prompt=prompt, max_tokens=8, temperature=0, stream=True
+            model="edge0-demo", prompt=prompts[i], max_tokens=8, temperature=0, stream=True
         )
-        return "".join([c.choices[0].text async for c in stream])
+        text = "".join([c.choices[0].text async for c in stream])
+        done.append(i)
+        return text
 
     async def main() -> list[str]:
         client = openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0)
         async with client:
-            return await asyncio.gather(*(one(client, p) for p in prompts))
+            return await asyncio.gather(*(one(client, i) for i in range(len(prompts))))
 
     assert asyncio.run(main()) == [reference(p, 8, chat=False) for p in prompts]
+    assert done == sorted(done)  # first come, first served
     assert metric(live, "edge0_requests_in_flight") == 0
 
 
