@@ -80,6 +80,10 @@ def test_serve_errors_are_one_line(model: Path, tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["serve", str(tmp_path)])
     assert r.exit_code == 2 and r.exception is None or isinstance(r.exception, SystemExit)
     assert r.output.startswith("edge0: error: ") and "edge0 convert" in r.output
+    (tmp_path / "edge0.json").write_text('{"format_version": 1}')  # fails as the engine opens
+    r = CliRunner().invoke(main, ["serve", str(tmp_path), "--port", "0"])
+    assert r.exit_code == 2 and r.output.startswith("edge0: error: "), r.output
+    assert "edge0.json" in r.output and "Traceback" not in r.output
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -141,10 +141,12 @@ def command(
         run(server.serve(sockets=[sock]))
     except KeyboardInterrupt:
         pass
+    except SystemExit:  # uvicorn's exit when the lifespan (opening the engine) failed
+        error = getattr(app.state, "startup_error", None)
+        if isinstance(error, Edge0Error):
+            raise error from None  # one line (the CLI's handler); uvicorn logged nothing
+        raise  # anything else: uvicorn has logged its traceback
     finally:
         sock.close()
         logging.getLogger("uvicorn.error").removeFilter(quiet)
-    error = getattr(app.state, "startup_error", None)
-    if error is not None:
-        raise error
     click.echo("edge0 serve: stopped", err=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge0.errors import RequestError
 from edge0.server.schemas import Message
 
 
@@ -22,8 +23,13 @@ def plain_prompt(messages: list[Message]) -> str:
 def chat_ids(tokenizer: Any, messages: list[Message]) -> list[int]:
     """Token ids of the conversation, ready for the assistant's reply."""
     if getattr(tokenizer, "has_chat_template", False):
-        ids = tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt=True
-        )
+        try:
+            ids = tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=True,
+            )
+        except Exception as exc:  # templates raise on roles or orders they do not take
+            raise RequestError(f"the model's chat template refused these messages: {exc}",
+                               param="messages") from None  # fmt: skip
         return [int(i) for i in ids]
     return [int(i) for i in tokenizer.encode(plain_prompt(messages))]

@@ -1,16 +1,19 @@
-"""Stop strings across piece boundaries: the streamed text is the generated text cut before the
-first stop string, whatever the pieces; the engine's generator is closed at the cut."""
+"""Server units: stop strings across piece boundaries (the streamed text is the generated text
+cut before the first stop string, whatever the pieces; the engine's generator is closed at the
+cut), and chat messages to prompt ids (template, plain layout, a template that refuses)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edge0.errors import RequestError
 from edge0.server.backend import Generation
-from edge0.server.chat import plain_prompt
+from edge0.server.chat import chat_ids, plain_prompt
 from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Message, Sampling
 
@@ -94,3 +97,21 @@ def test_plain_chat_layout() -> None:
     assert plain_prompt([Message("user", "def f():")]) == "def f():"
     two = plain_prompt([Message("system", "Be brief."), Message("user", "hi")])
     assert two == "system: Be brief.\n\nuser: hi\n\nassistant:"
+
+
+class TemplateTokenizer:
+    has_chat_template = True
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kw: Any) -> list[int]:
+        assert kw == {"add_generation_prompt": True}
+        if messages[0]["role"] == "system":
+            raise ValueError("System role not supported")
+        return [len(m["content"]) for m in messages]
+
+
+def test_chat_template_and_its_refusals() -> None:
+    tok = TemplateTokenizer()
+    assert chat_ids(tok, [Message("user", "abc"), Message("assistant", "de")]) == [3, 2]
+    with pytest.raises(RequestError, match="chat template refused.*System role") as info:
+        chat_ids(tok, [Message("system", "x"), Message("user", "y")])
+    assert info.value.status == 400 and info.value.param == "messages"
