@@ -25,8 +25,6 @@ from edge0.layout.atomic import atomic_directory, check_destination, check_free_
 from edge0.layout.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
-    ZSTD_FILE,
-    ZSTD_INDEX_FILE,
     Manifest,
 )
 from edge0.layout.model import build_float_model
@@ -213,15 +211,6 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     with atomic_directory(dst, opts.force) as tmp:
         config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
         writer = _write_experts(source, shape, spec, params, tmp, opts)
-        compression = None
-        if opts.compress == "zstd":
-            compression = {
-                "codec": "zstd",
-                "level": opts.zstd_level,
-                "file": ZSTD_FILE,
-                "index": ZSTD_INDEX_FILE,
-                "bytes": writer.zstd_bytes,
-            }
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             model_type=config["model_type"],
@@ -233,7 +222,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
             data_offset=0,
             fields=spec.fields,
             crc32=tuple(writer.crc32),
-            compression=compression,
+            compression=writer.compression(),
         )
         _copy_side_files(src, tmp, config)
         manifest.save(tmp)  # last: a directory without edge0.json is never taken for valid

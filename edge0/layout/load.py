@@ -14,11 +14,12 @@ import numpy as np
 from edge0.errors import CheckpointError
 from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, Manifest
 from edge0.layout.model import build_float_model
-from edge0.layout.quant import switch_modules
+from edge0.layout.quant import quantize_stored, switch_modules
 from edge0.layout.records import PROJECTIONS, field_views
 from edge0.layout.safetensors_io import MX_DTYPES
 from edge0.layout.verify import check_files
 from edge0.log import get_logger
+from edge0.model.loaded import LoadedModel, activation_dtype, load_tokenizer
 
 log = get_logger(__name__)
 _FIX = "run `edge0 verify` on it or re-run `edge0 convert`"
@@ -26,24 +27,11 @@ _FIX = "run `edge0 verify` on it or re-run `edge0 convert`"
 
 def _quantize(model: nn.Module, manifest: Manifest, weights: dict[str, mx.array]) -> None:
     """Make quantized layers where mlx-lm's loader would, and every expert stack."""
-    from mlx_lm.utils import infer_quant_config
-
-    experts = {f"{p}.{proj}" for p, _ in switch_modules(model).values() for proj in PROJECTIONS}
-    per_path = manifest.config.get("quantization") or {}
     q = manifest.quantization
-
-    def predicate(path: str, module: nn.Module) -> bool | dict[str, Any]:
-        if path in experts:
-            return {"group_size": q["group_size"], "bits": q["bits"], "mode": q["mode"]}
-        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
-            return False
-        if isinstance(per_path.get(path), dict):
-            return {"mode": "affine", **per_path[path]}
-        return dict(infer_quant_config(path, module, weights))
-
-    nn.quantize(
-        model, group_size=q["group_size"], bits=q["bits"], mode=q["mode"], class_predicate=predicate
-    )
+    experts = {f"{p}.{proj}" for p, _ in switch_modules(model).values() for proj in PROJECTIONS}
+    settings = {"group_size": q["group_size"], "bits": q["bits"], "mode": q["mode"]}
+    per_layer = manifest.config.get("quantization") or {}
+    quantize_stored(model, {**per_layer, **q}, weights, fixed=dict.fromkeys(experts, settings))
 
 
 def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
@@ -101,14 +89,12 @@ def load_layout(
         experts: "resident" reads every expert record (CRC-checked) into the model's
             QuantizedSwitchLinear stacks, so it runs exactly like mlx-lm's int4 model;
             "none" leaves the stacks empty (shape (0, ...)) for the streaming runtime.
-        dtype: "auto" casts float parameters to `edge0.model.loader.activation_dtype()` as
+        dtype: "auto" casts float parameters to `edge0.model.loaded.activation_dtype()` as
             `edge0.load` does (fp32 on CPU); None keeps the stored dtypes (as mlx-lm).
 
     Returns:
-        edge0.model.loader.LoadedModel with source_format "edge0".
+        edge0.model.loaded.LoadedModel with source_format "edge0".
     """
-    from edge0.model.loader import LoadedModel, activation_dtype, load_tokenizer
-
     if experts not in ("resident", "none"):
         raise ValueError(f"experts must be 'resident' or 'none', not {experts!r}")
     start = time.perf_counter()
