@@ -17,10 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import KEY, TIERS, LiveServer, demo_model
 
+from edge0.model.generate import SamplingSettings
 from edge0.runtime.engine import SyncEngine
 from edge0.server.app import ServerConfig
-from edge0.server.backend import sampling_settings
-from edge0.server.schemas import Sampling
 
 PROMPT = "def parse(s):"
 HOT = {"temperature": 0.9, "top_p": 0.95, "seed": 7}
@@ -54,7 +53,7 @@ def ref_engine(model: Path) -> Iterator[SyncEngine]:
 
 @pytest.fixture(scope="module")
 def reference(ref_engine: SyncEngine) -> Any:
-    """Engine.generate's text for a prompt, with the sampling a request asks for."""
+    """Engine.generate's text for a prompt, with the same sampling settings (and seed)."""
     cache: dict[Any, str] = {}
 
     def ref(
@@ -67,9 +66,7 @@ def reference(ref_engine: SyncEngine) -> Any:
     ) -> str:
         key = (prompt, n, chat, temperature, top_p, seed)
         if key not in cache:
-            settings = sampling_settings(
-                Sampling(max_tokens=n, temperature=temperature, top_p=top_p, seed=seed)
-            )
+            settings = SamplingSettings(max_tokens=n, temp=temperature, top_p=top_p, seed=seed)
             pieces = ref_engine.generate(prompt, max_tokens=n, sampling=settings, chat=chat)
             cache[key] = "".join(p for p in pieces if isinstance(p, str))
         return cache[key]

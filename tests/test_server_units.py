@@ -18,31 +18,20 @@ from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Message, Sampling
 
 
-class PieceDetokenizer:
-    """Token i decodes to PIECES[i]."""
+class PieceTokenizer:
+    """Token i decodes to PIECES[i] (what TextStream needs: `decode`)."""
 
     def __init__(self, pieces: list[str]) -> None:
-        self.pieces, self.last = pieces, ""
+        self.pieces = pieces
 
-    def reset(self) -> None:
-        self.last = ""
-
-    def add_token(self, tok: int) -> None:
-        self.last += self.pieces[tok]
-
-    def finalize(self) -> None:
-        pass
-
-    @property
-    def last_segment(self) -> str:
-        out, self.last = self.last, ""
-        return out
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids)
 
 
 class FakeEngine:
     def __init__(self, pieces: list[str]) -> None:
         self.pieces = pieces
-        self.tokenizer: Any = type("T", (), {"detokenizer": PieceDetokenizer(pieces)})()
+        self.tokenizer = PieceTokenizer(pieces)
         self.last_stats = None
         self.pulled = 0
         self.closed = False

@@ -1,10 +1,10 @@
 """The server's side of the engine: prompts to token ids, one Generation per request.
 
 A Generation streams the text of one request from `Engine.tokens`, detokenized
-the way `Engine.generate` does it, holds back text that may begin a stop string,
-counts usage and reports the request to the metrics when it ends. Its engine
-generator is always closed (stop string, error, client gone), so the engine moves
-on to the next request at once.
+the way `Engine.generate` does it (a TextStream per request), holds back text that
+may begin a stop string, counts usage and reports the request to the metrics when
+it ends. Its engine stream is always closed (stop string, error, client gone),
+which cancels the request in the engine after the step in flight.
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
-import attrs
-import mlx.core as mx
-
 from edge0.errors import RequestError, TierReadError
-from edge0.model.generate import SamplingSettings, encode_prompt
+from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
 from edge0.runtime.engine import Engine
 from edge0.runtime.summary import RunStats
 from edge0.server.chat import chat_ids
@@ -27,30 +24,11 @@ from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Sampling, TextRequest
 
 
-@attrs.frozen
-class SeededSampling(SamplingSettings):
-    """SamplingSettings whose sampler seeds MLX's generator (on the compute thread, where
-    sampling runs) at its first call, so one seed gives one text whatever ran before."""
-
-    def sampler(self) -> Callable[[mx.array], mx.array]:
-        inner = SamplingSettings.sampler(self)
-        if self.seed is None or self.temp == 0:
-            return inner
-        seed, fresh = self.seed % (1 << 64), [True]
-
-        def sample(logits: mx.array) -> mx.array:
-            if fresh:
-                mx.random.seed(seed)
-                fresh.clear()
-            return inner(logits)
-
-        return sample
-
-
 def sampling_settings(s: Sampling) -> SamplingSettings:
     """The engine's sampling settings for a request's."""
-    return SeededSampling(max_tokens=s.max_tokens or 1 << 30, temp=s.temperature,
-                          top_p=s.top_p, top_k=s.top_k, seed=s.seed)  # fmt: skip
+    seed = None if s.seed is None else s.seed % (1 << 64)  # the APIs allow negative seeds
+    return SamplingSettings(max_tokens=s.max_tokens or 1 << 30, temp=s.temperature,
+                            top_p=s.top_p, top_k=s.top_k, seed=seed)  # fmt: skip
 
 
 def _stop_cut(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
@@ -90,8 +68,7 @@ class Generation:
     async def deltas(self) -> AsyncIterator[str]:
         """The new text, piece by piece (never an empty piece)."""
         engine, stops = self.backend.engine, self.sampling.stop
-        detok = engine.tokenizer.detokenizer  # a fresh copy per request
-        detok.reset()
+        detok = TextStream(engine.tokenizer)
         before, pending = engine.last_stats, ""
         self.backend.metrics.started()
         try:
@@ -102,8 +79,7 @@ class Generation:
                     if self.first_token_s is None:
                         self.first_token_s = time.perf_counter() - self.started
                     self.completion_tokens += 1
-                    detok.add_token(tok)
-                    pending += detok.last_segment
+                    pending += detok.add(tok)
                     if self._cut_at_stop(pending):
                         break
                     keep = _held(pending, stops) if stops else 0
@@ -114,8 +90,7 @@ class Generation:
             if self.finish_reason == "stop_sequence":
                 pending = pending[: self._stop_at]
             else:
-                detok.finalize()
-                pending += detok.last_segment
+                pending += detok.flush()
                 if self._cut_at_stop(pending):
                     pending = pending[: self._stop_at]
             if pending:
@@ -129,8 +104,11 @@ class Generation:
                 self.backend.metrics.tier_error()
             raise
         finally:
+            # the worker sets last_stats just before it ends a stream; a stream we closed
+            # (stop string, client gone) gets its stats later, and they are not ours to read
+            natural = self.finish_reason in ("", "error")
             stats = engine.last_stats
-            self.stats = stats if stats is not before else None
+            self.stats = stats if natural and stats is not before else None
             if not self.finish_reason:  # the engine's: stop (end of sequence) or length
                 self.finish_reason = self.stats.finish_reason if self.stats else "length"
             self.backend.metrics.finished(self)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from edge0.errors import Edge0Error, PromptError, RequestError, TierReadError
+from edge0.errors import ConfigError, Edge0Error, PromptError, RequestError, TierReadError
 from edge0.log import get_logger
 
 log = get_logger("edge0.server")
@@ -54,7 +54,7 @@ def status_of(exc: Edge0Error) -> tuple[int, str | None]:
     """HTTP status and error code for an Edge0Error raised while serving a request."""
     if isinstance(exc, RequestError):
         return exc.status, exc.code
-    if isinstance(exc, PromptError):
+    if isinstance(exc, PromptError | ConfigError):  # at request time: the prompt or sampling
         return 400, None
     if isinstance(exc, TierReadError):
         return 500, "tier_error"
