@@ -1,4 +1,4 @@
-"""The official `openai` client talking to `edge0 serve`: list models, stream a chat reply, then
+r"""The official `openai` client talking to `edge0 serve`: list models, stream a chat reply, then
 one plain completion with its token usage.
 
 With no argument it starts `edge0 serve` on the demo model itself (a subprocess on a
@@ -11,10 +11,22 @@ free loopback port, stopped at the end); with a URL it talks to that server inst
     completion: <text> | usage: prompt N, completion M, total N+M tokens
 
 Run: python examples/openai_client.py [http://127.0.0.1:8080]   (needs `pip install openai`)
+
+ci-run:
+ci-run: http://127.0.0.1:{port}
+ci-serve: edge0 serve {model} --port {port}
+ci-expect: ^server: http://127\.0\.0\.1:\d+/v1 \((started here|given)\)$
+ci-expect: ^models: \S+
+ci-expect: ^chat \(streamed\): 
+ci-expect: ^completion: .* \| usage: prompt \d+, completion \d+, total \d+ tokens$
+ci-bad-args: --no-such-option
+ci-bad-args: not-a-url
+ci-bad-args: http://127.0.0.1:9
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -72,12 +84,20 @@ def talk(base_url: str, how: str) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        url = sys.argv[1].rstrip("/")
-        talk(url if url.endswith("/v1") else url + "/v1", "given")
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("url", nargs="?", help="a running edge0 serve (default: start one here)")
+    url = p.parse_args().url
+    if url is None:
+        with edge0_server() as started:
+            talk(started, "started here")
         return
-    with edge0_server() as url:
-        talk(url, "started here")
+    if not re.match(r"https?://[^/]+", url):
+        p.error(f"URL {url!r} is not an http:// or https:// address")
+    url = url.rstrip("/")
+    try:
+        talk(url if url.endswith("/v1") else url + "/v1", "given")
+    except openai.APIConnectionError as exc:
+        p.error(f"cannot reach {url}: {exc}")
 
 
 if __name__ == "__main__":
