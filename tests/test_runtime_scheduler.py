@@ -143,4 +143,5 @@ def test_route_with_oracle_reads_nothing_on_demand_while_decoding(store: Path) -
     assert stats.tickets_wasted == 0 and stats.tickets_failed == 0
     # demand reads only happen while the prompt runs (first step has no prediction)
     assert reads.demand <= len(PROMPT) * 4 * 2
-    assert stats.slot_hit_rate > 0.8
+    # prompt steps before the last prefetch nothing; every read is used by compute
+    assert reads.prefetch > 0 and reads.consumed == reads.issued

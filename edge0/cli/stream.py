@@ -42,6 +42,9 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "as JSON lines in this file."),
         click.option("--io-workers", type=click.IntRange(1), default=2, show_default=True,
                      help="Concurrent tier reads."),
+        click.option("--sync-every", type=click.IntRange(1), default=None,
+                     help="Route mode: evaluate the layers' predictions every G layers "
+                          "(host syncs per token ~ layers/G) [default: 4]."),
         click.option("--adapter/--no-adapter", default=True, show_default=True,
                      help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
     ]  # fmt: skip
@@ -78,7 +81,7 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             top_k=runtime["route_top_k"], predictor=predictor,
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
-            adapter=runtime["adapter"],
+            adapter=runtime["adapter"], sync_every=runtime["sync_every"],
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

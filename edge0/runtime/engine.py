@@ -59,7 +59,8 @@ class Engine:
         mode="route" (resident, reactive, hint, route), top_k=None (the model's),
         predictor=None (heads when prerouter.safetensors exists, else init; or
         oracle, temporal), memory_budget=None ("3GiB"), trace=None (a .json path),
-        first_layer="resident" (or "wrap", "reactive"), io_workers=2.
+        first_layer="resident" (or "wrap", "reactive"), io_workers=2,
+        sync_every=None (route: layers per host sync).
         """
         if not structlog.is_configured():  # a library stays quiet unless the app configures logs
             edge0_log.configure("warning")
@@ -172,7 +173,7 @@ class Engine:
             io_at_decode: float | None = None
             bytes_at_decode: int | None = None
             try:
-                tok = await self._compute.run(lambda: runner.prefill(ids))
+                tok = await self._compute.run(lambda: runner.prefill(ids, max_tokens > 1))
                 t1 = time.perf_counter()
                 stats.prefill_s = t1 - t0
                 if sched is not None:
@@ -189,13 +190,15 @@ class Engine:
                     if n >= max_tokens:
                         stats.finish_reason = "length"
                         break
-                    tok = await self._compute.run(functools.partial(runner.feed, tok, False))
+                    more = n + 1 < max_tokens  # else no prefetch: no step uses it
+                    tok = await self._compute.run(functools.partial(runner.feed, tok, False, more))
                     stats.decode_steps += 1
                 stats.decode_s = time.perf_counter() - t1
             except Exception:
                 stats.finish_reason = "error"
                 raise
             finally:
+                self._compute.submit(runner.finish)  # after its last step: cancel queued prefetches
                 self._finish(stats, first_record, reads0, io_at_decode, bytes_at_decode)
 
     def _finish(

@@ -226,6 +226,18 @@ class Scheduler:
             self.table.clear_failed()
             self._errors.clear()
 
+    def end_request(self) -> int:
+        """The request ended: its prefetches still queued are cancelled, never read."""
+        n = 0
+        with self._lock:
+            for t in self._loader.values():
+                if t.outcome == "queued" and t.kind == PREFETCH and t.step > self.now:
+                    t.outcome = "cancelled"
+                    self.table[t.layer].clear(t.slot)
+                    n += 1
+            self.stats.cancelled += n
+        return n
+
     def begin_step(self, step: int) -> None:
         """Compute starts `step`: every graph of earlier steps has been evaluated (the fence)."""
         with self._lock:

@@ -24,6 +24,7 @@ from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotTable
 from edge0.runtime.stats import current_rss_bytes
 from edge0.runtime.steps import MODES, Steps
+from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import Tier
@@ -33,6 +34,7 @@ KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves
 # first streamed layer: its experts resident in memory; predicted by the last layer's
 # wrap-around head; or routed and read on demand (docs/runtime.md has the measurements)
 FIRST_LAYER = ("resident", "wrap", "reactive")
+SYNC_EVERY = 4  # route mode: layers per host sync (docs/benchmarks/runtime.md)
 
 
 @attrs.frozen
@@ -47,6 +49,7 @@ class EngineOptions:
     trace: str | Path | None = None  # Chrome trace JSON written at close
     first_layer: str = "resident"  # resident | wrap | reactive (FIRST_LAYER)
     io_workers: int = 2
+    sync_every: int | None = None  # route: host syncs every G layers (None: SYNC_EVERY)
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
@@ -64,6 +67,8 @@ class EngineOptions:
             )
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.sync_every is not None and self.sync_every < 1:
+            raise ConfigError(f"--sync-every must be at least 1, got {self.sync_every}")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
 
@@ -135,6 +140,9 @@ def prepare(
         steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
     if opts.record_routing:
         steps.recording = {}
+    sync_every = opts.sync_every or SYNC_EVERY
+    if opts.mode == "route" and sync_every > 1:
+        steps.groups = SyncGroups(sync_every, steps)
     stream_cls = RoutedStream if opts.mode == "route" else LayerStream
     quant = manifest.quantization
     streams: dict[int, LayerStream] = {}
