@@ -159,7 +159,7 @@ class LayerStream:
         steps = self.steps
         true: list[int] | None = None
         if work.true_inds is not None:
-            true = work.true_inds.reshape(-1).tolist()  # type: ignore[assignment]
+            true = work.true_inds.tolist()[0][0]  # type: ignore[index,assignment]  # (1, 1, K)
         experts = work.experts if work.experts is not None else true
         assert experts is not None
         if steps.recording is not None and true is not None:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import attrs
@@ -117,6 +118,7 @@ class Scheduler:
         self._queue: TicketQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight = 0
+        self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
         self._closed = False
         self._busy_since = 0.0
         self._intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1 << 18)
@@ -261,9 +263,23 @@ class Scheduler:
         return res.slot, t
 
     def _submit(self, tickets: list[FetchTicket]) -> None:
-        if tickets:
-            assert self._loop is not None, "Scheduler.start() was not awaited"
-            self._loop.call_soon_threadsafe(self._enqueue, tickets)
+        if not tickets:
+            return
+        if self._held is not None:  # inside `batched()`: one wake-up at its end
+            self._held.extend(tickets)
+            return
+        assert self._loop is not None, "Scheduler.start() was not awaited"
+        self._loop.call_soon_threadsafe(self._enqueue, tickets)
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Prefetches issued inside reach the tier workers together: one event-loop wake-up."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            self._submit(held)
 
     def prefetch(self, layer: int, step: int, experts: list[int]) -> int:
         """Stage `experts` of `layer` for `step` (one ahead); returns how many reads were issued."""

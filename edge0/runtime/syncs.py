@@ -12,6 +12,7 @@ anyway, and at the step fence together with the step's own outputs.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import attrs
@@ -60,8 +61,10 @@ class SyncGroups:
         """Start evaluating the pending group; complete the group launched before it."""
         self.complete()
         arrays = [a for w in self.pending for a in w.arrays()]
-        if arrays:
+        if arrays:  # graph walk and scheduling happen on this thread: MLX's work, as an eval
+            t0, c0 = time.perf_counter(), time.thread_time()
             mx.async_eval(arrays)
+            self.steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
         self.inflight, self.pending = self.pending, []
 
     def complete(self) -> None:
@@ -81,5 +84,7 @@ class SyncGroups:
         mx.eval([a for w in group for a in w.arrays()] + extra)
         steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
         steps.cur.syncs += 1
-        for work in group:
-            work.stream.finish(work)
+        batch = steps.scheduler.batched() if steps.scheduler is not None else nullcontext()
+        with batch:  # the group's prefetches wake the tier workers once
+            for work in group:
+                work.stream.finish(work)
