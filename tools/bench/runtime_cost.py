@@ -78,12 +78,12 @@ COLUMNS = (
 
 
 def run_variant(tree: Path, model: str, mode: str, group: int | None, tiers: str,
-                tokens: int, prompt_len: int, clients: int,
+                tokens: int, prompt_len: int, clients: int, prompts: int = 4,
                 profile: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     opts: dict[str, Any] = {"mode": mode, "tiers": tiers}
     if group is not None:
         opts["sync_every"] = group
-    args = {"model": model, "opts": opts, "prompts": list(PROMPTS), "tokens": tokens,
+    args = {"model": model, "opts": opts, "prompts": list(PROMPTS[:prompts]), "tokens": tokens,
             "prompt_len": prompt_len, "clients": clients, "profile": profile}  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree))
     proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=tree, env=env,
@@ -110,12 +110,13 @@ def parse_variant(text: str, trees: dict[str, Path]) -> tuple[str, Path, str, in
 @click.option("--tokens", default=24, show_default=True, help="Decode tokens per request.")
 @click.option("--prompt-len", default=8, show_default=True)
 @click.option("--clients", default=1, show_default=True, help="Concurrent requests (<= 4).")
+@click.option("--prompts", default=4, show_default=True, help="Measured requests (<= 4).")
 @click.option("--tiers", default="ram:1GiB>pread", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
               help="Write a cProfile of each variant's compute thread (last round) here.")
 def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, tokens: int,
-         prompt_len: int, clients: int, tiers: str, json_out: str | None,
+         prompt_len: int, clients: int, prompts: int, tiers: str, json_out: str | None,
          profile_dir: str | None) -> None:  # fmt: skip
     trees = {"now": Path(__file__).resolve().parents[2]}
     for spec in tree_specs:
@@ -131,7 +132,7 @@ def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, to
                 Path(profile_dir).mkdir(parents=True, exist_ok=True)
                 prof = str(Path(profile_dir, label.replace(":", "-") + ".prof").resolve())
             runs[label].append(run_variant(tree, model, mode, group, tiers, tokens, prompt_len,
-                                           clients, prof))  # fmt: skip
+                                           clients, prompts, prof))  # fmt: skip
             load.append(os.getloadavg()[0])
             click.echo(f"round {r + 1} {label}: done (load {load[-1]:.1f})", err=True)
     header = ["variant", "requests", *[c[0] for c in COLUMNS], "wasted / issued tickets"]
