@@ -12,6 +12,7 @@ import mlx.nn as nn
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
+from edge0.model.loader import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.routing.families import family_for
 from edge0.routing.predictors import NAMES, Predictor, make_predictor
@@ -21,7 +22,7 @@ from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, work
 from edge0.runtime.runner import MODES, StreamContext
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import SlotMemory
-from edge0.runtime.slots import SlotTable
+from edge0.runtime.slots import SlotPool, pool_size
 from edge0.runtime.stats import current_rss_bytes
 from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
@@ -100,7 +101,7 @@ def _set_top_k(block: nn.Module, k: int) -> None:
 def prepare(
     model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
     tracer: Tracer,
-) -> tuple[StreamContext, SlotMemory | None, SlotTable | None]:  # fmt: skip
+) -> tuple[StreamContext, SlotMemory | None, SlotPool | None]:  # fmt: skip
     """On the compute thread: predictor, slot memory, streaming blocks (model changed in place)."""
     blocks = sparse_blocks(model)
     layers = [i for i, _, _ in blocks]
@@ -122,9 +123,9 @@ def prepare(
         )  # fmt: skip
     keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
     streamed = [i for i in layers if i not in keep]
-    n_slots = 2 * k
-    memory = SlotMemory(manifest, streamed, n_slots)
-    table = SlotTable(streamed, n_slots)
+    n_slots = pool_size(k, len(streamed))
+    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+    table = SlotPool(streamed, n_slots)
     ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
                         predictor=predictor)  # fmt: skip
     if predictor is not None:  # heads only for layers that are streamed
@@ -174,7 +175,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
         spec = apply_to_spec(spec, setup.memory_plan.cache)
         log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec)
     setup.tier = open_tiers(spec, path, manifest)
-    layers = list(table.layers)
+    layers = list(table.order)
     if not layers:
         return setup  # nothing streamed (a single MoE layer kept resident)
     setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
