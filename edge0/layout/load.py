@@ -71,7 +71,8 @@ def cast_params(model: nn.Module, dtype: mx.Dtype, keep: bool) -> None:
     """Float parameters to `dtype` (lazily), except those `keeps_dtype` keeps when `keep`."""
     modules = dict(model.named_modules())
     updates = []
-    for name, value in tree_flatten(model.parameters()):
+    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for name, value in flat:
         if not mx.issubdtype(value.dtype, mx.floating) or value.dtype == dtype:
             continue
         path, _, leaf = name.rpartition(".")
@@ -91,10 +92,10 @@ def resident_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> int:
     modules = dict(model.named_modules())
     total = 0
     for name, m in meta.items():
-        path, _, leaf = name.rpartition(".")
+        where, _, leaf = name.rpartition(".")
         target = m.dtype
         if mx.issubdtype(m.dtype, mx.floating) and not keeps_dtype(
-            modules.get(path), leaf, m.dtype, dtype
+            modules.get(where), leaf, m.dtype, dtype
         ):
             target = dtype
         total += int(np.prod(m.shape, dtype=np.int64)) * target.size
@@ -205,7 +206,8 @@ def load_layout(
         cast_params(model, dtype, keep=True)
     elif dtype is not None:
         cast_params(model, dtype, keep=False)
-    for _, value in tree_flatten(model.parameters()):  # one at a time: sources freed as we go
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for _, value in params:  # one at a time: each source is freed once cast
         mx.eval(value)
     mx.clear_cache()  # the freed load buffers are not kept by MLX's allocator
     config = manifest.config
