@@ -153,6 +153,14 @@ class Engine:
                 f"the prompt is {len(ids)} tokens but {self.setup.path / 'config.json'} allows "
                 f"{context} (max_position_embeddings); shorten the prompt"
             )
+        if self.setup.memory_plan is not None:  # the KV cache was planned for this many tokens
+            context = min(context, self.options.context)
+            if len(ids) >= context:
+                raise PromptError(
+                    f"the prompt is {len(ids)} tokens but the memory budget was planned for a "
+                    f"context of {context}; shorten the prompt or open the engine with a larger "
+                    "context= (--context)"
+                )
         max_tokens = min(max_tokens, context - len(ids))
         sampler = (sampling or SamplingSettings()).sampler()
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else set()
