@@ -113,8 +113,10 @@ async def probe(path: str, tokens: int, opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--memory-budget", default=None)
 @click.option("--tokens", default=4, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
-def main(model: str, mode: str, top_k: int | None, first_layer: str, predictor: str | None,
-         tiers: str, memory_budget: str | None, tokens: int, json_out: str | None) -> None:  # fmt: skip
+def main(
+    model: str, mode: str, top_k: int | None, first_layer: str, predictor: str | None,
+    tiers: str, memory_budget: str | None, tokens: int, json_out: str | None,
+) -> None:  # fmt: skip
     """Decode a few tokens of MODEL and print where the memory is."""
     opts = {"mode": mode, "top_k": top_k, "first_layer": first_layer, "predictor": predictor,
             "tiers": tiers, "memory_budget": memory_budget}  # fmt: skip
