@@ -73,3 +73,19 @@ def test_lean_init_heads_predict_what_full_init_heads_do(store: Path) -> None:
 
 def _nbytes_heads(heads: PrerouterSet) -> int:
     return sum(_nbytes(h) for h in heads.heads.values())
+
+
+def test_dequantized_copies_do_not_see_the_kept_dtype(store: Path) -> None:
+    """Router copies (init heads) and LoRA merges dequantize as with all-fp32 weights."""
+    from edge0.model.merge import _dequantized
+    from edge0.routing.prerouter import moe_blocks, router_weight
+
+    lean = load_layout(store, experts="none").model
+    wide = load_layout(store, experts="none", dtype=mx.float32).model
+    for (_, a), (_, b) in zip(moe_blocks(lean), moe_blocks(wide), strict=True):
+        assert mx.array_equal(router_weight(a), router_weight(b)).item()
+    lin = {k: m for k, m in lean.named_modules() if k.endswith("self_attn.o_proj")}
+    ref = dict(wide.named_modules())
+    assert lin
+    for k, m in lin.items():
+        assert mx.array_equal(_dequantized(m), _dequantized(ref[k])).item()

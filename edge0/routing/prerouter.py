@@ -120,9 +120,13 @@ def router_weight(block: nn.Module) -> mx.array:
     """The (E, d) router weight of a sparse block, dequantized when the router is quantized."""
     gate = block.gate
     if isinstance(gate, nn.QuantizedLinear):
+        from edge0.model.loaded import activation_dtype
+
+        wide = activation_dtype(gate.scales.dtype)  # scales may be kept narrower (layout.load)
         return mx.dequantize(
-            gate.weight, gate.scales, gate.biases, gate.group_size, gate.bits, mode=gate.mode
-        ).astype(mx.float32)
+            gate.weight, gate.scales.astype(wide), gate.biases.astype(wide), gate.group_size,
+            gate.bits, mode=gate.mode,
+        ).astype(mx.float32)  # fmt: skip
     return gate.weight.astype(mx.float32)
 
 
