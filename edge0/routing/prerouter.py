@@ -123,9 +123,11 @@ def router_weight(block: nn.Module) -> mx.array:
         from edge0.model.loaded import activation_dtype
 
         wide = activation_dtype(gate.scales.dtype)  # scales may be kept narrower (layout.load)
+        biases = gate.get("biases")
         return mx.dequantize(
-            gate.weight, gate.scales.astype(wide), gate.biases.astype(wide), gate.group_size,
-            gate.bits, mode=gate.mode,
+            gate.weight, gate.scales.astype(wide),
+            biases.astype(wide) if biases is not None else None, gate.group_size, gate.bits,
+            mode=gate.mode,
         ).astype(mx.float32)  # fmt: skip
     return gate.weight.astype(mx.float32)
 
