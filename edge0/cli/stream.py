@@ -41,6 +41,7 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
             adapter=runtime["adapter"], sync_every=runtime["sync_every"],
+            context=runtime["context"],
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

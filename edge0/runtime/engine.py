@@ -172,6 +172,14 @@ class Engine:
                 f"the prompt is {len(ids)} tokens but {self.setup.path / 'config.json'} allows "
                 f"{context} (max_position_embeddings); shorten the prompt"
             )
+        if self.setup.memory_plan is not None:  # the KV cache was planned for this many tokens
+            context = min(context, self.options.context)
+            if len(ids) >= context:
+                raise PromptError(
+                    f"the prompt is {len(ids)} tokens but the memory budget was planned for a "
+                    f"context of {context}; shorten the prompt or open the engine with a larger "
+                    "context= (--context)"
+                )
         if self._worker is None or self._worker.done():
             raise EngineClosedError("the engine is closed; open a new one with Engine.open")
         eos = (getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else []
