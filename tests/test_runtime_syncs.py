@@ -86,7 +86,7 @@ def test_end_request_cancels_queued_prefetches(store: Path) -> None:
             sched = eng.setup.scheduler
             reads_before = len(tier.reads)
             layer = eng.setup.manifest.moe_layers[-1]
-            absent = [e for e in range(8) if e not in sched.table[layer].where][:2]
+            absent = [e for e in range(8) if e not in sched.table.layers[layer]][:2]
             assert sched.prefetch(layer, sched.now + 1, absent) == 2
             cancelled = sched.end_request()
             await asyncio.sleep(0.2)

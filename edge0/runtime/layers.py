@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
+from edge0.runtime.scheduler import FenceNeeded
 from edge0.runtime.syncs import Deferred
 
 if TYPE_CHECKING:
@@ -54,7 +55,14 @@ class SlotExperts:
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         steps = self.steps
         t0, c0 = time.perf_counter(), time.thread_time()
-        slots = self.scheduler.acquire(self.layer, steps.step, experts)
+        groups = steps.groups
+        fenced = groups is None or not groups.busy  # else earlier layers' graphs may be pending
+        try:
+            slots = self.scheduler.acquire(self.layer, steps.step, experts, fenced)
+        except FenceNeeded:
+            assert groups is not None
+            groups.flush([])  # evaluates up to this layer's input: earlier slots are free
+            slots = self.scheduler.acquire(self.layer, steps.step, experts)
         steps.span("wait", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
         return mx.array(slots, dtype=mx.uint32).reshape(inds.shape)  # (1, 1, K) slot indices
 

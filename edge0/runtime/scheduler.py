@@ -36,6 +36,10 @@ T = TypeVar("T")
 log = get_logger("edge0.runtime.scheduler")
 
 
+class FenceNeeded(Exception):
+    """acquire found the pool full of slots that unevaluated graphs may still read."""
+
+
 class ComputeThread:
     """One thread that runs every MLX job, in submission order.
 
@@ -314,15 +318,27 @@ class Scheduler:
             self._submit(new)
         return len(new)
 
-    def acquire(self, layer: int, step: int, experts: list[int]) -> list[int]:
+    def evaluated(self, step: int, layer: int) -> None:
+        """Compute evaluated every graph of `step` before `layer` (their slots may be reused)."""
+        order = self.order.get(layer)
+        if order is None:
+            return
+        with self._cond:
+            self.table.advance(step, order - 1)
+            self._cond.notify_all()
+
+    def acquire(self, layer: int, step: int, experts: list[int], fenced: bool = True) -> list[int]:
         """Slots holding `experts` of `layer`, ready for `step`; blocks until they are.
 
-        Called after compute evaluated the graph that produced this layer's input, so
-        every earlier layer of `step` is done with its slots (they may be rewritten).
+        `fenced`: compute evaluated the graph that produced this layer's input, so every
+        earlier layer of `step` is done with its slots (they may be rewritten). Without
+        it (route mode's deferred syncs) the fence stays where `evaluated` put it, and a
+        full pool raises `FenceNeeded` so compute can evaluate and ask again.
         """
         table = self.table
         with self._cond:
-            table.advance(step, table.order[layer] - 1)
+            if fenced:
+                table.advance(step, table.order[layer] - 1)
             self._release_unneeded(layer, step, set(experts))
             slots: list[int] = []
             new: list[FetchTicket] = []
@@ -331,6 +347,9 @@ class Scheduler:
                 while got is None:  # no free slot: take back a later prefetch, or wait for one
                     if table.steal(step, layer) is None:
                         if not table.any_loading():
+                            self._submit(new)
+                            if not fenced:  # slots wait on unevaluated graphs: evaluate first
+                                raise FenceNeeded(layer)
                             raise RuntimeError(f"slot pool is over capacity at layer {layer}")
                         self._submit(new)
                         new = []

@@ -36,7 +36,8 @@ class Deferred:
     head: Lookahead | None  # the prediction to hand on (None: none this step)
 
     def arrays(self) -> list[mx.array]:
-        return [a for a in (self.true_inds, self.pred) if a is not None]
+        # x too: once it is evaluated, so is every earlier layer of the step (the slot fence)
+        return [a for a in (self.x, self.true_inds, self.pred) if a is not None]
 
 
 class SyncGroups:
@@ -84,6 +85,8 @@ class SyncGroups:
         mx.eval([a for w in group for a in w.arrays()] + extra)
         steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
         steps.cur.syncs += 1
+        if group and steps.scheduler is not None:  # their inputs ran: earlier layers' slots free
+            steps.scheduler.evaluated(steps.step, group[-1].stream.layer)
         batch = steps.scheduler.batched() if steps.scheduler is not None else nullcontext()
         with batch:  # the group's prefetches wake the tier workers once
             for work in group:
