@@ -26,7 +26,6 @@ from edge0 import log as edge0_log
 from edge0.errors import PromptError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings, encode_prompt
-from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, ReadStats
 from edge0.runtime.setup import EngineOptions, Setup, build
 from edge0.runtime.stats import peak_mlx_bytes, peak_rss_bytes
@@ -91,6 +90,8 @@ class Engine:
             await self.setup.scheduler.aclose()
         if self.setup.tier is not None:
             await self.setup.tier.aclose()
+        for close in self.setup.on_close:  # e.g. stopping the other ranks of a pipeline
+            await close()
         if self.options.trace:
             self.setup.tracer.write_chrome(self.options.trace)
         self._compute.close()
@@ -154,13 +155,15 @@ class Engine:
                 f"{context} (max_position_embeddings); shorten the prompt"
             )
         max_tokens = min(max_tokens, context - len(ids))
-        sampler = (sampling or SamplingSettings()).sampler()
+        settings = sampling or SamplingSettings()
+        sampler = settings.sampler()
         eos = set(getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else set()
         async with self._fifo:
             request = next(self._ids)
             ctx, sched = self.setup.ctx, self.setup.scheduler
-            model = self.setup.model
-            runner = await self._compute.run(lambda: Runner(model, ctx, request, sampler))
+            runner = await self._compute.run(
+                lambda: self.setup.make_runner(request, sampler, settings)
+            )
             first_record = len(ctx.records)
             reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
             await self._compute.run(mx.reset_peak_memory)

@@ -1,0 +1,167 @@
+"""Building one rank: its layers, predictor heads, slot table, tier stack and scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0.dist.link import Link
+from edge0.dist.pipeline import StageScheduler
+from edge0.dist.plan import Split
+from edge0.dist.stage import Stage, load_stage
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.log import get_logger
+from edge0.model.sparse import sparse_blocks
+from edge0.routing.families import family_for
+from edge0.routing.predictors import Predictor, make_predictor
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.block import StreamingMoE
+from edge0.runtime.memory import apply_to_spec, kv_bytes, plan, working_bytes
+from edge0.runtime.runner import StreamContext
+from edge0.runtime.scheduler import ComputeThread
+from edge0.runtime.setup import KV_CONTEXT, EngineOptions, Setup, model_top_k, resident_stacks
+from edge0.runtime.slotmem import SlotMemory
+from edge0.runtime.slots import SlotTable
+from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.trace import Tracer
+from edge0.storage.spec import open_tiers
+
+log = get_logger("edge0.dist.build")
+
+
+@attrs.define
+class Node:
+    """One rank of the pipeline, as its compute thread sees it."""
+
+    rank: int
+    size: int
+    split: Split
+    stage: Stage
+    ctx: StreamContext
+    link: Link
+    d_model: int
+    dtype: mx.Dtype
+    entry: int | None = None  # own first streamed layer, predicted by the previous rank
+    exit_to: int | None = None  # the next rank's layer that this rank's last head predicts
+    wrap_to: int | None = None  # rank 0: own first layer, predicted by the last rank (wrap)
+
+
+def _set_top_k(block: nn.Module, k: int) -> None:
+    for attr in ("top_k", "num_experts_per_tok"):
+        if isinstance(getattr(block, attr, None), int):
+            setattr(block, attr, k)
+
+
+def _predictor(model: nn.Module, opts: EngineOptions, path: Path) -> tuple[int, Predictor | None]:
+    """Before pruning: top-k and the predictor over all MoE layers (heads read the routers)."""
+    blocks = sparse_blocks(model)
+    k = opts.top_k or model_top_k(blocks[0][2])
+    if opts.mode not in ("hint", "route"):
+        return k, None
+    name = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
+    layers = [i for i, _, _ in blocks]
+    return k, make_predictor(name, model, layers, path, wrap=opts.first_layer == "wrap",
+                             recording=opts.recording)  # fmt: skip
+
+
+def load_node(path: Path, manifest: Manifest, opts: EngineOptions, split: Split, rank: int,
+              link: Link, tracer: Tracer) -> tuple[Node, Any, SlotMemory | None, SlotTable | None]:  # fmt: skip
+    """On the compute thread: load this rank's layers and install its streaming blocks."""
+    size = len(split.ranges)
+    own = split.ranges[rank]
+    experts = "resident" if opts.mode == "resident" else "none"
+    stage, (k, predictor), tokenizer = load_stage(
+        path, manifest, own, rank == 0, rank == size - 1, experts, opts.adapter,
+        lambda m: _predictor(m, opts, path),
+    )  # fmt: skip
+    if k > manifest.n_experts:
+        raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
+    config = manifest.config.get("text_config") or manifest.config
+    dtype = _float_dtype(stage)
+    node = Node(rank, size, split, stage, StreamContext(opts.mode, k, tracer), link,
+                int(config["hidden_size"]), dtype)  # fmt: skip
+    blocks = sparse_blocks(stage.model)
+    if opts.mode == "resident":
+        for _, _, block in blocks:
+            _set_top_k(block, k)
+        return node, tokenizer, None, None
+    all_moe = list(manifest.moe_layers)
+    keep = all_moe[:1] if opts.first_layer == "resident" and len(all_moe) > 1 else []
+    streamed = [i for i, _, _ in blocks if i not in keep]
+    memory = SlotMemory(manifest, streamed, 2 * k)
+    table = SlotTable(streamed, 2 * k)
+    ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
+                        predictor=predictor)  # fmt: skip
+    node.ctx = ctx
+    node.entry = streamed[0] if streamed else None
+    if predictor is not None:  # heads this rank owns, whose targets are streamed somewhere
+        globally = [i for i in all_moe if i not in keep]
+        predictor.targets = {a: b for a, b in predictor.targets.items()
+                             if a in own and b in globally}  # fmt: skip
+        heads = getattr(predictor, "heads", None)
+        if isinstance(heads, PrerouterSet):  # free the heads other ranks own
+            heads.heads = {a: h for a, h in heads.heads.items() if a in own}
+        remote = {b for b in predictor.targets.values() if b not in own}
+        if len(remote) > 1:
+            raise ConfigError(f"rank {rank}: heads predict layers {sorted(remote)} on other ranks")
+        node.exit_to = next(iter(remote), None)
+        if rank == 0 and globally and globally[0] in own and opts.first_layer == "wrap":
+            node.wrap_to = globally[0]
+    for i in keep:
+        if i in own:
+            ctx.resident_experts[i] = resident_stacks(path, manifest, i)
+    if opts.record_routing:
+        ctx.recording = {}
+    family = family_for(manifest.model_type)
+    for i, attr, block in blocks:
+        setattr(stage.model.layers[i], attr, StreamingMoE(block, i, family, ctx))
+    return node, tokenizer, memory, table
+
+
+def _float_dtype(stage: Stage) -> mx.Dtype:
+    from mlx.utils import tree_flatten
+
+    flat: Any = tree_flatten(stage.inner.layers[stage.own[0]].parameters())
+    for _, v in flat:
+        if mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
+    return mx.float32
+
+
+async def build_node(path: Path, opts: EngineOptions, split: Split, rank: int, link: Link,
+                     compute: ComputeThread) -> tuple[Setup, Node]:  # fmt: skip
+    """Load rank `rank` and open its tier stack and scheduler (the memory budget is per rank)."""
+    baseline = current_rss_bytes()
+    manifest = Manifest.load(path)
+    tracer = Tracer(chrome=opts.trace is not None)
+    node, tokenizer, memory, table = await compute.run(
+        lambda: load_node(path, manifest, opts, split, rank, link, tracer)
+    )
+    setup = Setup(opts, path, node.stage.model, tokenizer, manifest, node.ctx, tracer)
+    if memory is None or table is None:
+        return setup, node
+    spec = opts.tiers
+    if opts.memory_budget is not None and isinstance(spec, str):
+        from mlx.utils import tree_flatten
+
+        flat: Any = tree_flatten(node.stage.model.parameters())
+        resident = sum(int(v.nbytes) for _, v in flat)
+        resident += sum(int(a.nbytes) for d in node.ctx.resident_experts.values()
+                        for a in d.values())  # fmt: skip
+        setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
+                                 kv_bytes(manifest.config, KV_CONTEXT) * len(split.ranges[rank])
+                                 // max(1, len(node.stage.inner.layers)), baseline,
+                                 working_bytes(memory.nbytes))  # fmt: skip
+        spec = apply_to_spec(spec, setup.memory_plan.cache)
+        log.info("memory_plan", rank=rank, line=setup.memory_plan.line(), tiers=spec)
+    setup.tier = open_tiers(spec, path, manifest)
+    remote = set(manifest.moe_layers) - set(table.layers)
+    setup.scheduler = StageScheduler(setup.tier, memory, table, list(table.layers), tracer,
+                                     opts.io_workers, remote=remote)  # fmt: skip
+    node.ctx.scheduler = setup.scheduler
+    return setup, node
