@@ -77,6 +77,18 @@ def codec_for(manifest: Manifest, opts: EngineOptions, itemsize: int = 4) -> Cod
     return Codec(k, int(cfg["hidden_size"]), itemsize)
 
 
+class Launched:
+    """Ranks that mlx.launch started (it watches and stops them): nothing to spawn or stop."""
+
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def check(self) -> None:
+        pass
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        pass
+
+
 class Ranks:
     """The spawned ranks 1..N-1: their processes and log files."""
 
@@ -117,7 +129,7 @@ class Ranks:
                 p.wait()
 
 
-async def _join(link: Link, ranks: Ranks, timeout: float) -> None:
+async def _join(link: Link, ranks: Ranks | Launched, timeout: float) -> None:
     """Rank 0: init the ring (a rank that exits while we wait is reported at once)."""
     task = asyncio.ensure_future(asyncio.to_thread(link.init, timeout, "rank 0: joining the ring"))
     while not task.done():
@@ -133,18 +145,26 @@ async def _join(link: Link, ranks: Ranks, timeout: float) -> None:
 
 async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
     """Rank 0 of a pipeline: spawn, join, load own layers, wait for every rank; a Setup."""
+    from edge0.cli.dist_flags import LAUNCHED
+
     assert opts.hosts is not None
     manifest = Manifest.load(path)
-    cluster = parse_hosts(opts.hosts)
-    split = split_for(path, manifest, opts, cluster.size)
-    os.environ["MLX_RANK"] = "0"
-    ringfile = Path(tempfile.mkstemp(prefix="edge0-ring-", suffix=".json")[1])
-    ringfile.write_text(cluster.ring_json())
-    os.environ["MLX_HOSTFILE"] = str(ringfile)
-    log.info("pipeline", ranks=cluster.size, split=split.text(),
-             layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges], cost=list(split.cost))  # fmt: skip
-    ranks = Ranks(cluster, path, options_json(opts), split)
     link = Link(codec_for(manifest, opts), opts.rank_timeout)
+    ranks: Ranks | Launched
+    if opts.hosts == LAUNCHED:  # mlx.launch set MLX_RANK / MLX_HOSTFILE and started the others
+        ranks = Launched()
+        size = int(len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())))
+        split = split_for(path, manifest, opts, size)
+    else:
+        cluster = parse_hosts(opts.hosts)
+        split = split_for(path, manifest, opts, cluster.size)
+        os.environ["MLX_RANK"] = "0"
+        ringfile = Path(tempfile.mkstemp(prefix="edge0-ring-", suffix=".json")[1])
+        ringfile.write_text(cluster.ring_json())
+        os.environ["MLX_HOSTFILE"] = str(ringfile)
+        ranks = Ranks(cluster, path, options_json(opts), split)
+    log.info("pipeline", ranks=len(split.ranges), split=split.text(),
+             layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges], cost=list(split.cost))  # fmt: skip
     try:
         await _join(link, ranks, START_TIMEOUT_S)
         setup, node = await build_node(path, opts, split, 0, link, compute)
@@ -156,7 +176,7 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
     return _wire(setup, node, ranks, link)
 
 
-async def _ready(link: Link, node: Node, ranks: Ranks) -> None:
+async def _ready(link: Link, node: Node, ranks: Ranks | Launched) -> None:
     """One empty trip around the ring once every rank has loaded (a long timeout)."""
     saved, link.timeout_s = link.timeout_s, START_TIMEOUT_S
     try:
@@ -170,9 +190,10 @@ async def _ready(link: Link, node: Node, ranks: Ranks) -> None:
         link.timeout_s = saved
 
 
-def _wire(setup: Setup, node: Node, ranks: Ranks, link: Link) -> Setup:
+def _wire(setup: Setup, node: Node, ranks: Ranks | Launched, link: Link) -> Setup:
     setup.runner = lambda request, sampler, settings: PipelineRunner(node, request, settings)
     setup.dist = node
+    node.procs = ranks.procs
 
     async def close() -> None:
         if link.broken is None:

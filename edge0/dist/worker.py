@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from edge0.dist.build import build_node
 from edge0.dist.link import Link
@@ -91,3 +92,26 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def worker_from_cli(path: Path, runtime: dict[str, Any], predictor: str | None,
+                    dist: dict[str, Any]) -> bool:  # fmt: skip
+    """`edge0 run` under mlx.launch: on a rank > 0, serve as a worker (True); rank 0: False."""
+    from edge0.cli.dist_flags import LAUNCHED, launched_rank
+
+    rank = launched_rank()
+    if dist.get("hosts") != LAUNCHED or rank is None or rank == 0:
+        return False
+    opts = EngineOptions(
+        tiers=runtime["tiers"], mode=runtime["mode"] or "route", top_k=runtime["route_top_k"],
+        predictor=predictor, first_layer=runtime["first_layer"],
+        memory_budget=runtime["memory_budget"], io_workers=runtime["io_workers"],
+        adapter=runtime["adapter"], layers=dist["layers"], rank_timeout=dist["rank_timeout"],
+    )  # fmt: skip
+    opts.check()
+    try:
+        run_async(work(path, opts, rank, None))
+    except RankError as exc:
+        log.error("rank_exit", rank=rank, error=str(exc))
+        sys.exit(1)
+    return True
