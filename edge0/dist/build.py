@@ -50,6 +50,7 @@ class Node:
     exit_to: int | None = None  # the next rank's layer that this rank's last head predicts
     wrap_to: int | None = None  # rank 0: own first layer, predicted by the last rank (wrap)
     procs: list[Any] = attrs.Factory(list)  # rank 0: the processes of the ranks it spawned
+    part: Any = None  # rank 0: the StageRunner of the latest request (its stats)
 
 
 def _set_top_k(block: nn.Module, k: int) -> None:

@@ -166,8 +166,8 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
     log.info("pipeline", ranks=len(split.ranges), split=split.text(),
              layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges], cost=list(split.cost))  # fmt: skip
     try:
-        await _join(link, ranks, START_TIMEOUT_S)
         setup, node = await build_node(path, opts, split, 0, link, compute)
+        await _join(link, ranks, START_TIMEOUT_S)  # after loading, as the other ranks do
         await _ready(link, node, ranks)
     except BaseException:
         link.close()

@@ -126,6 +126,7 @@ class PipelineRunner:
         self.link: Link = node.link
         self.request = request
         self.part = StageRunner(node.stage, node.ctx, request, node.entry, node.exit_to)
+        node.part = self.part
         self.link.send(1, Message(BEGIN, request, payload=settings_words(settings)),
                        "rank 0: starting a request on rank 1")  # fmt: skip
         self.wrap: list[int] | None = None
@@ -150,15 +151,16 @@ class PipelineRunner:
         return nxt
 
 
-def gather_stats(node: Any, part: StageRunner | None) -> list[list[float]]:
-    """Rank 0: every rank's stats for the last request (one trip around the ring)."""
+def gather_stats(node: Any) -> list[dict[str, float]]:
+    """Rank 0: every rank's stats for the latest request (one trip around the ring)."""
     words = np.zeros(node.link.codec.words, dtype=np.int32)
-    if part is not None:
-        words[:STAT_WORDS] = pack_floats(part.stats(0))
+    if node.part is not None:
+        words[:STAT_WORDS] = pack_floats(node.part.stats(0))
     node.link.send(1, Message(STATS, payload=words), "rank 0: asking for rank stats")
     back = node.link.recv(node.size - 1, "rank 0: waiting for rank stats")
     assert back.payload is not None
-    return [unpack_floats(back.payload[r * STAT_WORDS :], STAT_WORDS) for r in range(node.size)]
+    rows = [unpack_floats(back.payload[r * STAT_WORDS :], STAT_WORDS) for r in range(node.size)]
+    return [dict(zip(STAT_NAMES, row, strict=True)) for row in rows]
 
 
 def ping(node: Any, n: int) -> list[float]:

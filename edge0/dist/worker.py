@@ -9,6 +9,7 @@ running `edge0 run` on every rank (`run_from_env`). Exit code 0 after STOP,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -37,9 +38,12 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
     link = Link(codec_for(manifest, opts), opts.rank_timeout)
     compute = ComputeThread()
     try:
-        group = link.init(START_TIMEOUT_S, f"rank {rank}: joining the ring")
-        split = split or split_for(path, manifest, opts, group.size())
+        # load first, join after: ranks that join the ring at about the same time connect at
+        # once (the ring backend retries a refused connection with a growing back-off)
+        size = len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text()))
+        split = split or split_for(path, manifest, opts, size)
         setup, node = await build_node(path, opts, split, rank, link, compute)
+        link.init(START_TIMEOUT_S, f"rank {rank}: joining the ring")
         if setup.scheduler is not None:
             await setup.scheduler.start()
         log.info("rank_ready", rank=rank, layers=f"{split.ranges[rank].start}-"
