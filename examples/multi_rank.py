@@ -43,8 +43,8 @@ async def main() -> None:
         for s in await eng._compute.run(lambda: gather_stats(node)):
             rng = node.split.ranges[int(s["rank"])]
             print(f"rank {int(s['rank'])}: layers {rng.start}-{rng.stop - 1}, peak RSS "
-                  f"{s['peak_rss_mib']:.0f} MiB, compute {s['eval_s'] * 1e3:.0f} ms, blocked on "
-                  f"reads {s['wait_s'] * 1e3:.1f} ms, {int(s['reads'])} expert reads "
+                  f"{s['peak_rss_mib']:.0f} MiB, compute {s['cpu_s'] * 1e3:.0f} ms CPU, "
+                  f"blocked on reads {s['wait_s'] * 1e3:.1f} ms, {int(s['reads'])} expert reads "
                   f"({s['read_mib']:.2f} MiB)")
         trips = await eng._compute.run(lambda: ping(node, 20))
         print(f"ring: {node.size * node.link.codec.nbytes} bytes per token over {node.size} hops, "

@@ -20,17 +20,20 @@ import numpy as np
 from edge0.dist.link import (BEGIN, PING, STATS, STEP, STOP, TOKEN, Link, Message,
                              hidden_words, pack_floats, unpack_floats, words_hidden)  # fmt: skip
 from edge0.dist.stage import Stage
+from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings
 from edge0.model.sparse import sparse_blocks
 from edge0.runtime.runner import StreamContext
 from edge0.runtime.scheduler import Scheduler
-from edge0.runtime.stats import current_rss_bytes, peak_rss_bytes
+from edge0.runtime.stats import peak_rss_bytes
 
 log = get_logger("edge0.dist.pipeline")
-STAT_WORDS = 8  # per rank in a STATS message: see `rank_stats`
-STAT_NAMES = ("rank", "peak_rss_mib", "rss_mib", "steps", "eval_s", "wait_s", "read_mib",
-              "reads")  # fmt: skip
+# per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
+# steps, time inside mx.eval, time blocked on reads, expert reads
+STAT_NAMES = ("rank", "peak_rss_mib", "steps", "wall_s", "cpu_s", "eval_s", "wait_s",
+              "read_mib", "reads")  # fmt: skip
+STAT_WORDS = len(STAT_NAMES)
 
 
 class StageScheduler(Scheduler):
@@ -102,8 +105,8 @@ class StageRunner:
         recs = self.ctx.records[self.first_record :]
         sched = self.ctx.scheduler
         b, n = (sched.stats.bytes, sched.stats.issued) if sched is not None else (0, 0)
-        return [float(rank), peak_rss_bytes() / 2**20, current_rss_bytes() / 2**20, len(recs),
-                sum(r.eval for r in recs), sum(r.wait for r in recs),
+        return [float(rank), peak_rss_bytes() / 2**20, len(recs), sum(r.wall for r in recs),
+                sum(r.cpu for r in recs), sum(r.eval for r in recs), sum(r.wait for r in recs),
                 (b - self.reads0[0]) / 2**20, float(n - self.reads0[1])]  # fmt: skip
 
 
@@ -154,6 +157,8 @@ class PipelineRunner:
 def gather_stats(node: Any) -> list[dict[str, float]]:
     """Rank 0: every rank's stats for the latest request (one trip around the ring)."""
     words = np.zeros(node.link.codec.words, dtype=np.int32)
+    if node.size * STAT_WORDS > words.size:
+        raise ConfigError(f"per-rank stats of {node.size} ranks do not fit one message")
     if node.part is not None:
         words[:STAT_WORDS] = pack_floats(node.part.stats(0))
     node.link.send(1, Message(STATS, payload=words), "rank 0: asking for rank stats")

@@ -54,10 +54,13 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int)
             trips = await eng._compute.run(lambda: ping(node, 50))
             out["peak_rss_mib"] = [s["peak_rss_mib"] for s in stats]
             out["rank_read_mib"] = [s["read_mib"] for s in stats]
+            out["rank_cpu_ms"] = [s["cpu_s"] / s["steps"] * 1e3 for s in stats]
             out["ring_bytes_per_token"] = ranks * node.link.codec.nbytes  # n hops per token
             out["ring_trip_ms"] = statistics.median(trips) * 1e3
         else:
             out["peak_rss_mib"] = [peak_rss_bytes() / 2**20]
+            recs = eng.setup.ctx.records[-(len(PROMPT) + tokens - 1) :]
+            out["rank_cpu_ms"] = [sum(r.cpu for r in recs) / len(recs) * 1e3]
             out["ring_bytes_per_token"] = 0
             out["ring_trip_ms"] = 0.0
     return out
@@ -78,12 +81,14 @@ def run_one(args: argparse.Namespace, ranks: int, tiers: str) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| tiers | ranks | decode tok/s (median) | vs 1 rank (per-round median) | "
-             "peak RSS per rank, MiB | blocked ms/step (rank 0) | ring bytes/token | "
-             "ring trip ms |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "peak RSS per rank, MiB | compute-thread CPU ms/step per rank | "
+             "blocked ms/step (rank 0) | ring bytes/token | ring trip ms |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(
             f"| `{r['tiers']}` | {r['ranks']} | {r['decode_tps']:.2f} | {r['ratio']:.2f} | "
-            f"{' / '.join(f'{m:.0f}' for m in r['peak_rss_mib'])} | {r['blocked_ms']:.2f} | "
+            f"{' / '.join(f'{m:.0f}' for m in r['peak_rss_mib'])} | "
+            f"{' / '.join(f'{m:.1f}' for m in r['rank_cpu_ms'])} | {r['blocked_ms']:.2f} | "
             f"{r['ring_bytes_per_token']} | {r['ring_trip_ms']:.2f} |"
         )
     return "\n".join(lines)
@@ -127,6 +132,8 @@ def main() -> None:
             ratio=statistics.median(ratios),
             peak_rss_mib=[statistics.median(g["peak_rss_mib"][i] for g in got)
                           for i in range(len(got[0]["peak_rss_mib"]))],
+            rank_cpu_ms=[statistics.median(g["rank_cpu_ms"][i] for g in got)
+                         for i in range(len(got[0]["rank_cpu_ms"]))],
             blocked_ms=statistics.median(g["blocked_ms"] for g in got),
             ring_bytes_per_token=got[0]["ring_bytes_per_token"],
             ring_trip_ms=statistics.median(g["ring_trip_ms"] for g in got),
