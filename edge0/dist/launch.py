@@ -11,6 +11,7 @@ model path). Under `mlx.launch`, every rank runs `edge0 run` itself instead
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import shlex
@@ -19,14 +20,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from edge0.dist.build import Node, build_node
 from edge0.dist.hosts import Cluster, parse_hosts
-from edge0.dist.link import STOP, Codec, Link, Message
-from edge0.dist.pipeline import PipelineRunner, ping
+from edge0.dist.link import PING, STOP, Codec, Link, Message
+from edge0.dist.pipeline import PipelineRunner
 from edge0.dist.plan import Split, plan_split
 from edge0.errors import ConfigError, RankError
 from edge0.layout.manifest import Manifest
@@ -35,6 +36,7 @@ from edge0.runtime.scheduler import ComputeThread
 from edge0.runtime.setup import EngineOptions, Setup
 
 log = get_logger("edge0.dist.launch")
+T = TypeVar("T")
 START_TIMEOUT_S = 600.0  # joining the ring and loading every rank's layers
 
 
@@ -85,6 +87,9 @@ class Launched:
     def check(self) -> None:
         pass
 
+    def joining(self) -> bool:
+        return True
+
     def stop(self, grace_s: float = 10.0) -> None:
         pass
 
@@ -119,6 +124,12 @@ class Ranks:
                     f"its log: {logfile}"
                 )
 
+    def joining(self) -> bool:
+        """Whether every rank has logged that it is about to join the ring."""
+        from edge0.dist.worker import JOINING
+
+        return all(JOINING in f.read_text(errors="replace") for f in self.logs)
+
     def stop(self, grace_s: float = 10.0) -> None:
         deadline = time.monotonic() + grace_s
         for p in self.procs:
@@ -129,18 +140,33 @@ class Ranks:
                 p.wait()
 
 
+async def _watch(link: Link, fut: concurrent.futures.Future[T], ranks: Ranks | Launched,
+                 what: str, timeout: float) -> T:  # fmt: skip
+    """Wait for a link job without blocking the loop; a rank that exits meanwhile is reported
+    at once (the link thread may stay blocked: it is a daemon, the process can still exit)."""
+    deadline = time.monotonic() + timeout
+    while not fut.done():
+        try:
+            ranks.check()
+        except RankError as exc:
+            link.broken = exc
+            raise
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    return link.wait(fut, what, 0.0)
+
+
 async def _join(link: Link, ranks: Ranks | Launched, timeout: float) -> None:
-    """Rank 0: init the ring (a rank that exits while we wait is reported at once)."""
-    task = asyncio.ensure_future(asyncio.to_thread(link.init, timeout, "rank 0: joining the ring"))
-    while not task.done():
-        await asyncio.wait([task], timeout=0.2)
-        if not task.done():
-            try:
-                ranks.check()
-            except RankError:
-                task.cancel()
-                raise
-    task.result()
+    """Rank 0: join the ring once every rank is about to (mx.distributed.init holds the GIL
+    while it waits for its peers, so it must not start before they are there)."""
+    deadline = time.monotonic() + timeout
+    while not ranks.joining():
+        ranks.check()
+        if time.monotonic() > deadline:
+            raise RankError(f"the ranks did not start within {timeout:g} s; see their logs")
+        await asyncio.sleep(0.05)
+    await _watch(link, link.start_init(), ranks, "rank 0: joining the ring", timeout)
 
 
 async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
@@ -178,16 +204,9 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
 
 async def _ready(link: Link, node: Node, ranks: Ranks | Launched) -> None:
     """One empty trip around the ring once every rank has loaded (a long timeout)."""
-    saved, link.timeout_s = link.timeout_s, START_TIMEOUT_S
-    try:
-        task = asyncio.ensure_future(asyncio.to_thread(ping, node, 1))
-        while not task.done():
-            await asyncio.wait([task], timeout=0.2)
-            if not task.done():
-                ranks.check()
-        task.result()
-    finally:
-        link.timeout_s = saved
+    link.send(1, Message(PING), "rank 0: ping")
+    await _watch(link, link.start_recv(node.size - 1), ranks,
+                 "rank 0: waiting for every rank to load", START_TIMEOUT_S)  # fmt: skip
 
 
 def _wire(setup: Setup, node: Node, ranks: Ranks | Launched, link: Link) -> Setup:

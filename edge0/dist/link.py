@@ -120,11 +120,18 @@ class Link:
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
                 fut.set_exception(exc)
 
-    def _call(self, fn: Callable[[], T], what: str, timeout: float | None) -> T:
+    def _submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         if self.broken is not None:
             raise self.broken
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._jobs.put((fn, fut))
+        return fut
+
+    def _call(self, fn: Callable[[], T], what: str, timeout: float | None) -> T:
+        return self.wait(self._submit(fn), what, timeout)
+
+    def wait(self, fut: concurrent.futures.Future[T], what: str, timeout: float | None) -> T:
+        """The result of a link job; RankError (and the link marked broken) on failure."""
         try:
             return fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
@@ -138,15 +145,30 @@ class Link:
         raise self.broken
 
     # --- API (any thread; callers wait) ----------------------------------------------------
-    def init(self, timeout: float, what: str) -> Any:
+    def start_init(self) -> concurrent.futures.Future[Any]:
+        """Join the ring (MLX_RANK / MLX_HOSTFILE), on the link thread; `wait` for it."""
+
         def fn() -> Any:
             group = mx.distributed.init(strict=True, backend="ring")
             mx.eval(mx.distributed.all_sum(mx.array([1.0], dtype=mx.float32), group=group,
                                            stream=mx.cpu))  # fmt: skip
+            self.group = group
             return group
 
-        self.group = self._call(fn, what, timeout)
-        return self.group
+        return self._submit(fn)
+
+    def init(self, timeout: float, what: str) -> Any:
+        return self.wait(self.start_init(), what, timeout)
+
+    def start_recv(self, src: int) -> concurrent.futures.Future[Message]:
+        size = self.codec.size
+
+        def fn() -> Message:
+            got = mx.distributed.recv((size,), mx.int32, src, group=self.group, stream=mx.cpu)
+            mx.eval(got)
+            return self.codec.unpack(np.array(got))
+
+        return self._submit(fn)
 
     def send(self, dst: int, m: Message, what: str) -> None:
         buf = self.codec.pack(m)
@@ -158,15 +180,8 @@ class Link:
         self._call(fn, what, self.timeout_s)
 
     def recv(self, src: int, what: str, timeout: float | None = -1.0) -> Message:
-        size = self.codec.size
-
-        def fn() -> np.ndarray:
-            got = mx.distributed.recv((size,), mx.int32, src, group=self.group, stream=mx.cpu)
-            mx.eval(got)
-            return np.array(got)
-
         wait = self.timeout_s if timeout is not None and timeout < 0 else timeout
-        return self.codec.unpack(self._call(fn, what, wait))
+        return self.wait(self.start_recv(src), what, wait)
 
     def close(self) -> None:
         """Stop the link thread (it stays blocked, as a daemon, if a recv never returns)."""

@@ -28,6 +28,7 @@ from edge0.runtime.scheduler import ComputeThread
 from edge0.runtime.setup import EngineOptions
 
 log = get_logger("edge0.dist.worker")
+JOINING = "rank_joining"
 
 
 async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) -> None:
@@ -43,6 +44,7 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
         size = len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text()))
         split = split or split_for(path, manifest, opts, size)
         setup, node = await build_node(path, opts, split, rank, link, compute)
+        log.info(JOINING, rank=rank)  # rank 0 waits for this line in our log before it joins
         link.init(START_TIMEOUT_S, f"rank {rank}: joining the ring")
         if setup.scheduler is not None:
             await setup.scheduler.start()
