@@ -21,13 +21,14 @@ from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
+from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
 from edge0.runtime.memory import apply_to_spec, kv_bytes, plan, working_bytes
-from edge0.runtime.runner import StreamContext
 from edge0.runtime.scheduler import ComputeThread
 from edge0.runtime.setup import KV_CONTEXT, EngineOptions, Setup, model_top_k, resident_stacks
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotTable
 from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.steps import Steps
 from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
 
@@ -42,7 +43,7 @@ class Node:
     size: int
     split: Split
     stage: Stage
-    ctx: StreamContext
+    ctx: Steps
     link: Link
     d_model: int
     dtype: mx.Dtype
@@ -85,7 +86,7 @@ def load_node(path: Path, manifest: Manifest, opts: EngineOptions, split: Split,
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     config = manifest.config.get("text_config") or manifest.config
     dtype = _float_dtype(stage)
-    node = Node(rank, size, split, stage, StreamContext(opts.mode, k, tracer), link,
+    node = Node(rank, size, split, stage, Steps(opts.mode, k, tracer), link,
                 int(config["hidden_size"]), dtype)  # fmt: skip
     blocks = sparse_blocks(stage.model)
     if opts.mode == "resident":
@@ -97,32 +98,52 @@ def load_node(path: Path, manifest: Manifest, opts: EngineOptions, split: Split,
     streamed = [i for i, _, _ in blocks if i not in keep]
     memory = SlotMemory(manifest, streamed, 2 * k)
     table = SlotTable(streamed, 2 * k)
-    ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
-                        predictor=predictor)  # fmt: skip
-    node.ctx = ctx
+    steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
+    node.ctx = steps
     node.entry = streamed[0] if streamed else None
-    if predictor is not None:  # heads this rank owns, whose targets are streamed somewhere
-        globally = [i for i in all_moe if i not in keep]
-        predictor.targets = {a: b for a, b in predictor.targets.items()
-                             if a in own and b in globally}  # fmt: skip
-        heads = getattr(predictor, "heads", None)
-        if isinstance(heads, PrerouterSet):  # free the heads other ranks own
-            heads.heads = {a: h for a, h in heads.heads.items() if a in own}
-        remote = {b for b in predictor.targets.values() if b not in own}
-        if len(remote) > 1:
-            raise ConfigError(f"rank {rank}: heads predict layers {sorted(remote)} on other ranks")
-        node.exit_to = next(iter(remote), None)
-        if rank == 0 and globally and globally[0] in own and opts.first_layer == "wrap":
-            node.wrap_to = globally[0]
     for i in keep:
         if i in own:
-            ctx.resident_experts[i] = resident_stacks(path, manifest, i)
+            steps.resident_experts[i] = resident_stacks(path, manifest, i)
     if opts.record_routing:
-        ctx.recording = {}
+        steps.recording = {}
+    stream_cls = RoutedStream if opts.mode == "route" else LayerStream
+    quant = manifest.quantization
+    streams: dict[int, LayerStream] = {}
+    for i, _, _ in blocks:
+        where: ResidentExperts | SlotExperts = (
+            ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
+            else SlotExperts(i, memory.views[i], steps)
+        )  # fmt: skip
+        streams[i] = stream_cls(i, steps, where, quant)
+    if predictor is not None:
+        _wire_heads(node, predictor, streams, [i for i in all_moe if i not in keep], quant,
+                    opts.first_layer == "wrap")
+    steps.layers = dict(streams)
     family = family_for(manifest.model_type)
     for i, attr, block in blocks:
-        setattr(stage.model.layers[i], attr, StreamingMoE(block, i, family, ctx))
+        setattr(stage.model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
     return node, tokenizer, memory, table
+
+
+def _wire_heads(node: Node, predictor: Predictor, streams: dict[int, LayerStream],
+                streamed: list[int], quant: dict[str, Any], wrap: bool) -> None:  # fmt: skip
+    """The heads this rank owns whose targets are streamed somewhere; a head whose target is
+    on another rank predicts into a stand-in stream (its prefetch goes to the outbox)."""
+    own, steps = node.split.ranges[node.rank], node.ctx
+    predictor.targets = {a: b for a, b in predictor.targets.items()
+                         if a in own and b in streamed}  # fmt: skip
+    heads = getattr(predictor, "heads", None)
+    if isinstance(heads, PrerouterSet):  # free the heads other ranks own
+        heads.heads = {a: h for a, h in heads.heads.items() if a in own}
+    remote = {b for b in predictor.targets.values() if b not in own}
+    if len(remote) > 1:
+        raise ConfigError(f"rank {node.rank}: heads predict layers {sorted(remote)} elsewhere")
+    node.exit_to = next(iter(remote), None)
+    for owner, target in predictor.targets.items():
+        stream = streams.get(target) or LayerStream(target, steps, ResidentExperts({}), quant)
+        streams[owner].head = Lookahead(owner, predictor, stream, steps)
+    if wrap and node.rank == 0 and streamed and streamed[0] in own:
+        node.wrap_to = streamed[0]  # predicted by the last rank's wrap-around head
 
 
 def _float_dtype(stage: Stage) -> mx.Dtype:
@@ -165,5 +186,5 @@ async def build_node(path: Path, opts: EngineOptions, split: Split, rank: int, l
     remote = set(manifest.moe_layers) - set(table.layers)
     setup.scheduler = StageScheduler(setup.tier, memory, table, list(table.layers), tracer,
                                      opts.io_workers, remote=remote)  # fmt: skip
-    node.ctx.scheduler = setup.scheduler
+    node.ctx.attach(setup.scheduler)
     return setup, node

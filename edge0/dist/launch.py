@@ -210,7 +210,8 @@ async def _ready(link: Link, node: Node, ranks: Ranks | Launched) -> None:
 
 
 def _wire(setup: Setup, node: Node, ranks: Ranks | Launched, link: Link) -> Setup:
-    setup.runner = lambda request, sampler, settings: PipelineRunner(node, request, settings)
+    setup.runner = lambda request, sampler, settings: PipelineRunner(node, request, sampler,
+                                                                     settings)
     setup.dist = node
     node.procs = ranks.procs
 

@@ -33,6 +33,7 @@ T = TypeVar("T")
 BEGIN, STEP, TOKEN, STATS, PING, STOP = 1, 2, 3, 4, 5, 6
 KINDS = {BEGIN: "begin", STEP: "step", TOKEN: "token", STATS: "stats", PING: "ping", STOP: "stop"}
 FIXED = 8  # kind, request, step, pos, prefill, token, n_pred, flags
+GREEDY = 1  # flag: the last rank takes the argmax (a prompt step that does not draw)
 
 
 @attrs.define
@@ -45,6 +46,7 @@ class Message:
     token: int = -1
     pred: list[int] | None = None  # predicted experts of the receiver's first layer, next step
     payload: np.ndarray | None = None  # int32 words
+    flags: int = 0
 
 
 class Codec:
@@ -63,17 +65,17 @@ class Codec:
         buf = np.zeros(self.size, dtype=np.int32)
         pred = m.pred or []
         buf[:FIXED] = (m.kind, m.request, m.step, m.pos, int(m.prefill), m.token,
-                       len(pred) if m.pred is not None else -1, 0)  # fmt: skip
+                       len(pred) if m.pred is not None else -1, m.flags)  # fmt: skip
         buf[FIXED : FIXED + len(pred)] = pred
         if m.payload is not None:
             buf[FIXED + self.k : FIXED + self.k + m.payload.size] = m.payload
         return buf
 
     def unpack(self, buf: np.ndarray) -> Message:
-        kind, request, step, pos, prefill, token, n_pred, _ = (int(v) for v in buf[:FIXED])
+        kind, request, step, pos, prefill, token, n_pred, flags = (int(v) for v in buf[:FIXED])
         pred = None if n_pred < 0 else [int(v) for v in buf[FIXED : FIXED + n_pred]]
         return Message(kind, request, step, pos, bool(prefill), token, pred,
-                       buf[FIXED + self.k :].copy())  # fmt: skip
+                       buf[FIXED + self.k :].copy(), flags)  # fmt: skip
 
 
 def hidden_words(h: mx.array) -> np.ndarray:

@@ -17,16 +17,17 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from edge0.dist.link import (BEGIN, PING, STATS, STEP, STOP, TOKEN, Link, Message,
+from edge0.dist.link import (BEGIN, GREEDY, PING, STATS, STEP, STOP, TOKEN, Link, Message,
                              hidden_words, pack_floats, unpack_floats, words_hidden)  # fmt: skip
 from edge0.dist.stage import Stage
 from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings
 from edge0.model.sparse import sparse_blocks
-from edge0.runtime.runner import StreamContext
+from edge0.runtime.runner import greedy
 from edge0.runtime.scheduler import Scheduler
 from edge0.runtime.stats import peak_rss_bytes
+from edge0.runtime.steps import Steps
 
 log = get_logger("edge0.dist.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
@@ -51,25 +52,27 @@ class StageScheduler(Scheduler):
         return super().prefetch(layer, step, experts)
 
 
-def inject(ctx: StreamContext, layer: int, experts: list[int]) -> None:
+def inject(steps: Steps, layer: int, experts: list[int]) -> None:
     """A prediction from the previous rank for `layer` at the next step: plan and prefetch it."""
-    step = ctx.step + 1
-    ctx.predictions[(layer, step)] = (step, experts)
-    assert ctx.scheduler is not None
-    ctx.scheduler.prefetch(layer, step, experts)
+    step = steps.step + 1
+    stream: Any = steps.layers[layer]
+    stream.offer(step, experts)
+    assert steps.scheduler is not None
+    steps.scheduler.prefetch(layer, step, experts)
 
 
 class StageRunner:
     """This rank's part of one request: its caches and one step of its layers."""
 
-    def __init__(self, stage: Stage, ctx: StreamContext, request: int, entry: int | None,
+    def __init__(self, stage: Stage, ctx: Steps, request: int, entry: int | None,
                  exit_to: int | None) -> None:  # fmt: skip
         self.stage = stage
         self.ctx = ctx
         self.entry = entry  # this rank's first streamed layer (receives predictions), or None
         self.exit_to = exit_to  # the remote layer this rank's last head predicts, or None
         self.cache = stage.make_cache()
-        self.n_layers = len(sparse_blocks(stage.model))
+        # streaming layers count themselves; with none (resident mode) every sparse layer runs
+        self.uncounted = 0 if ctx.layers else len(sparse_blocks(stage.model))
         self.first_record = len(ctx.records)
         sched = ctx.scheduler
         self.reads0 = (sched.stats.bytes, sched.stats.issued) if sched is not None else (0, 0)
@@ -88,8 +91,7 @@ class StageRunner:
         t2, c2 = time.perf_counter(), time.thread_time()
         ctx.span("eval", -1, t1, t2, c2 - c1)
         ctx.cur.cpu = c2 - c0
-        if ctx.mode == "resident":
-            ctx.cur.layers = self.n_layers
+        ctx.cur.layers += self.uncounted
         ctx.end_step(t2 - t0)
         return out
 
@@ -124,8 +126,9 @@ def words_settings(words: np.ndarray) -> SamplingSettings:
 class PipelineRunner:
     """Rank 0's Runner: the same `prefill` / `feed` as edge0.runtime.runner.Runner."""
 
-    def __init__(self, node: Any, request: int, settings: SamplingSettings) -> None:
+    def __init__(self, node: Any, request: int, sampler: Any, settings: SamplingSettings) -> None:
         self.node = node
+        self.sampler = sampler  # the Engine swaps in `greedy` for prompt steps that do not draw
         self.link: Link = node.link
         self.request = request
         self.part = StageRunner(node.stage, node.ctx, request, node.entry, node.exit_to)
@@ -140,7 +143,8 @@ class PipelineRunner:
             inject(part.ctx, self.node.wrap_to, self.wrap)  # last rank's head -> our first layer
         h = part.step(mx.array([[token]]), prefill, None)
         m = Message(STEP, self.request, part.ctx.step, part.ctx.pos, prefill,
-                    pred=part.outgoing(), payload=hidden_words(h))  # fmt: skip
+                    pred=part.outgoing(), payload=hidden_words(h),
+                    flags=GREEDY if self.sampler is greedy else 0)  # fmt: skip
         link.send(1, m, f"rank 0: sending step {m.step} to rank 1")
         back = link.recv(size - 1, f"rank 0: waiting for the token of step {m.step} from rank "
                                    f"{size - 1}")  # fmt: skip
@@ -190,10 +194,7 @@ def serve(node: Any) -> None:
         m = link.recv(prev, f"rank {rank}: waiting for rank {prev}", timeout=None)
         if m.kind == BEGIN:
             part = StageRunner(node.stage, node.ctx, m.request, node.entry, node.exit_to)
-            settings = words_settings(m.payload)
-            if settings.seed is not None and last:
-                mx.random.seed(settings.seed)
-            sampler = settings.sampler()
+            sampler = words_settings(m.payload).sampler()  # seeded here, as on one machine
             if not last:
                 link.send(nxt, m, f"rank {rank}: passing a request to rank {nxt}")
         elif m.kind == STEP:
@@ -201,13 +202,14 @@ def serve(node: Any) -> None:
             x = words_hidden(m.payload, node.d_model, node.dtype)
             out = part.step(x, m.prefill, m.pred)
             if last:
-                tok = sampler(out[:, -1, :])
+                tok = (greedy if m.flags & GREEDY else sampler)(out[:, -1, :])
                 mx.eval(tok)
-                back = Message(TOKEN, m.request, m.step, token=int(tok.item()), pred=part.outgoing())
+                token: int = tok.item()  # type: ignore[assignment]
+                back = Message(TOKEN, m.request, m.step, token=token, pred=part.outgoing())
                 link.send(0, back, f"rank {rank}: returning the token of step {m.step}")
             else:
                 fwd = Message(STEP, m.request, m.step, m.pos, m.prefill, pred=part.outgoing(),
-                              payload=hidden_words(out))  # fmt: skip
+                              payload=hidden_words(out), flags=m.flags)  # fmt: skip
                 link.send(nxt, fwd, f"rank {rank}: sending step {m.step} to rank {nxt}")
         elif m.kind == STATS:
             assert m.payload is not None
