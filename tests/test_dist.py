@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from runtime_helpers import build_store
 
+from edge0.model.generate import SamplingSettings
 from edge0.runtime.engine import Engine
 
 DRIVER = Path(__file__).parent / "dist_driver.py"
@@ -34,10 +35,14 @@ def result(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
     return got
 
 
-def single(path: Path, max_tokens: int = 8, **options: Any) -> list[list[int]]:
+def single(path: Path, max_tokens: int = 8, sampling: dict[str, Any] | None = None,
+           **options: Any) -> list[list[int]]:  # fmt: skip
+    settings = SamplingSettings(**(sampling or {}))
+
     async def go() -> list[list[int]]:
         async with Engine.open(path, **options) as eng:
-            return [[t async for t in eng.tokens(ids, max_tokens=max_tokens, stop=False)]
+            return [[t async for t in eng.tokens(ids, max_tokens=max_tokens, sampling=settings,
+                                                 stop=False)]
                     for ids in PROMPTS]  # fmt: skip
 
     return asyncio.run(go())
@@ -53,9 +58,15 @@ def hybrid4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_store(tmp_path_factory.mktemp("dist"), "qwen3_5_moe")
 
 
+SEEDED = dict(temp=0.9, seed=7)  # the last rank draws, with the same seeded sampler
+
+
 def test_two_ranks_match_one_process_in_every_mode(hybrid4: Path) -> None:
-    procs = {m: start(hybrid4, hosts=2, rank_timeout=60, **mode_options(m)) for m in MODES}
-    want = {m: single(hybrid4, **mode_options(m)) for m in MODES}  # meanwhile, in this process
+    runs = {m: mode_options(m) for m in MODES}
+    runs["route, sampled"] = dict(mode_options("route"), sampling=SEEDED)
+    procs = {name: start(hybrid4, hosts=2, rank_timeout=60, **o) for name, o in runs.items()}
+    want = {name: single(hybrid4, **o) for name, o in runs.items()}  # meanwhile, here
+    assert want["route, sampled"] != want["route"]  # the sampler matters
     for mode, proc in procs.items():
         got = result(proc)
         assert got["tokens"] == want[mode], mode
@@ -79,8 +90,9 @@ def test_four_ranks_match_one_process_route_wrap(tmp_path: Path) -> None:
     assert [int(s["rank"]) for s in got["stats"]] == [0, 1, 2, 3]
 
 
-def test_rank_that_dies_or_hangs_ends_the_request(hybrid4: Path) -> None:
+def test_rank_that_dies_hangs_or_cannot_start_ends_the_request(hybrid4: Path) -> None:
     common = dict(hosts=2, tiers="pread", max_tokens=50, prompts=PROMPTS[:1])
+    bad_start = start(hybrid4, mode="reactive", bad_rank_path=True, **common)
     dies = start(hybrid4, mode="route", rank_timeout=30, fault={"after": 3, "signal": "KILL"},
                  **common)  # fmt: skip
     hangs = start(hybrid4, mode="reactive", rank_timeout=3, fault={"after": 2, "signal": "STOP"},
@@ -95,3 +107,7 @@ def test_rank_that_dies_or_hangs_ends_the_request(hybrid4: Path) -> None:
     assert "no answer within 3 s" in got["error"] and len(got["partial"]) == 2, got
     assert 2.5 < got["seconds"] < 20, got
     assert "no answer" in got["again"] and got["again_seconds"] < 1, got
+    got = result(bad_start)
+    assert got["type"] == "RankError", got
+    assert "rank 1 exited with code 2" in got["error"], got
+    assert "/nonexistent/model/edge0.json not found" in got["error"], got
