@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from runtime_helpers import build_store
 
+from edge0.dist.hosts import parse_hosts
 from edge0.model.generate import SamplingSettings
 from edge0.runtime.engine import Engine
 
@@ -111,3 +112,23 @@ def test_rank_that_dies_hangs_or_cannot_start_ends_the_request(hybrid4: Path) ->
     assert got["type"] == "RankError", got
     assert "rank 1 exited with code 2" in got["error"], got
     assert "/nonexistent/model/edge0.json not found" in got["error"], got
+
+
+@pytest.mark.slow
+def test_cli_hosts_and_mlx_launch_print_the_same_text(hybrid4: Path) -> None:
+    """`edge0 run --hosts 2` and `mlx.launch -n 2 ... -m edge0 run` vs one process."""
+    edge0 = [sys.executable, "-m", "edge0", "run", str(hybrid4), "-p", "def f(x):", "--max-tokens",
+             "12", "--mode", "route", "--predictor", "init", "--tiers", "pread"]  # fmt: skip
+    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", "127.0.0.1", "-n", "2",
+              "--starting-port", str(parse_hosts(2).ports[0]), "--python", sys.executable, "--",
+              *edge0[1:]]  # fmt: skip
+    runs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, cmd in (("hosts", [*edge0, "--hosts", "2"]), ("launch", launch))}  # fmt: skip
+    want = subprocess.run(edge0, capture_output=True, text=True, timeout=120)
+    assert want.returncode == 0, want.stderr[-2000:]
+    assert want.stdout.strip()
+    for name, proc in runs.items():
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, (name, err[-2000:])
+        assert out == want.stdout, name
+        assert "decode:" in err, name  # rank 0's stats line
