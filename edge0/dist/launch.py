@@ -38,6 +38,7 @@ from edge0.runtime.setup import EngineOptions, Setup
 log = get_logger("edge0.dist.launch")
 T = TypeVar("T")
 START_TIMEOUT_S = 600.0  # joining the ring and loading every rank's layers
+_OPENED = False  # whether this process has joined a ring (one per process)
 
 
 def options_json(opts: EngineOptions) -> str:
@@ -173,7 +174,12 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
     """Rank 0 of a pipeline: spawn, join, load own layers, wait for every rank; a Setup."""
     from edge0.cli.dist_flags import LAUNCHED
 
+    global _OPENED
     assert opts.hosts is not None
+    if _OPENED:  # mx.distributed keeps one global group per process
+        raise ConfigError(
+            "this process already joined a pipeline; open one Engine with hosts= per process"
+        )
     manifest = Manifest.load(path)
     link = Link(codec_for(manifest, opts), opts.rank_timeout)
     ranks: Ranks | Launched
@@ -193,6 +199,7 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
              layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges], cost=list(split.cost))  # fmt: skip
     try:
         setup, node = await build_node(path, opts, split, 0, link, compute)
+        _OPENED = True
         await _join(link, ranks, START_TIMEOUT_S)  # after loading, as the other ranks do
         await _ready(link, node, ranks)
     except BaseException:
