@@ -21,15 +21,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 
-from edge0.errors import CheckpointError
-from edge0.layout.load import _quantize
-from edge0.layout.manifest import RESIDENT_FILE, Manifest
-from edge0.layout.model import build_float_model
+from edge0.layout.manifest import Manifest
 from edge0.layout.quant import switch_modules
 from edge0.layout.safetensors_io import MX_DTYPES
-from edge0.layout.verify import check_files
-
-_FIX = "run `edge0 verify` on it or re-run `edge0 convert`"
 
 
 class Absent(nn.Module):
@@ -93,29 +87,17 @@ def load_stage(
 ) -> tuple[Stage, Any, Any]:  # fmt: skip
     """Load only `own` layers of an edge0 layout; `before_prune(model)` runs on the whole lazy
     model (predictors read routers of the next rank's first layer). Returns (stage, its result,
-    tokenizer)."""
-    from edge0.model.loader import activation_dtype, load_tokenizer
+    tokenizer). Every check `load_layout` makes is made (edge0.layout.load._open)."""
+    from edge0.layout.load import _open, read_expert_stacks
+    from edge0.model.loaded import activation_dtype, load_tokenizer
     from edge0.model.lora import maybe_apply_adapters
 
-    check_files(path, manifest)
-    model = build_float_model(manifest.config)
-    try:
-        weights = mx.load(str(path / RESIDENT_FILE))
-    except (RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{path / RESIDENT_FILE} is unreadable ({exc}); {_FIX}") from None
-    assert isinstance(weights, dict)
-    _quantize(model, manifest, weights)
-    model.eval()
-    placeholders = _expert_placeholders(path, manifest, model, own, experts)
-    model.load_weights(placeholders, strict=False)
-    try:
-        model.load_weights(list(weights.items()) + placeholders, strict=True)
-    except ValueError as exc:
-        raise CheckpointError(
-            f"{path}: resident weights do not match the config "
-            f"({' '.join(str(exc).split())}); {_FIX}"
-        ) from None
-    del weights, placeholders
+    _, model = _open(path, "none")  # validated; weights loaded lazily, expert stacks empty
+    if experts == "resident":  # this rank's layers' experts only
+        switch = switch_modules(model)
+        model.load_weights([(f"{switch[i][0]}.{n}", a) for i in own if i in switch
+                            for n, a in read_expert_stacks(path, manifest, i).items()],
+                           strict=False)  # fmt: skip
     model.set_dtype(activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype]))
     maybe_apply_adapters(model, path, enabled=adapter)  # evaluates the model when present
     result = before_prune(model)
@@ -126,21 +108,3 @@ def load_stage(
     config = manifest.config
     eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
     return stage, result, load_tokenizer(path, eos)
-
-
-def _expert_placeholders(
-    path: Path, manifest: Manifest, model: nn.Module, own: range, experts: str
-) -> list[tuple[str, mx.array]]:
-    """Expert stacks: own layers' records in resident mode, else (0, ...) placeholders."""
-    from edge0.layout.load import read_expert_stacks
-
-    out = []
-    for layer, (prefix, _) in switch_modules(model).items():
-        if experts == "resident" and layer in own:
-            out += [(f"{prefix}.{n}", a) for n, a in read_expert_stacks(path, manifest, layer).items()]
-        else:
-            out += [
-                (f"{prefix}.{f.name}", mx.zeros((0, *f.shape), dtype=MX_DTYPES[f.dtype]))
-                for f in manifest.fields
-            ]
-    return out
