@@ -2,7 +2,8 @@
 
     .venv/bin/python tools/bench/dist_bench.py MODEL [--ranks 1,2,4] [--tiers pread]
         [--tiers "throttle:bw=400MB/s,lat=200us>pread"] [--mode route] [--k 4]
-        [--tokens 16] [--rounds 2] [--json out.json] [--md out.md]
+        [--tokens 16] [--rounds 2] [--first-layer resident] [--memory-budget 2GiB (per rank)]
+    [--json out.json] [--md out.md]
 
 Each (tiers, ranks) configuration runs in a fresh process (one ring per process),
 configurations interleaved round by round; per configuration: one warm-up request,
@@ -27,13 +28,14 @@ from typing import Any
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88]
 
 
-async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int) -> dict[str, Any]:
+async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
+              extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from edge0.dist.launch import node_of
     from edge0.dist.pipeline import gather_stats, ping
     from edge0.runtime.engine import Engine
     from edge0.runtime.stats import peak_rss_bytes
 
-    opts: dict[str, Any] = dict(mode=mode, top_k=k, tiers=tiers, predictor="init")
+    opts: dict[str, Any] = dict(mode=mode, top_k=k, tiers=tiers, predictor="init", **extra)
     if ranks > 1:
         opts["hosts"] = ranks
     t0 = time.perf_counter()
@@ -70,7 +72,10 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int)
 
 def run_one(args: argparse.Namespace, ranks: int, tiers: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, args.model, "--one", str(ranks), "--one-tiers", tiers,
-           "--mode", args.mode, "--k", str(args.k), "--tokens", str(args.tokens)]  # fmt: skip
+           "--mode", args.mode, "--k", str(args.k), "--tokens", str(args.tokens),
+           "--first-layer", args.first_layer]  # fmt: skip
+    if args.memory_budget:
+        cmd += ["--memory-budget", args.memory_budget]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 and "terminate called" in proc.stderr:  # MLX thread-exit abort
         print("retrying after an MLX abort at exit", file=sys.stderr)
@@ -106,13 +111,19 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--first-layer", default="resident")
+    p.add_argument("--memory-budget", help="per rank, e.g. 2GiB")
     p.add_argument("--json")
     p.add_argument("--md")
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)
     p.add_argument("--one-tiers", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        res = asyncio.run(one(args.model, args.one, args.one_tiers, args.mode, args.k, args.tokens))
+        extra: dict[str, Any] = dict(first_layer=args.first_layer)
+        if args.memory_budget:
+            extra["memory_budget"] = args.memory_budget
+        res = asyncio.run(one(args.model, args.one, args.one_tiers, args.mode, args.k,
+                              args.tokens, extra))  # fmt: skip
         print(json.dumps(res))
         return
     tiers_list = args.tiers or ["pread"]
