@@ -46,6 +46,8 @@ def test_balance_is_contiguous_and_minimises_the_largest_rank() -> None:
 
 def test_balance_gives_a_heavy_first_layer_a_rank_of_its_own() -> None:
     assert balance([100, 10, 10, 10, 10], 2).text() == "1,4"
+    # the others share the rest evenly (not 1,1,5: same largest rank, worse compute spread)
+    assert balance([100, 10, 10, 10, 10, 10, 10], 3).text() == "1,3,3"
     with pytest.raises(ConfigError, match="at most 3 ranks"):
         balance([1, 1, 1], 4)
 

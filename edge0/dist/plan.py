@@ -78,32 +78,53 @@ def layer_costs(
     return costs
 
 
-def balance(costs: list[int], size: int) -> Split:
-    """Contiguous split of `costs` into `size` parts minimising the largest part (exact DP)."""
-    n = len(costs)
-    if size > n:
-        raise ConfigError(f"{size} ranks for a model of {n} layers: use at most {n} ranks")
-    prefix = [0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+def _min_max(weights: list[int], size: int, cap: list[int] | None = None,
+             limit: float = float("inf")) -> list[int] | None:
+    """Layers per part of the contiguous split of `weights` into `size` parts minimising the
+    largest part's weight, with every part's `cap` sum at most `limit` (exact DP); None if
+    no split fits."""
+    n = len(weights)
+    cap = cap or weights
+    pw, pc = [0], [0]
+    for w, c in zip(weights, cap, strict=True):
+        pw.append(pw[-1] + w)
+        pc.append(pc[-1] + c)
     inf = float("inf")
-    # best[r][i]: the smallest max-part splitting the first i layers into r parts
+    # best[r][i]: the smallest largest part splitting the first i layers into r parts
     best = [[inf] * (n + 1) for _ in range(size + 1)]
     cut = [[0] * (n + 1) for _ in range(size + 1)]
     best[0][0] = 0
     for r in range(1, size + 1):
         for i in range(r, n - (size - r) + 1):
             for j in range(r - 1, i):
-                v = max(best[r - 1][j], prefix[i] - prefix[j])
+                if pc[i] - pc[j] > limit:
+                    continue
+                v = max(best[r - 1][j], pw[i] - pw[j])
                 if v < best[r][i]:
                     best[r][i], cut[r][i] = v, j
+    if best[size][n] == inf:
+        return None
     counts, i = [], n
     for r in range(size, 0, -1):
         j = cut[r][i]
         counts.append(i - j)
         i = j
-    counts.reverse()
+    return counts[::-1]
+
+
+def balance(costs: list[int], size: int) -> Split:
+    """Contiguous split of `costs` (bytes per layer) into `size` parts: the largest part as
+    small as it can be; among the splits that reach it, layers spread as evenly as they can
+    (a rank holding the embedding takes few layers, the others share the rest)."""
+    n = len(costs)
+    if size > n:
+        raise ConfigError(f"{size} ranks for a model of {n} layers: use at most {n} ranks")
+    counts = _min_max(costs, size)
+    assert counts is not None
     ranges = _ranges(counts)
+    peak = max(sum(costs[x] for x in rng) for rng in ranges)
+    even = _min_max([1] * n, size, costs, peak)  # fewest layers on the busiest rank
+    ranges = _ranges(even or counts)
     return Split(ranges, tuple(sum(costs[x] for x in rng) for rng in ranges))
 
 
