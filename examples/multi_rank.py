@@ -1,41 +1,43 @@
-"""One model pipelined over two local ranks (mlx.distributed, ring backend on 127.0.0.1).
+r"""One model pipelined over two local ranks (mlx.distributed, ring backend on 127.0.0.1).
 
 Rank 0 is this process: `Engine.open(path, hosts=2)` spawns rank 1, splits the
 layers between the two (balancing resident + streamed memory), and each rank
-streams only its own layers' experts. The same Engine API as on one machine;
-the text, then each rank's stats (layers, peak RSS, compute, blocked-on-reads
-time, expert reads), then the ring's cost per token. Exits 0.
+streams only its own layers' experts. The same Engine API as on one machine.
+Prints the split, the text, each rank's stats (layers, peak RSS, compute-thread
+CPU, blocked-on-reads time, expert reads), then the ring's cost per token; exits 0.
 
-Run: python examples/multi_rank.py [MODEL_DIR]   (default: the demo model)
+Run: python examples/multi_rank.py [MODEL_DIR] [--max-tokens N]   (default: the demo model)
 On several Macs: docs/distributed.md.
+
+ci-run: --max-tokens 6
+ci-run: {model} --max-tokens 6
+ci-expect: ^layers per rank: \d+,\d+ \(0-\d+, \d+-\d+\)$
+ci-expect: ^\d+ tokens, [\d.]+ tok/s decode$
+ci-expect: ^rank 0: layers 0-\d+, peak RSS \d+ MiB, .* expert reads
+ci-expect: ^rank 1: layers \d+-\d+, peak RSS \d+ MiB, .* expert reads
+ci-expect: ^ring: \d+ bytes per token over 2 hops, empty trip [\d.]+ ms
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
+from _model import parse_args
+
 import edge0
-from edge0.dist.launch import node_of
-from edge0.dist.pipeline import gather_stats, ping
-from edge0.runtime.engine import run
-from edge0.runtime.summary import RunStats
 
 
-def model_dir() -> Path:
-    """argv[1], else the demo model (converted to the edge0 layout on first use)."""
-    from edge0.model.demo import default_model_path
+async def main(path: Path, max_tokens: int) -> None:
+    from edge0.dist.launch import node_of
+    from edge0.dist.pipeline import gather_stats, ping
+    from edge0.runtime.summary import RunStats
 
-    return Path(sys.argv[1]) if len(sys.argv) > 1 else default_model_path()
-
-
-async def main() -> None:
-    async with edge0.Engine.open(model_dir(), hosts=2, mode="route", tiers="pread") as eng:
+    async with edge0.Engine.open(path, hosts=2, mode="route", tiers="pread") as eng:
         node = node_of(eng)
-        print(f"layers per rank: {node.split.text()}  "
+        print(f"layers per rank: {node.split.text()} "
               f"({', '.join(f'{r.start}-{r.stop - 1}' for r in node.split.ranges)})")
-        async for piece in eng.generate("def parse(s):", max_tokens=32):
+        async for piece in eng.generate("def parse(s):", max_tokens=max_tokens):
             if isinstance(piece, RunStats):
                 print(f"\n{piece.generated_tokens} tokens, {piece.decode_tps:.1f} tok/s decode")
             else:
@@ -52,4 +54,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    run(main())
+    from edge0.runtime.engine import run
+
+    args = parse_args(__doc__, max_tokens=32)
+    run(main(args.model, args.max_tokens))
