@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import shlex
@@ -101,7 +102,9 @@ class Ranks:
     def __init__(self, cluster: Cluster, path: Path, opts_text: str, split: Split) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
+        self.files: list[Path] = []  # removed after a clean stop (logs kept after a failure)
         logdir = Path(tempfile.mkdtemp(prefix="edge0-ranks-"))
+        self.logdir = logdir
         for rank in range(1, cluster.size):
             argv = [sys.executable, "-m", "edge0.dist.worker", str(path.resolve()),
                     "--rank", str(rank), "--ring", cluster.ring_json(), "--split", split.text(),
@@ -139,6 +142,13 @@ class Ranks:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def clean(self) -> None:
+        """Remove the ring file and the logs (after a clean stop)."""
+        for f in [*self.files, *self.logs]:
+            f.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.logdir.rmdir()
 
 
 async def _watch(link: Link, fut: concurrent.futures.Future[T], ranks: Ranks | Launched,
@@ -195,6 +205,7 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
         ringfile.write_text(cluster.ring_json())
         os.environ["MLX_HOSTFILE"] = str(ringfile)
         ranks = Ranks(cluster, path, options_json(opts), split)
+        ranks.files.append(ringfile)
     log.info("pipeline", ranks=len(split.ranges), split=split.text(),
              layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges], cost=list(split.cost))  # fmt: skip
     try:
@@ -230,6 +241,8 @@ def _wire(setup: Setup, node: Node, ranks: Ranks | Launched, link: Link) -> Setu
                 log.warning("rank_stop_failed", error=str(exc))
         link.close()
         await asyncio.to_thread(ranks.stop, 0.0 if link.broken is not None else 10.0)
+        if link.broken is None and isinstance(ranks, Ranks):
+            ranks.clean()
 
     setup.on_close.append(close)
     return setup
