@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from edge0.cli.dist_flags import DIST_KEYS, dist_options, resolve
 from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options
 from edge0.cli.stream import is_layout, run_streaming
 from edge0.errors import ConfigError, PromptError
@@ -34,6 +35,7 @@ def read_prompt(prompt: str) -> str:
     help="Wrap the prompt in the tokenizer's chat template (if it has one).",
 )
 @runtime_options
+@dist_options
 def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
     """Generate text with MODEL (a model directory; default: the demo model).
 
@@ -47,8 +49,9 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
 
     text = read_prompt(prompt)
     runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
+    runtime["dist"] = resolve({k: sampling.pop(k) for k in DIST_KEYS})
     path = model if model is not None else default_model_path()
-    if is_layout(path) and runtime["mode"] != "resident":
+    if is_layout(path) and (runtime["mode"] != "resident" or runtime["dist"]):
         run_streaming(path, text, chat, sampling, runtime)  # the streaming engine (docs/runtime.md)
         return
     if runtime["mode"] not in (None, "resident"):
