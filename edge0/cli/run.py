@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from edge0.cli.checks import output_file, read_stdin_text, streaming_only_flags
+from edge0.cli.dist_flags import DIST_KEYS, dist_options, resolve
 from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options
 from edge0.cli.stream import is_layout, run_streaming
 from edge0.errors import ConfigError, PromptError
@@ -35,6 +36,7 @@ def read_prompt(prompt: str) -> str:
     help="Wrap the prompt in the tokenizer's chat template (if it has one).",
 )
 @runtime_options
+@dist_options
 def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
     """Generate text with MODEL (a model directory; default: the demo model).
 
@@ -47,6 +49,7 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
     from edge0.model.lora import maybe_apply_adapters
 
     runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
+    runtime["dist"] = resolve({k: sampling.pop(k) for k in DIST_KEYS})
     SamplingSettings(**sampling)  # bad values (NaN, inf) fail before any work
     output_file(runtime["trace_file"], "--trace")
     output_file(runtime["run_log_json"], "--log-json")
@@ -55,9 +58,9 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
     ctx = click.get_current_context()
     if not is_layout(path):
         streaming_only_flags(ctx, f"{path} is not an edge0-layout directory")
-    elif runtime["mode"] == "resident":
+    elif runtime["mode"] == "resident" and not runtime["dist"]:
         streaming_only_flags(ctx, "--mode resident runs the resident loop")
-    if is_layout(path) and runtime["mode"] != "resident":
+    if is_layout(path) and (runtime["mode"] != "resident" or runtime["dist"]):
         run_streaming(path, text, chat, sampling, runtime)  # the streaming engine (docs/runtime.md)
         return
     if runtime["mode"] not in (None, "resident"):

@@ -101,6 +101,8 @@ class Engine:
             await self.setup.scheduler.aclose()
         if self.setup.tier is not None:
             await self.setup.tier.aclose()
+        for close in self.setup.on_close:  # e.g. stopping the other ranks of a pipeline
+            await close()
         if self.options.trace:
             self.setup.tracer.write_chrome(self.options.trace)
         self._compute.close()
@@ -217,9 +219,9 @@ class Engine:
     async def _run(self, req: Request) -> None:
         """One request's steps on the compute thread; tokens go to its queue as they come."""
         ctx, sched = self.setup.ctx, self.setup.scheduler
-        model, settings = self.setup.model, req.settings
-        runner = await self._compute.run(
-            lambda: Runner(model, ctx, req.id, settings.sampler())  # seeded on this thread
+        settings = req.settings
+        runner = await self._compute.run(  # the sampler is seeded on this thread
+            lambda: self.setup.make_runner(req.id, settings.sampler(), settings)
         )
         first_record = len(ctx.records)
         reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None

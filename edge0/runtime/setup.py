@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from edge0.runtime.memory import (
     with_ram,
     working_bytes,
 )
+from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import ALIGN, SlotMemory, slot_bytes
 from edge0.runtime.slots import SlotPool, pool_size
@@ -65,6 +67,10 @@ class EngineOptions:
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
     context: int = KV_CONTEXT  # tokens of context a memory budget plans for (prompt + output)
+    # several ranks (edge0.dist): hosts "2", "ip,ip" or hosts.json; layers per rank "4,4"
+    hosts: str | int | None = None
+    layers: str | None = None
+    rank_timeout: float = 120.0  # seconds a rank may take for one step before rank 0 gives up
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -101,6 +107,15 @@ class Setup:
     scheduler: Scheduler | None = None
     tier: Tier | None = None
     memory_plan: MemoryPlan | None = None
+    # edge0.dist replaces how a request runs (rank 0 of a pipeline) and adds its own shutdown
+    runner: Callable[..., Any] | None = None  # (request, sampler, settings) -> a Runner
+    on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
+    dist: Any = None  # the pipeline node (edge0.dist.build.Node) of rank 0
+
+    def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:
+        if self.runner is not None:
+            return self.runner(request, sampler, settings)
+        return Runner(self.model, self.ctx, request, sampler)
 
 
 def model_top_k(block: nn.Module) -> int:
@@ -177,6 +192,10 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     from edge0.model.loader import LoadedModel
 
     opts.check()
+    if opts.hosts is not None:
+        from edge0.dist.launch import build_pipeline
+
+        return await build_pipeline(path, opts, compute)
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     spec = opts.tiers
