@@ -17,7 +17,7 @@ ci-run: http://127.0.0.1:{port}
 ci-serve: edge0 serve {model} --port {port}
 ci-expect: ^server: http://127\.0\.0\.1:\d+/v1 \((started here|given)\)$
 ci-expect: ^models: \S+
-ci-expect: ^chat \(streamed\): 
+ci-expect: ^chat \(streamed\):\s
 ci-expect: ^completion: .* \| usage: prompt \d+, completion \d+, total \d+ tokens$
 ci-bad-args: --no-such-option
 ci-bad-args: not-a-url

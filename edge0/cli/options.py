@@ -11,7 +11,8 @@ import click
 MODES = ("resident", "reactive", "hint", "route")
 # the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
-                "trace_file", "run_log_json", "io_workers", "adapter")  # fmt: skip
+                "context", "trace_file", "run_log_json", "io_workers", "adapter",
+                "sync_every")  # fmt: skip
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -79,8 +80,12 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "kept in memory, predicted by the last layer's wrap-around head, or "
                      "routed and read on demand."),
         click.option("--memory-budget", default=None,
-                     help="Total memory, e.g. 3GiB: the RAM cache gets what resident weights, "
-                          "slot tables and KV cache leave."),
+                     help="Peak memory (RSS), e.g. 3GiB, planned before loading: what resident "
+                          "weights, slots, KV cache and working memory leave buys more slots "
+                          "or the RAM cache (docs/memory.md)."),
+        click.option("--context", type=click.IntRange(1), default=4096, show_default=True,
+                     help="Tokens of context (prompt + output) --memory-budget plans the KV "
+                          "cache for; longer requests are cut there."),
         click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
                      help="Write a Chrome/Perfetto trace (compute + tier worker tracks)."),
         click.option("--log-json", "run_log_json", type=click.Path(dir_okay=False),
@@ -88,6 +93,9 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "as JSON lines in this file."),
         click.option("--io-workers", type=click.IntRange(1), default=2, show_default=True,
                      help="Concurrent tier reads."),
+        click.option("--sync-every", type=click.IntRange(1), default=None,
+                     help="Route mode: evaluate the layers' predictions every G layers "
+                          "(host syncs per token ~ layers/G) [default: 4]."),
         click.option("--adapter/--no-adapter", default=True, show_default=True,
                      help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
     ]  # fmt: skip
@@ -102,5 +110,6 @@ def engine_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
         tiers=runtime["tiers"], mode=runtime["mode"] or "route", top_k=runtime["route_top_k"],
         predictor=runtime["predictor"], first_layer=runtime["first_layer"],
         memory_budget=runtime["memory_budget"], trace=runtime["trace_file"],
-        io_workers=runtime["io_workers"], adapter=runtime["adapter"],
+        io_workers=runtime["io_workers"], adapter=runtime["adapter"], context=runtime["context"],
+        sync_every=runtime["sync_every"],
     )  # fmt: skip

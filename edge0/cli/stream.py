@@ -40,7 +40,8 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             top_k=runtime["route_top_k"], predictor=predictor,
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
-            adapter=runtime["adapter"],
+            adapter=runtime["adapter"], sync_every=runtime["sync_every"],
+            context=runtime["context"],
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

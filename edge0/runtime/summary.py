@@ -29,6 +29,7 @@ class RunStats:
     compute_ms_per_step: float = 0.0  # decode steps: inside mx.eval
     overhead_ms_per_layer: float = 0.0  # neither eval nor waiting, per streamed layer
     overhead_cpu_ms_per_layer: float = 0.0  # the same in compute-thread CPU time (load-proof)
+    syncs_per_token: float = 0.0  # decode steps: host syncs (evaluations compute waited for)
     bytes_per_token: float = 0.0
     decode_bytes_per_step: float = 0.0  # read during decode steps only
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
@@ -71,7 +72,7 @@ class RunStats:
             f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
             f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
             f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
-            f"CPU) | overlap efficiency "
+            f"CPU) | host syncs {self.syncs_per_token:.1f}/token | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
             f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
             f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
@@ -115,6 +116,7 @@ def fill(
         stats.overhead_ms_per_layer = (wall - ev - wait) / layers * 1e3 if layers else 0.0
         cpu = sum(s.cpu - s.cpu_excluded for s in decode)
         stats.overhead_cpu_ms_per_layer = cpu / layers * 1e3 if layers else 0.0
+        stats.syncs_per_token = sum(s.syncs for s in decode) / n
         stats.overlap_efficiency = max(ev, decode_io_s) / wall if wall > 0 else 0.0
     tokens = stats.prompt_tokens + stats.generated_tokens
     stats.bytes_per_token = reads.bytes / tokens if tokens else 0.0
