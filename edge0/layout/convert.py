@@ -58,9 +58,15 @@ TOKENIZER_FILES = (
 
 @attrs.frozen
 class ConvertOptions:
-    """Options of `edge0 convert` (None: 4 bits / group 64 for HF, the source's for MLX)."""
+    """Options of `edge0 convert` (None: 4 bits / group 64 for HF, the source's for MLX).
+
+    embed_bits / attn_bits: bits of the token embedding + LM head / of the attention
+    projections (None: the expert bits). HF sources only: MLX sources are never requantized.
+    """
 
     bits: int | None = None
+    embed_bits: int | None = None
+    attn_bits: int | None = None
     group_size: int | None = None
     compress: str | None = None  # None or "zstd"
     zstd_level: int = 3
@@ -159,6 +165,24 @@ def _check_options(opts: ConvertOptions) -> None:
         raise ConversionError(f"--zstd-level {opts.zstd_level} is outside zstd's -7..22")
 
 
+RESIDENT_BITS = (4, 8)
+
+
+def _resident_bits(source: Source, opts: ConvertOptions) -> dict[str, int]:
+    chosen = {"embed": opts.embed_bits, "attn": opts.attn_bits}
+    out = {kind: b for kind, b in chosen.items() if b is not None}
+    for kind, b in out.items():
+        if b not in RESIDENT_BITS:
+            raise ConversionError(f"--{kind}-bits {b} is not one of {list(RESIDENT_BITS)}")
+    if out and source.quantized:
+        raise ConversionError(
+            f"{source.path} is already quantized; Edge0 repacks MLX checkpoints without "
+            "requantizing: drop --embed-bits/--attn-bits or convert from the full-precision "
+            "checkpoint"
+        )
+    return out
+
+
 def _scale_dtype(source: Source) -> str:
     le = next(iter(source.experts.values()))
     if source.quantized:
@@ -213,7 +237,12 @@ def _write_experts(
 
 
 # Quality artifacts trained for this model travel with it (docs/prerouter.md, docs/lora.md).
-ARTIFACT_FILES = ("prerouter.safetensors", "prerouter.json")
+ARTIFACT_FILES = (
+    "prerouter.safetensors",
+    "prerouter.json",
+    "prerouter-layer.safetensors",
+    "prerouter-layer.json",
+)
 ARTIFACT_DIRS = ("adapters",)
 
 
@@ -244,6 +273,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     shape = _expert_shape(source, model)
     params = _quant_defaults(source, shape, opts)
     expert_params = _expert_params(source, shape, params)
+    resident_bits = _resident_bits(source, opts)
     spec = record_layout(
         shape.d_model, shape.d_ff, expert_params["bits"], expert_params["group_size"],
         _scale_dtype(source),
@@ -253,7 +283,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     need = experts_bytes * (2 if opts.compress else 1) + resident_bytes
     check_free_space(dst, need, f"converting {src}")
     with atomic_directory(dst, opts.force, src) as tmp:
-        config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
+        config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE, resident_bits)
         resident_crc = {
             "header": zlib.crc32(header_bytes(tmp / RESIDENT_FILE)),
             "file": file_crc32(tmp / RESIDENT_FILE),
