@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import mlx.core as mx
@@ -23,6 +23,9 @@ from edge0.routing.predictors import Predictor
 from edge0.runtime.scheduler import Scheduler
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.trace import Tracer
+
+if TYPE_CHECKING:
+    from edge0.runtime.prefill import ChunkState
 
 MODES = ("resident", "reactive", "hint", "route")
 
@@ -76,6 +79,8 @@ class StreamContext:
         self.resident_experts: dict[int, dict[str, mx.array]] = {}
         self.records: list[StepRecord] = []
         self.cur = StepRecord(-1, True)
+        self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
+        self.chunk: ChunkState | None = None  # the prompt chunk being computed
 
     # --- request and step boundaries ----------------------------------------------------
     def begin_request(self, request: int) -> None:
@@ -202,6 +207,10 @@ class Runner:
 
     def prefill(self, tokens: list[int]) -> int:
         """Feed the prompt; return the first generated token."""
+        if self.ctx.prefill_chunk > 1 and len(tokens) > 1:
+            from edge0.runtime.prefill import chunked_prefill
+
+            return chunked_prefill(self, tokens, self.ctx.prefill_chunk)
         nxt = -1
         for tok in tokens:
             nxt = self.feed(tok, prefill=True)

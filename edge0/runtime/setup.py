@@ -18,6 +18,7 @@ from edge0.routing.predictors import NAMES, Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
+from edge0.runtime.prefill import DEFAULT_CHUNK
 from edge0.runtime.runner import MODES, StreamContext
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import SlotMemory
@@ -49,6 +50,7 @@ class EngineOptions:
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in ctx.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
+    prefill_chunk: int = DEFAULT_CHUNK  # prompt tokens per forward; 1: one token per step
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -63,6 +65,8 @@ class EngineOptions:
             )
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
 
@@ -160,6 +164,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     ctx, memory, table = await compute.run(
         lambda: prepare(loaded.model, manifest, opts, path, tracer)
     )
+    ctx.prefill_chunk = opts.prefill_chunk
     setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
     if memory is None or table is None:
         return setup

@@ -1,0 +1,165 @@
+"""Chunked prefill equals one-token prefill (logits, greedy tokens) in every mode; reads once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import MODEL_TYPES
+from runtime_helpers import MockTier, build_store
+
+from edge0.errors import ConfigError
+from edge0.model.generate import SamplingSettings
+from edge0.runtime.engine import Engine
+
+PROMPT = [5, 17, 42, 7, 99, 3, 250, 31, 64, 12, 8, 77, 140, 9, 21, 33, 45, 101, 6, 88, 13, 2, 57]
+N = 6  # generated tokens: the first from prefill, then N - 1 decode steps
+MODES = [
+    ("resident", None),
+    ("reactive", None),
+    ("hint", "init"),
+    ("route", "init"),
+    ("route", "temporal"),  # a host-side predictor (no MLX graph)
+    ("route", "heads"),  # random heads whose temporal inputs (multi-hot t, t-1) matter
+]
+
+
+def with_random_heads(store: Path, dest: Path) -> Path:
+    """A copy of `store` with prerouter heads whose every weight is random (seeded)."""
+    import shutil
+
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    from edge0.layout.load import load_layout
+    from edge0.routing.prerouter import PrerouterSet
+
+    shutil.copytree(store, dest)
+    heads = PrerouterSet.from_model(load_layout(dest, experts="none").model)
+    mx.random.seed(0)
+    for head in heads.heads.values():
+        flat: Any = tree_flatten(head.parameters())
+        # the multi-hot columns dominate: a wrong temporal input changes the prediction
+        scale = {"lin_m.weight": 10.0}
+        head.update(tree_unflatten([(n, scale.get(n, 0.1) * mx.random.normal(v.shape))
+                                    for n, v in flat]))  # fmt: skip
+    heads.save(dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("prefill-stores")
+    out = {mt: build_store(root, mt) for mt in MODEL_TYPES}
+    for mt in MODEL_TYPES:
+        out[f"{mt}+heads"] = with_random_heads(out[mt], root / f"{mt}-heads")
+    return out
+
+
+@attrs.frozen
+class Recording(SamplingSettings):
+    """Greedy sampling that keeps every logits row it is given (one per forward)."""
+
+    seen: list[mx.array] = attrs.field(factory=list)
+
+    def sampler(self) -> Any:
+        def pick(logits: mx.array) -> mx.array:
+            self.seen.append(logits)
+            return mx.argmax(logits, axis=-1)
+
+        return pick
+
+
+async def generate(path: Path, prompt: list[int], chunk: int, **opts: Any) -> dict[str, Any]:
+    if opts.get("mode") != "resident":
+        opts.setdefault("tiers", MockTier(path))
+    rec = Recording()
+    async with Engine.open(path, prefill_chunk=chunk, **opts) as eng:
+        toks = [t async for t in eng.tokens(prompt, max_tokens=N, stop=False, sampling=rec)]
+        # the logits of the prefill's last forward, then of every decode step
+        logits = np.stack([np.array(a.reshape(-1)) for a in rec.seen[-N:]])
+        return {"tokens": toks, "logits": logits, "engine": eng, "stats": eng.last_stats}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("family", MODEL_TYPES)
+@pytest.mark.parametrize(("mode", "predictor"), MODES)
+def test_chunked_prefill_equals_one_token(
+    stores: dict[str, Path], family: str, mode: str, predictor: str | None
+) -> None:
+    path = stores[f"{family}+heads" if predictor == "heads" else family]
+    one = run(generate(path, PROMPT, 1, mode=mode, predictor=predictor))
+    # 23 tokens in chunks of 8, 8, 7; and of 11, 11, 1 (a trailing one-token step)
+    for chunk in (8, 11):
+        got = run(generate(path, PROMPT, chunk, mode=mode, predictor=predictor))
+        assert got["tokens"] == one["tokens"], chunk
+        np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+        prefill_steps = [r for r in got["engine"].setup.ctx.records if r.prefill]
+        assert len(prefill_steps) == 3
+    if mode == "route":  # the first decode step is routed by the last prompt token's prediction
+        ctx = got["engine"].setup.ctx
+        assert ctx.routed_by_prediction == one["engine"].setup.ctx.routed_by_prediction > 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_chunked_prefill_other_capacities(stores: dict[str, Path], k: int) -> None:
+    """K=1 stages one expert per group (8 groups); K=3 groups of 3 over 8 experts."""
+    path = stores[MODEL_TYPES[0]]
+    one = run(generate(path, PROMPT, 1, mode="reactive", top_k=k))
+    got = run(generate(path, PROMPT, 23, mode="reactive", top_k=k))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("first", ["resident", "wrap", "reactive"])
+def test_chunked_prefill_first_layer_policies(stores: dict[str, Path], first: str) -> None:
+    path = stores["qwen3_5_moe"] if "qwen3_5_moe" in stores else stores[MODEL_TYPES[0]]
+    one = run(generate(path, PROMPT, 1, mode="route", predictor="init", first_layer=first))
+    got = run(generate(path, PROMPT, 8, mode="route", predictor="init", first_layer=first))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+def test_each_expert_read_once_per_chunk(stores: dict[str, Path]) -> None:
+    """Reactive, one chunk for the whole prompt: every layer reads exactly its prompt union."""
+    path = stores[MODEL_TYPES[0]]
+    tier = MockTier(path)
+
+    async def go() -> tuple[Any, int]:
+        async with Engine.open(path, tiers=tier, mode="reactive", prefill_chunk=len(PROMPT),
+                               record_routing=True) as eng:  # fmt: skip
+            got = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
+            assert len(got) == 1
+            return eng, len(tier.reads)
+
+    eng, n_reads = run(go())
+    rec = eng.setup.ctx.recording
+    streamed = sorted({layer for _, layer in rec} - set(eng.setup.ctx.resident_experts))
+    want = {
+        layer: {e for pos in range(len(PROMPT)) for e in rec[(pos, layer)]} for layer in streamed
+    }
+    reads: dict[int, list[int]] = {}
+    for key in tier.reads[:n_reads]:
+        reads.setdefault(key.layer, []).append(key.expert)
+    for layer in streamed:
+        assert sorted(reads[layer]) == sorted(want[layer]), layer  # each once, nothing else
+    # more than a slot table's worth: the union was staged in groups
+    assert max(len(u) for u in want.values()) > eng.setup.ctx.memory.n_slots
+
+
+def test_bad_chunk_is_a_config_error(stores: dict[str, Path]) -> None:
+    path = stores[MODEL_TYPES[0]]
+
+    async def go() -> None:
+        async with Engine.open(path, tiers=MockTier(path), prefill_chunk=0):
+            pass
+
+    with pytest.raises(ConfigError, match="--prefill-chunk must be at least 1"):
+        run(go())
