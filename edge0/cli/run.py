@@ -13,7 +13,7 @@ from edge0.cli.stream import is_layout, run_streaming, runtime_options
 from edge0.errors import ConfigError, PromptError
 
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
-                "trace_file", "run_log_json", "io_workers", "adapter")  # fmt: skip
+                "trace_file", "run_log_json", "io_workers", "adapter", "prefill_chunk")  # fmt: skip
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:

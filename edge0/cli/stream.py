@@ -42,12 +42,20 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "as JSON lines in this file."),
         click.option("--io-workers", type=click.IntRange(1), default=2, show_default=True,
                      help="Concurrent tier reads."),
+        click.option("--prefill-chunk", type=click.IntRange(1), default=None,
+                     help="Prompt tokens per forward; each streamed layer reads its chunk's "
+                     "experts once; 1 feeds the prompt one token per step [default: 64]."),
         click.option("--adapter/--no-adapter", default=True, show_default=True,
                      help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
     ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _chunk(runtime: dict[str, Any]) -> dict[str, int]:
+    chunk = runtime.get("prefill_chunk")
+    return {} if chunk is None else {"prefill_chunk": chunk}
 
 
 def is_layout(path: Path) -> bool:
@@ -78,7 +86,7 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             top_k=runtime["route_top_k"], predictor=predictor,
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
-            adapter=runtime["adapter"],
+            adapter=runtime["adapter"], **_chunk(runtime),
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

@@ -166,7 +166,8 @@ class Engine:
             await self._compute.run(mx.reset_peak_memory)
             self._lags = []
             stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(ids),
-                             predictor=getattr(ctx.predictor, "name", ""))  # fmt: skip
+                             predictor=getattr(ctx.predictor, "name", ""),
+                             prefill_chunk=ctx.prefill_chunk)  # fmt: skip
             stats.finish_reason = "cancelled"
             t0 = time.perf_counter()
             io_at_decode: float | None = None
@@ -175,8 +176,9 @@ class Engine:
                 tok = await self._compute.run(lambda: runner.prefill(ids))
                 t1 = time.perf_counter()
                 stats.prefill_s = t1 - t0
-                if sched is not None:
+                if sched is not None and reads0 is not None:
                     io_at_decode, bytes_at_decode = t1, sched.stats.bytes
+                    stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(ids)
                 n = 0
                 while True:
                     if tok in eos:

@@ -30,6 +30,9 @@ class RunStats:
     overhead_cpu_ms_per_layer: float = 0.0  # the same in compute-thread CPU time (load-proof)
     bytes_per_token: float = 0.0
     decode_bytes_per_step: float = 0.0  # read during decode steps only
+    prefill_chunk: int = 1  # prompt tokens per forward
+    prefill_bytes_per_token: float = 0.0  # read during prefill / prompt tokens
+    first_decode_blocked_ms: float = 0.0  # the first decode step waiting on reads
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
     rewrites_per_step: float = 0.0  # slots written per step (incremental table: misses only)
     tier_reads: dict[str, int] = attrs.field(factory=dict)  # serving tier -> reads
@@ -74,6 +77,9 @@ class RunStats:
             f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
             f"CPU) | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
+            f"prefill: chunk {self.prefill_chunk}, reads "
+            f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token | first decode step "
+            f"blocked {self.first_decode_blocked_ms:.2f} ms",
             f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
             f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
             f"cache hit rate {self.cache_hit_rate:.2f} | "
@@ -117,6 +123,7 @@ def fill(
         cpu = sum(s.cpu - s.cpu_excluded for s in decode)
         stats.overhead_cpu_ms_per_layer = cpu / layers * 1e3 if layers else 0.0
         stats.overlap_efficiency = max(ev, decode_io_s) / wall if wall > 0 else 0.0
+        stats.first_decode_blocked_ms = decode[0].wait * 1e3
     tokens = stats.prompt_tokens + stats.generated_tokens
     stats.bytes_per_token = reads.bytes / tokens if tokens else 0.0
     asked = reads.staged_hits + reads.staged_misses
