@@ -188,3 +188,19 @@ def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> 
     assert {target for target, _ in plans} == set(streamed)  # every streamed layer is planned
     fresh = sum(len(set(experts) - union[target]) for (target, _), (_, experts) in plans.items())
     assert issued == sum(len(u) for u in union.values()) + fresh
+
+
+@pytest.mark.parametrize("family", MODEL_TYPES)
+def test_head_runs_on_the_last_position_only(loaded_model: Any, family: str) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from edge0.runtime.prefill import last_position_only
+
+    model = loaded_model(family).model
+    ids = mx.array([PROMPT[:9]])
+    full = model(ids, cache=make_prompt_cache(model))  # (1, 9, vocab)
+    with last_position_only(model):
+        last = model(ids, cache=make_prompt_cache(model))
+    assert last.shape == (1, 1, full.shape[-1])
+    np.testing.assert_allclose(np.array(last[0, -1]), np.array(full[0, -1]), atol=1e-5, rtol=0)
+    assert model(ids, cache=make_prompt_cache(model)).shape == full.shape  # restored

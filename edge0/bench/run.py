@@ -40,6 +40,7 @@ COLUMNS = [
     ("decode_tps", "decode tok/s", "{:.2f}", 1.0),
     ("prefill_tps", "prefill tok/s", "{:.2f}", 1.0),
     ("prefill_bytes_per_token", "prefill MiB/prompt tok", "{:.2f}", 1 / _MIB),
+    ("prefill_blocked_ms", "prefill blocked ms", "{:.0f}", 1.0),
     ("first_decode_blocked_ms", "1st decode blocked ms", "{:.1f}", 1.0),
     ("blocked_ms_per_step", "blocked ms/step", "{:.1f}", 1.0),
     ("compute_ms_per_step", "compute ms/step", "{:.1f}", 1.0),

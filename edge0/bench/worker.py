@@ -111,6 +111,7 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         else 0.0,  # fmt: skip
         "prefill_bytes_per_token": wmean("prefill_bytes_per_token", "prompt_tokens"),
         "first_decode_blocked_ms": wmean("first_decode_blocked_ms", "prompt_tokens"),
+        "prefill_blocked_ms": wmean("prefill_blocked_ms", "prompt_tokens"),
         "slot_hit_rate": wmean("slot_hit_rate"),
         "cache_hit_rate": wmean("cache_hit_rate"),
         "tickets_wasted": float(sum(s["tickets_wasted"] for s in stats)),

@@ -16,11 +16,14 @@ step's plan and prefetch, as if the prompt had run one token at a time.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from edge0.runtime.chunk_moe import chunk_experts
@@ -105,6 +108,37 @@ def _after_routing(
         st.pending[pred.targets[layer]] = experts
 
 
+class _LastPosition(nn.Module):
+    """The model's final norm applied to the last position only (the output head follows)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def __call__(self, h: mx.array) -> mx.array:
+        return self.norm(h[:, -1:, :])  # (1, 1, d): logits of one row, not of the chunk
+
+
+@contextlib.contextmanager
+def last_position_only(model: nn.Module) -> Iterator[None]:
+    """Compute the output head for the chunk's last token alone (not T x vocab logits).
+
+    mlx-lm's text models end in `self.norm(h)` before the head; the norm is swapped
+    for the call. A model without that shape runs unchanged (all positions).
+    """
+    inner: Any = getattr(model, "language_model", model)
+    inner = getattr(inner, "model", None)
+    norm = getattr(inner, "norm", None) if inner is not None else None
+    if not isinstance(norm, nn.Module):
+        yield
+        return
+    inner.norm = _LastPosition(norm)
+    try:
+        yield
+    finally:
+        inner.norm = norm
+
+
 def run_chunk(runner: Runner, tokens: list[int]) -> tuple[int, ChunkState]:
     """One forward over `tokens` (len > 1); the sampled token after the last one."""
     ctx = runner.ctx
@@ -114,7 +148,8 @@ def run_chunk(runner: Runner, tokens: list[int]) -> tuple[int, ChunkState]:
     ctx.pos += len(tokens) - 1  # the position of the chunk's last token
     ctx.chunk = st
     try:
-        logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
+        with last_position_only(runner.model):
+            logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
         nxt = runner.sampler(logits)
         t1, c1 = time.perf_counter(), time.thread_time()
         mx.eval(nxt)  # the chunk's fence

@@ -33,6 +33,7 @@ class RunStats:
     prefill_chunk: int = 1  # prompt tokens per forward
     prefill_bytes_per_token: float = 0.0  # read during prefill / prompt tokens
     first_decode_blocked_ms: float = 0.0  # the first decode step waiting on reads
+    prefill_blocked_ms: float = 0.0  # the whole prefill waiting on reads
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
     rewrites_per_step: float = 0.0  # slots written per step (incremental table: misses only)
     tier_reads: dict[str, int] = attrs.field(factory=dict)  # serving tier -> reads
@@ -78,7 +79,8 @@ class RunStats:
             f"CPU) | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
             f"prefill: chunk {self.prefill_chunk}, reads "
-            f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token | first decode step "
+            f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token, blocked "
+            f"{self.prefill_blocked_ms:.0f} ms | first decode step "
             f"blocked {self.first_decode_blocked_ms:.2f} ms",
             f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
             f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
@@ -110,6 +112,7 @@ def fill(
 ) -> None:  # fmt: skip
     """Derive the per-step figures from the decode steps and the read counters."""
     decode = [s for s in steps if not s.prefill]
+    stats.prefill_blocked_ms = sum(s.wait for s in steps if s.prefill) * 1e3
     n = len(decode)
     if n:
         stats.decode_bytes_per_step = decode_bytes / n
