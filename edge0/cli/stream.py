@@ -44,7 +44,7 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Concurrent tier reads."),
         click.option("--prefill-chunk", type=click.IntRange(1), default=None,
                      help="Prompt tokens per forward; each streamed layer reads its chunk's "
-                     "experts once; 1 feeds the prompt one token per step [default: 64]."),
+                     "experts once; 1 feeds the prompt one token per step [default: 256]."),
         click.option("--adapter/--no-adapter", default=True, show_default=True,
                      help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
     ]  # fmt: skip

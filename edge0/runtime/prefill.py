@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from edge0.runtime.block import StreamingMoE
     from edge0.runtime.runner import Runner, StreamContext
 
-DEFAULT_CHUNK = 64  # prompt tokens per forward (docs/benchmarks/prefill.md)
+DEFAULT_CHUNK = 256  # prompt tokens per forward (docs/benchmarks/prefill.md)
 
 
 @attrs.define
