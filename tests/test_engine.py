@@ -79,6 +79,7 @@ def test_caller_that_stops_iterating_releases_the_engine(store: Path) -> None:
             async with contextlib.aclosing(eng.tokens(PROMPT, max_tokens=50, stop=False)) as it:
                 async for _ in it:
                     break
+            await eng.wait_idle()  # the closed request stops after the step in flight
             reason = eng.last_stats.finish_reason if eng.last_stats else ""
             # a task cancelled mid-request also releases it
             task = asyncio.create_task(

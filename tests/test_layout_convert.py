@@ -131,8 +131,14 @@ def test_refuses_existing_destination_unless_forced(family, tmp_path: Path) -> N
     with pytest.raises(ConversionError, match="--force"):
         convert(family["hf"], dst, OPTS)
     assert (dst / "keep").exists()
-    convert(family["hf"], dst, ConvertOptions(group_size=GROUP, force=True))
-    assert not (dst / "keep").exists() and (dst / "edge0.json").exists()
+    forced = ConvertOptions(group_size=GROUP, force=True)
+    with pytest.raises(ConversionError, match="not an Edge0 output"):  # not ours: never deleted
+        convert(family["hf"], dst, forced)
+    assert (dst / "keep").read_text() == "x"
+    (dst / "keep").unlink()
+    convert(family["hf"], dst, forced)  # an empty directory
+    convert(family["hf"], dst, forced)  # an earlier Edge0 output
+    assert (dst / "edge0.json").exists()
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("disk on fire"), KeyboardInterrupt()])
@@ -154,12 +160,14 @@ def test_interrupted_conversion_leaves_nothing(family, tmp_path: Path, monkeypat
 
 
 def test_rejects_non_moe_and_bad_sources(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
     with pytest.raises(ConversionError, match="config.json"):
-        convert(tmp_path, tmp_path / "out")
-    (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
-    mx.save_safetensors(str(tmp_path / "model.safetensors"), {"lm_head.weight": mx.zeros((4, 4))})
+        convert(src, tmp_path / "out")
+    (src / "config.json").write_text('{"model_type": "qwen3_moe"}')
+    mx.save_safetensors(str(src / "model.safetensors"), {"lm_head.weight": mx.zeros((4, 4))})
     with pytest.raises(ConversionError, match="no routed-expert tensors"):
-        convert(tmp_path, tmp_path / "out")
+        convert(src, tmp_path / "out")
 
 
 def test_fp32_source_with_fp16_config_matches_mlx_lm(tmp_path: Path) -> None:

@@ -135,11 +135,11 @@ def test_build_model_has_structure_only(loaded_model: Callable[[str], Any]) -> N
 
 
 def test_edge0_layout_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import edge0.layout.load as layout_load
+    import edge0.model.loader as loader
 
     (tmp_path / "edge0.json").write_text("{}")
     seen: list[Path] = []
-    monkeypatch.setattr(layout_load, "load_layout", lambda p: seen.append(p) or "layout")
+    monkeypatch.setattr(loader, "load_layout", lambda p: seen.append(p) or "layout")
     assert load(tmp_path) == "layout"  # type: ignore[comparison-overlap]
     assert seen == [tmp_path]
 

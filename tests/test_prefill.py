@@ -170,13 +170,13 @@ def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> 
     the predicted experts the prompt never used."""
     path = stores[MODEL_TYPES[0]]
 
-    async def go() -> tuple[Any, int, dict[tuple[int, int], tuple[int, list[int]]]]:
+    async def go() -> tuple[Any, int, dict[int, tuple[int, list[int]]]]:
         async with Engine.open(path, tiers=MockTier(path), mode="route", predictor="init",
                                prefill_chunk=len(PROMPT), record_routing=True) as eng:  # fmt: skip
             agen = eng.tokens(PROMPT, max_tokens=3, stop=False)
             await agen.__anext__()  # the prefill is done, the first decode step not started
             assert eng.setup.scheduler is not None
-            issued, plans = eng.setup.scheduler.stats.issued, dict(eng.setup.ctx.predictions)
+            issued, plans = eng.setup.scheduler.stats.issued, eng.setup.ctx.predictions()
             async for _ in agen:
                 pass
             return eng, issued, plans
@@ -185,8 +185,8 @@ def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> 
     rec = eng.setup.ctx.recording
     streamed = sorted({layer for _, layer in rec} - set(eng.setup.ctx.resident_experts))
     union = {n: {e for p in range(len(PROMPT)) for e in rec[(p, n)]} for n in streamed}
-    assert {target for target, _ in plans} == set(streamed)  # every streamed layer is planned
-    fresh = sum(len(set(experts) - union[target]) for (target, _), (_, experts) in plans.items())
+    assert set(plans) == set(streamed)  # every streamed layer is planned for the first step
+    fresh = sum(len(set(experts) - union[target]) for target, (_, experts) in plans.items())
     assert issued == sum(len(u) for u in union.values()) + fresh
 
 

@@ -69,7 +69,7 @@ def test_route_mode_executes_what_the_heads_predict(store: Path, trained: Prerou
         toks, eng, tier = asyncio.run(_decode(store, n, mode="route", predictor="heads"))
         assert len(toks) == n
         reads_other.append(sum(1 for key in tier.reads if key.expert not in STEER))
-        predicted = eng.setup.ctx.predictions
+        predicted = eng.setup.ctx.predictions()
         assert predicted and all(sorted(experts) == STEER for _, experts in predicted.values())
     # only the prompt (true routing) reads other experts: 7 more decode steps read none
     assert reads_other[0] == reads_other[1]

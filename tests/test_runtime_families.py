@@ -10,7 +10,8 @@ import pytest
 
 from edge0.routing.families import FAMILIES, family_for
 from edge0.runtime.block import StreamingMoE
-from edge0.runtime.runner import StreamContext
+from edge0.runtime.layers import LayerStream, ResidentExperts
+from edge0.runtime.steps import Steps
 from edge0.runtime.trace import Tracer
 
 D, FF, E, K = 64, 64, 8, 2
@@ -49,14 +50,14 @@ def _blocks() -> dict[str, Any]:
     }
 
 
-def _resident_context(block: nn.Module) -> StreamContext:
-    ctx = StreamContext("reactive", K, Tracer(), quant={"group_size": 32, "bits": 4})
+def _resident_stream(block: nn.Module) -> LayerStream:
     sw = block.switch_mlp
-    ctx.resident_experts[0] = {
+    views = {
         f"{p}.{part}": getattr(getattr(sw, p), part)
         for p in ("gate_proj", "up_proj", "down_proj") for part in ("weight", "scales", "biases")
     }  # fmt: skip
-    return ctx
+    steps = Steps("reactive", K, Tracer())
+    return LayerStream(0, steps, ResidentExperts(views), {"group_size": 32, "bits": 4})
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen3_next", "mixtral", "deepseek_v3"])
@@ -68,8 +69,7 @@ def test_streaming_block_equals_the_mlx_lm_block(model_type: str) -> None:
         block.gate.e_score_correction_bias = mx.random.normal((E,)) * 0.1
     nn.quantize(block.switch_mlp, group_size=32, bits=4)
     mx.eval(block.parameters())
-    ctx = _resident_context(block)
-    stream = StreamingMoE(block, 0, family_for(model_type), ctx)
+    stream = StreamingMoE(block, 0, family_for(model_type), _resident_stream(block))
     for _ in range(5):
         x = mx.random.normal((1, 1, D))
         assert mx.array_equal(stream(x), block(x)).item(), model_type

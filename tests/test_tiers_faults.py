@@ -283,7 +283,7 @@ def test_direct_without_os_support_warns(store, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_zstd_needs_its_side_files(tmp_path: Path) -> None:
-    from tiers._synth import write_store
+    from edge0.synth.store import write_store
 
     m = write_store(tmp_path, zstd_level=None)
     with pytest.raises(CheckpointError, match="--compress zstd"):

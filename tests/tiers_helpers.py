@@ -11,7 +11,7 @@ from pathlib import Path
 from edge0.errors import TierReadError
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.storage.tier import ExpertKey, ReadInfo, Tier
-from tiers._synth import write_store
+from edge0.synth.store import write_store
 
 
 def tiny_store(directory: Path) -> Manifest:

@@ -90,7 +90,7 @@ class LfudaPolicy:
         self.remove(key)
 
 
-def make_policy(name: str) -> LruPolicy | LfudaPolicy:
+def make_policy(name: str) -> Policy:
     if name == "lru":
         return LruPolicy()
     if name == "lfuda":

@@ -29,8 +29,9 @@ from typing import Any
 
 import attrs
 
-from edge0.bench.worker import _status_field, measure
+from edge0.bench.worker import measure
 from edge0.errors import ConfigError
+from edge0.runtime.stats import proc_field
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -130,7 +131,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
 
 def mem_available() -> int:
     """MemAvailable of the machine in bytes (a large number where /proc is missing)."""
-    got = _status_field(Path("/proc/meminfo"), "MemAvailable:")
+    got = proc_field(Path("/proc/meminfo"), "MemAvailable:")
     return got if got else 1 << 62
 
 
@@ -147,7 +148,7 @@ def run_subprocess(job: dict[str, Any], timeout_s: float, mem_floor: int) -> dic
             status = Path(f"/proc/{proc.pid}/status")
             while proc.poll() is None:
                 time.sleep(0.1)
-                rss = _status_field(status, "VmRSS:")
+                rss = proc_field(status, "VmRSS:")
                 max_rss = max(max_rss, rss)
                 elapsed = time.perf_counter() - start
                 if elapsed > timeout_s:

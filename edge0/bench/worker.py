@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge0.runtime.stats import peak_rss_bytes
+from edge0.runtime.stats import peak_rss_bytes, proc_field
 
 # A fixed prompt set (written for this benchmark); each is cut or repeated to the prompt length.
 PROMPT_TEXTS = (
@@ -40,17 +40,7 @@ PROMPT_TEXTS = (
 
 def rss_bytes() -> int:
     """Current resident set size of this process (VmRSS), 0 where /proc is missing."""
-    return _status_field(Path("/proc/self/status"), "VmRSS:")
-
-
-def _status_field(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return 0
-    return 0
+    return proc_field(Path("/proc/self/status"), "VmRSS:")
 
 
 def reset_peak_rss() -> bool:

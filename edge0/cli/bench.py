@@ -15,7 +15,7 @@ from edge0.layout.manifest import Manifest
 
 @click.group(name="bench")
 def command() -> None:
-    """Benchmarks: storage tiers (and, later, end-to-end runs)."""
+    """Benchmarks: storage tiers, end-to-end runs and sweeps, plots."""
 
 
 @command.command(name="tiers")

@@ -1,4 +1,4 @@
-"""`edge0 eval routing`: how well each predictor foresees the next layer's experts."""
+"""`edge0 eval` and `edge0 eval routing`: how well each predictor foresees the next experts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 @click.group("eval")
 def command() -> None:
-    """Measure a model: routing prediction (later: quality against the teacher)."""
+    """Measure a model: routing prediction and quality against the teacher."""
 
 
 @command.command("routing")
@@ -60,7 +60,7 @@ def routing(
     seed: int,
 ) -> None:
     """Recall@K, exact set, F1 and mass of shuffle/temporal/init/trained on held-out text."""
-    from edge0.cli.train import blas_hint, load_fp32
+    from edge0.cli.fp32 import blas_hint, load_fp32
     from edge0.eval.routing import evaluate_routing, markdown
     from edge0.routing.prerouter import PrerouterSet
     from edge0.train.traces import corpus_text, sample_windows, text_encoder

@@ -15,7 +15,7 @@ def _load_pair(model: str, teacher: str) -> tuple[Any, Any]:
     """(teacher at fp32, int4 student without adapters): an fp MODEL is quantized in memory."""
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
-    from edge0.cli.train import blas_hint, load_fp32
+    from edge0.cli.fp32 import blas_hint, load_fp32
     from edge0.model.lora import remove_lora
     from edge0.train.capture import quantize_student
 

@@ -4,40 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import click
 
+from edge0.cli import lora_cmds
+from edge0.cli.fp32 import blas_hint, load_fp32
 from edge0.log import get_logger
 
 log = get_logger(__name__)
-
-
-def load_fp32(path: str, int4: bool = False) -> Any:
-    """edge0.load at fp32 (full precision on every backend).
-
-    int4: the int4 student path, as fake quantization (`fake_quantize_student`: the same
-    int4 values, fp32 matmuls; the CPU's int4 prefill kernels are ~15x slower).
-    """
-    import mlx.core as mx
-
-    import edge0.model.loader
-    from edge0.train.capture import fake_quantize_student
-
-    loaded = edge0.model.loader.load(path)
-    loaded.model.set_dtype(mx.float32)
-    if int4:
-        fake_quantize_student(loaded.model)
-    mx.eval(loaded.model.parameters())
-    return loaded
-
-
-def blas_hint() -> None:
-    from edge0.train.blas import openblas_hint
-
-    hint = openblas_hint()
-    if hint:
-        click.echo(hint, err=True)
 
 
 @click.group("train")
@@ -173,9 +147,5 @@ def heads(
     )
 
 
-# Recovery LoRA stages 2 and 3 (edge0/cli/lora_cmds.py).
-from edge0.cli.lora_cmds import distill as _distill  # noqa: E402
-from edge0.cli.lora_cmds import sft as _sft  # noqa: E402
-
-command.add_command(_sft)
-command.add_command(_distill)
+command.add_command(lora_cmds.sft)  # recovery LoRA stages 2 and 3
+command.add_command(lora_cmds.distill)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,15 @@ from edge0.layout.atomic import atomic_directory, check_destination, check_free_
 from edge0.layout.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
-    ZSTD_FILE,
-    ZSTD_INDEX_FILE,
     Manifest,
 )
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import conversion_dtype, quantize, switch_modules
 from edge0.layout.records import PROJECTIONS, RecordSpec, pack_record, record_layout
 from edge0.layout.resident import write_resident
-from edge0.layout.safetensors_io import mx_dtype_name, to_mx, to_raw
+from edge0.layout.safetensors_io import header_bytes, mx_dtype_name, to_mx, to_raw
 from edge0.layout.sources import Source, expert_count, open_source
+from edge0.layout.verify import file_crc32
 from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
 
@@ -197,7 +197,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     src, dst = Path(src), Path(dst)
     if opts.compress not in (None, "zstd"):
         raise ConversionError(f"unknown --compress {opts.compress!r}; the choice is zstd")
-    check_destination(dst, opts.force)
+    check_destination(dst, opts.force, src)
     start = time.perf_counter()
     source = open_source(src)
     model = build_float_model(source.config)
@@ -210,18 +210,13 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     resident_bytes = sum(source.tensors[k].nbytes for k in source.resident_keys)  # upper bound
     need = experts_bytes * (2 if opts.compress else 1) + resident_bytes
     check_free_space(dst, need, f"converting {src}")
-    with atomic_directory(dst, opts.force) as tmp:
+    with atomic_directory(dst, opts.force, src) as tmp:
         config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
+        resident_crc = {
+            "header": zlib.crc32(header_bytes(tmp / RESIDENT_FILE)),
+            "file": file_crc32(tmp / RESIDENT_FILE),
+        }
         writer = _write_experts(source, shape, spec, params, tmp, opts)
-        compression = None
-        if opts.compress == "zstd":
-            compression = {
-                "codec": "zstd",
-                "level": opts.zstd_level,
-                "file": ZSTD_FILE,
-                "index": ZSTD_INDEX_FILE,
-                "bytes": writer.zstd_bytes,
-            }
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             model_type=config["model_type"],
@@ -233,7 +228,8 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
             data_offset=0,
             fields=spec.fields,
             crc32=tuple(writer.crc32),
-            compression=compression,
+            compression=writer.compression(),
+            resident_crc32=resident_crc,
         )
         _copy_side_files(src, tmp, config)
         manifest.save(tmp)  # last: a directory without edge0.json is never taken for valid

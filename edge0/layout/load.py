@@ -11,14 +11,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.errors import CheckpointError
-from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, Manifest
+from edge0.errors import CheckpointError, Edge0Error
+from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Manifest
+from edge0.layout.manifest_checks import check_model
 from edge0.layout.model import build_float_model
-from edge0.layout.quant import switch_modules
+from edge0.layout.quant import quantize_stored, switch_modules
 from edge0.layout.records import PROJECTIONS, field_views
 from edge0.layout.safetensors_io import MX_DTYPES
-from edge0.layout.verify import check_files
+from edge0.layout.verify import check_files, check_resident_header
 from edge0.log import get_logger
+from edge0.model.loaded import LoadedModel, activation_dtype, load_tokenizer
 
 log = get_logger(__name__)
 _FIX = "run `edge0 verify` on it or re-run `edge0 convert`"
@@ -26,24 +28,11 @@ _FIX = "run `edge0 verify` on it or re-run `edge0 convert`"
 
 def _quantize(model: nn.Module, manifest: Manifest, weights: dict[str, mx.array]) -> None:
     """Make quantized layers where mlx-lm's loader would, and every expert stack."""
-    from mlx_lm.utils import infer_quant_config
-
-    experts = {f"{p}.{proj}" for p, _ in switch_modules(model).values() for proj in PROJECTIONS}
-    per_path = manifest.config.get("quantization") or {}
     q = manifest.quantization
-
-    def predicate(path: str, module: nn.Module) -> bool | dict[str, Any]:
-        if path in experts:
-            return {"group_size": q["group_size"], "bits": q["bits"], "mode": q["mode"]}
-        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
-            return False
-        if isinstance(per_path.get(path), dict):
-            return {"mode": "affine", **per_path[path]}
-        return dict(infer_quant_config(path, module, weights))
-
-    nn.quantize(
-        model, group_size=q["group_size"], bits=q["bits"], mode=q["mode"], class_predicate=predicate
-    )
+    experts = {f"{p}.{proj}" for p, _ in switch_modules(model).values() for proj in PROJECTIONS}
+    settings = {"group_size": q["group_size"], "bits": q["bits"], "mode": q["mode"]}
+    per_layer = manifest.config.get("quantization") or {}
+    quantize_stored(model, {**per_layer, **q}, weights, fixed=dict.fromkeys(experts, settings))
 
 
 def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
@@ -91,6 +80,60 @@ def _expert_weights(path: Path, manifest: Manifest, model: nn.Module, experts: s
     return out
 
 
+def _build(path: Path, manifest: Manifest) -> nn.Module:
+    """The float-shaped model of the config, checked against the manifest."""
+    try:
+        model = build_float_model(manifest.config)
+        switch = switch_modules(model)
+    except Edge0Error:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mlx-lm rejects a bad config in many ways
+        raise CheckpointError(
+            f"{path / MANIFEST_FILE}: its config does not build a model "
+            f"({type(exc).__name__}: {str(exc)[:120]}); {_FIX}"
+        ) from None
+    check_model(manifest, switch, path)
+    return model
+
+
+def _open(path: Path, experts: str) -> tuple[Manifest, nn.Module]:
+    """Everything opening a layout checks; the model with its weights loaded (unevaluated)."""
+    manifest = Manifest.load(path)
+    check_files(path, manifest)
+    model = _build(path, manifest)
+    try:
+        weights = mx.load(str(path / RESIDENT_FILE))
+    except (RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{path / RESIDENT_FILE} is unreadable ({exc}); {_FIX}") from None
+    assert isinstance(weights, dict)
+    try:
+        _quantize(model, manifest, weights)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(
+            f"{path}: resident weights cannot be quantized as the config says "
+            f"({' '.join(str(exc).split())[:160]}); {_FIX}"
+        ) from None
+    model.eval()
+    expert_weights = _expert_weights(path, manifest, model, experts)
+    if experts == "none":  # make the placeholders the expected shapes, then load strictly
+        model.load_weights(expert_weights, strict=False)
+    try:
+        model.load_weights(list(weights.items()) + expert_weights, strict=True)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"{path}: resident weights do not match the config "
+            f"({' '.join(str(exc).split())[:200]}); {_FIX}"
+        ) from None
+    check_resident_header(path, manifest)  # last: the specific errors above name the tensor
+    return manifest, model
+
+
+def check_layout(path: str | Path) -> Manifest:
+    """Run every check `load_layout` runs, without reading experts or evaluating weights."""
+    manifest, _ = _open(Path(path), "none")
+    return manifest
+
+
 def load_layout(
     path: str | Path, experts: str = "resident", dtype: mx.Dtype | None | str = "auto"
 ) -> Any:
@@ -101,38 +144,17 @@ def load_layout(
         experts: "resident" reads every expert record (CRC-checked) into the model's
             QuantizedSwitchLinear stacks, so it runs exactly like mlx-lm's int4 model;
             "none" leaves the stacks empty (shape (0, ...)) for the streaming runtime.
-        dtype: "auto" casts float parameters to `edge0.model.loader.activation_dtype()` as
+        dtype: "auto" casts float parameters to `edge0.model.loaded.activation_dtype()` as
             `edge0.load` does (fp32 on CPU); None keeps the stored dtypes (as mlx-lm).
 
     Returns:
-        edge0.model.loader.LoadedModel with source_format "edge0".
+        edge0.model.loaded.LoadedModel with source_format "edge0".
     """
-    from edge0.model.loader import LoadedModel, activation_dtype, load_tokenizer
-
     if experts not in ("resident", "none"):
         raise ValueError(f"experts must be 'resident' or 'none', not {experts!r}")
     start = time.perf_counter()
     path = Path(path)
-    manifest = Manifest.load(path)
-    check_files(path, manifest)
-    model = build_float_model(manifest.config)
-    try:
-        weights = mx.load(str(path / RESIDENT_FILE))
-    except (RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{path / RESIDENT_FILE} is unreadable ({exc}); {_FIX}") from None
-    assert isinstance(weights, dict)
-    _quantize(model, manifest, weights)
-    model.eval()
-    expert_weights = _expert_weights(path, manifest, model, experts)
-    if experts == "none":  # make the placeholders the expected shapes, then load strictly
-        model.load_weights(expert_weights, strict=False)
-    try:
-        model.load_weights(list(weights.items()) + expert_weights, strict=True)
-    except ValueError as exc:
-        raise CheckpointError(
-            f"{path}: resident weights do not match the config "
-            f"({' '.join(str(exc).split())}); {_FIX}"
-        ) from None
+    manifest, model = _open(path, experts)
     if isinstance(dtype, str):
         dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
     if dtype is not None:

@@ -56,6 +56,8 @@ class Manifest:
     fields: tuple[RecordField, ...]
     crc32: tuple[int, ...]  # one per record, in record order
     compression: dict[str, Any] | None = None  # {"codec": "zstd", "level": 3} or None
+    # CRC32s of resident.safetensors: {"header": of its 8 + N header bytes, "file": of all}
+    resident_crc32: dict[str, int] | None = None
 
     # --- the offset rule -------------------------------------------------
     def record_index(self, layer: int, expert: int) -> int:
@@ -114,39 +116,8 @@ class Manifest:
             )
         try:
             d = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise CheckpointError(f"{path} is unreadable ({exc}); re-run `edge0 convert`") from None
-        version = d.get("format_version")
-        if version != FORMAT_VERSION:
-            raise CheckpointError(
-                f"{path} has format version {version!r}, this Edge0 reads {FORMAT_VERSION}; "
-                "re-convert the model with this version of `edge0 convert`"
-            )
-        try:
-            fields = tuple(
-                RecordField(
-                    name=f["name"],
-                    dtype=f["dtype"],
-                    shape=tuple(f["shape"]),
-                    offset=f["offset"],
-                    nbytes=f["nbytes"],
-                )
-                for f in d["fields"]
-            )
-            return cls(
-                format_version=version,
-                model_type=d["model_type"],
-                config=d["config"],
-                quantization=d["quantization"],
-                moe_layers=tuple(d["moe_layers"]),
-                n_experts=d["n_experts"],
-                record_size=d["record_size"],
-                data_offset=d["data_offset"],
-                fields=fields,
-                crc32=tuple(d["crc32"]),
-                compression=d.get("compression"),
-            )
-        except (KeyError, TypeError) as exc:
-            raise CheckpointError(
-                f"{path} is missing or has a malformed entry {exc}; re-run `edge0 convert`"
-            ) from None
+        from edge0.layout.manifest_checks import parse_manifest
+
+        return parse_manifest(d, path)

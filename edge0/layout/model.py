@@ -7,7 +7,6 @@ from typing import Any
 import mlx.nn as nn
 
 from edge0.model import arch as models
-from edge0.model.loader import build_model
 
 QUANT_KEYS = ("quantization", "quantization_config")
 
@@ -19,4 +18,4 @@ def float_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def build_float_model(config: dict[str, Any]) -> nn.Module:
     """The mlx-lm model for `config` with every layer in float (lazy random init, unloaded)."""
-    return build_model(float_config(config))
+    return models.instantiate(float_config(config))

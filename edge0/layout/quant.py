@@ -1,4 +1,4 @@
-"""Which resident tensors get quantized, and how: the same choices as mlx-lm's own convert.
+"""Which tensors are quantized, and how: mlx-lm convert's choices, and rebuilding them on load.
 
 mlx-lm's `convert -q` casts floating parameters to the config's dtype (except where the
 model's `cast_predicate` says no, e.g. `A_log`), then quantizes every module that has
@@ -6,6 +6,8 @@ model's `cast_predicate` says no, e.g. `A_log`), then quantizes every module tha
 `quant_predicate` for per-module overrides (routers `mlp.gate` and `shared_expert_gate`
 get 8 bits in the Qwen MoE families). Edge0 makes the same choices so that an edge0
 checkpoint computes exactly what mlx-lm's int4 conversion of the same source computes.
+`quantize_stored` makes a float-shaped model's layers quantized where a checkpoint
+(an mlx-lm quantized one or an edge0 layout) stores them quantized.
 """
 
 from __future__ import annotations
@@ -84,3 +86,42 @@ def quantize(w: mx.array, params: dict[str, Any]) -> tuple[mx.array, mx.array, m
         raise ConversionError(f"quantization mode {params['mode']!r} is not supported (affine)")
     wq, scales, biases = mx.quantize(w, group_size=params["group_size"], bits=params["bits"])
     return wq, scales, biases
+
+
+def quantize_stored(
+    model: nn.Module, quant: dict[str, Any], weights: dict[str, mx.array] | None,
+    fixed: dict[str, dict[str, Any]] | None = None,
+) -> None:  # fmt: skip
+    """Quantize the layers of `model` the way a checkpoint stores them (in place).
+
+    `quant` is a config's quantization dict: defaults (group_size, bits, mode) and
+    per-layer entries (a dict of settings, or False). With `weights` given, exactly
+    the layers whose `.scales` are present, per-layer entries first, else bits and
+    group size inferred from the tensors; without, every quantizable layer. Layers
+    in `fixed` get those settings whatever the weights say (an edge0 layout's experts).
+    """
+    from mlx_lm.utils import infer_quant_config
+
+    fixed = fixed or {}
+
+    def predicate(path: str, module: nn.Module) -> bool | dict[str, Any]:
+        if path in fixed:
+            return fixed[path]
+        if not hasattr(module, "to_quantized"):
+            return False
+        entry = quant.get(path)
+        if weights is not None and f"{path}.scales" not in weights:
+            return False
+        if isinstance(entry, dict):
+            return {"mode": "affine", **entry}
+        if isinstance(entry, bool):
+            return entry
+        return True if weights is None else dict(infer_quant_config(path, module, weights))
+
+    nn.quantize(
+        model,
+        group_size=quant.get("group_size", 64),
+        bits=quant.get("bits", 4),
+        mode=quant.get("mode", "affine"),
+        class_predicate=predicate,
+    )

@@ -67,26 +67,73 @@ class TensorInfo:
         return np.dtype(STORAGE[self.dtype]).itemsize
 
 
-def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Parse the header of one safetensors file."""
+MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+
+
+def header_bytes(path: Path) -> bytes:
+    """The 8-byte length prefix and the JSON header of a safetensors file, bounds-checked."""
     try:
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as exc:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: {size} bytes is too short for a safetensors file")
+            (n,) = struct.unpack("<Q", prefix)
+            if n > min(MAX_HEADER, size - 8):
+                raise CheckpointError(
+                    f"{path}: safetensors header length {n} exceeds the file ({size} bytes) or "
+                    f"the format's {MAX_HEADER}-byte limit; the file is damaged"
+                )
+            return prefix + f.read(n)
+    except OSError as exc:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
-    base = 8 + n
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse and check the header of one safetensors file (every entry within the file)."""
+    blob = header_bytes(path)
+    size = os.path.getsize(path)
+    try:
+        header = json.loads(blob[8:])
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: the safetensors header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is not a JSON object")
+    base = len(blob)
     out: dict[str, TensorInfo] = {}
     for name, d in header.items():
         if name == "__metadata__":
             continue
-        if d["dtype"] not in ST_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {d['dtype']}")
-        begin, end = d["data_offsets"]
-        out[name] = TensorInfo(
-            name, Path(path), ST_DTYPES[d["dtype"]][0], tuple(d["shape"]), base + begin, end - begin
-        )
+        out[name] = _tensor_info(path, name, d, base, size)
     return out
+
+
+def _tensor_info(path: Path, name: str, d: Any, base: int, size: int) -> TensorInfo:
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: tensor {name} {what}; the file is damaged, re-create it")
+
+    if not isinstance(d, dict):
+        raise bad("has no header entry object")
+    dtype, shape, offsets = d.get("dtype"), d.get("shape"), d.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in ST_DTYPES:
+        raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 40 for n in shape
+    ):
+        raise bad(f"has a malformed shape {str(shape)[:40]}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or {type(o) for o in offsets} != {int}:
+        raise bad(f"has malformed data_offsets {str(offsets)[:40]}")
+    begin, end = offsets
+    itemsize = np.dtype(ST_DTYPES[dtype][1]).itemsize
+    nbytes = int(np.prod(shape, dtype=object)) * itemsize
+    if not 0 <= begin <= end or end - begin != nbytes:
+        raise bad(f"has data_offsets {offsets} for {nbytes} bytes of {dtype}{shape}")
+    if base + end > size:
+        raise CheckpointError(
+            f"{path} is truncated: tensor {name} ends at byte {base + end}, the file has "
+            f"{size}; re-create it"
+        )
+    return TensorInfo(name, Path(path), ST_DTYPES[dtype][0], tuple(shape), base + begin, nbytes)
 
 
 def read_raw(info: TensorInfo, rows: tuple[int, int] | None = None) -> np.ndarray:

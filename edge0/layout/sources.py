@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 
 from edge0.errors import ConversionError
 from edge0.layout.records import PROJECTIONS
@@ -179,12 +178,3 @@ def expert_count(le: LayerExperts) -> int:
         return len({k.split(".")[0] for k in le.tensors})
     any_info = next(iter(le.tensors.values()))
     return any_info.shape[0]
-
-
-def float_dtype_of(source: Source) -> str:
-    """The float dtype of the source's expert weights (for HF) or scales (for MLX)."""
-    le = next(iter(source.experts.values()))
-    for key, info in le.tensors.items():
-        if not source.quantized or key.endswith(".scales"):
-            return info.dtype
-    return str(np.float32)

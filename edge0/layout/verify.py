@@ -1,4 +1,4 @@
-"""`edge0 verify`: check an edge0-layout directory: manifest, file sizes, every record CRC."""
+"""`edge0 verify`: all that opening a layout checks, then every record CRC and the resident CRC."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from edge0.errors import CheckpointError
 from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
-from edge0.layout.safetensors_io import read_header
+from edge0.layout.safetensors_io import header_bytes, read_header
 from edge0.log import get_logger
 
 log = get_logger(__name__)
@@ -46,12 +46,7 @@ def check_files(path: Path, manifest: Manifest) -> None:
     resident = path / RESIDENT_FILE
     if not resident.is_file():
         raise CheckpointError(f"{resident} is missing; {_FIX}")
-    infos = read_header(resident)
-    end = max((i.start + i.nbytes for i in infos.values()), default=0)
-    if resident.stat().st_size < end:
-        raise CheckpointError(
-            f"{resident} is truncated ({resident.stat().st_size} < {end} bytes); {_FIX}"
-        )
+    read_header(resident)  # every tensor's bytes lie within the file
     experts = path / EXPERTS_FILE
     if not experts.is_file():
         raise CheckpointError(f"{experts} is missing; {_FIX}")
@@ -69,6 +64,21 @@ def check_files(path: Path, manifest: Manifest) -> None:
             f"{path / 'edge0.json'} lists {len(manifest.crc32)} CRCs for "
             f"{manifest.n_records} records; {_FIX}"
         )
+
+
+def check_resident_header(path: Path, manifest: Manifest) -> None:
+    """The resident header is the one convert wrote (a swapped dtype or offset cannot pass)."""
+    crcs, resident = manifest.resident_crc32, path / RESIDENT_FILE
+    if crcs is not None and zlib.crc32(header_bytes(resident)) != crcs["header"]:
+        raise CheckpointError(f"{resident}: the safetensors header fails its CRC32 check; {_FIX}")
+
+
+def file_crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def _read_chunk(fd: int, buf: np.ndarray, offset: int, nbytes: int) -> int:
@@ -161,10 +171,15 @@ def verify(path: Path | str, progress: bool | None = None) -> VerifyReport:
         path: an edge0-layout directory.
         progress: show a tqdm bar (None: only on a terminal).
     """
+    from edge0.layout.load import check_layout
+
     path = Path(path)
     start = time.perf_counter()
     manifest = Manifest.load(path)
-    check_files(path, manifest)
+    check_layout(path)  # everything opening it checks (manifest, files, model, resident)
+    crcs = manifest.resident_crc32
+    if crcs is not None and file_crc32(path / RESIDENT_FILE) != crcs["file"]:
+        raise CheckpointError(f"{path / RESIDENT_FILE} fails its CRC32 check; {_FIX}")
     total = manifest.n_records * manifest.record_size
     disable = None if progress is None else not progress
     with tqdm(total=total, desc="verify", unit="B", unit_scale=True, disable=disable) as bar:

@@ -6,7 +6,7 @@ import os
 import zlib
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -21,10 +21,15 @@ class RecordWriter:
     per record.
     """
 
-    def __init__(self, directory: Path, record_size: int, zstd_level: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, record_size: int, zstd_level: int | None = None, header: bytes = b""
+    ) -> None:
+        """`header` is written before the first record (the manifest's `data_offset` bytes)."""
         self.record_size = record_size
+        self.zstd_level = zstd_level
         self.crc32: list[int] = []
         self._bin: BinaryIO = open(Path(directory) / EXPERTS_FILE, "wb")  # noqa: SIM115
+        self._bin.write(header)
         self._zst: BinaryIO | None = None
         self._index: list[tuple[int, int]] = []
         self._zst_offset = 0
@@ -62,6 +67,13 @@ class RecordWriter:
     @property
     def zstd_bytes(self) -> int:
         return self._zst_offset
+
+    def compression(self) -> dict[str, Any] | None:
+        """The manifest's `compression` entry for what was written (None without zstd)."""
+        if self.zstd_level is None:
+            return None
+        return {"codec": "zstd", "level": self.zstd_level, "file": ZSTD_FILE,
+                "index": ZSTD_INDEX_FILE, "bytes": self._zst_offset}  # fmt: skip
 
     def __enter__(self) -> RecordWriter:
         return self

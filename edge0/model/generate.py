@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -9,9 +11,9 @@ from typing import Any
 import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from edge0.errors import PromptError
+from edge0.errors import ConfigError, PromptError
 from edge0.log import get_logger
 from edge0.model.loader import LoadedModel
 from edge0.runtime.stats import GenerationStats, peak_mlx_bytes, peak_rss_bytes
@@ -21,9 +23,37 @@ log = get_logger(__name__)
 PREFILL_CHUNK = 512  # prompt tokens per forward pass during prefill
 
 
+SEED_MAX = 2**64 - 1
+
+
+def _check_settings(settings: SamplingSettings) -> None:
+    """Raise ConfigError for a setting no sampler can use (NaN, inf, out of range)."""
+
+    def bad(name: str, value: object, want: str) -> ConfigError:
+        return ConfigError(f"sampling {name}={value!r} is invalid: {want}")
+
+    if not isinstance(settings.max_tokens, int) or settings.max_tokens < 1:
+        raise bad("max_tokens", settings.max_tokens, "use an integer >= 1")
+    if not (math.isfinite(settings.temp) and settings.temp >= 0):
+        raise bad("temp", settings.temp, "use a finite number >= 0 (0 is greedy)")
+    for name in ("top_p", "min_p"):
+        value = getattr(settings, name)
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise bad(name, value, "use a number in [0, 1]")
+    if not isinstance(settings.top_k, int) or settings.top_k < 0:
+        raise bad("top_k", settings.top_k, "use an integer >= 0 (0 is off)")
+    seed = settings.seed
+    if seed is not None and (not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
+        raise bad("seed", seed, f"use an integer in [0, {SEED_MAX}]")
+
+
 @attrs.frozen
 class SamplingSettings:
-    """How tokens are chosen. temp 0 is greedy; top_p 1.0 / top_k 0 / min_p 0 are off."""
+    """How tokens are chosen. temp 0 is greedy; top_p 1.0 / top_k 0 / min_p 0 are off.
+
+    With a seed, every request with these settings draws the same tokens (in every
+    mode: the sampler owns its random key). Invalid values raise ConfigError.
+    """
 
     max_tokens: int = 256
     temp: float = 0.0
@@ -32,9 +62,43 @@ class SamplingSettings:
     min_p: float = 0.0
     seed: int | None = None
 
-    def sampler(self) -> Callable[[mx.array], mx.array]:
-        top_p = self.top_p if 0.0 < self.top_p < 1.0 else 0.0
-        return make_sampler(temp=self.temp, top_p=top_p, min_p=self.min_p, top_k=self.top_k)
+    def __attrs_post_init__(self) -> None:
+        _check_settings(self)
+
+    def sampler(self) -> Sampler:
+        """A fresh sampler for one request (build it on the thread that runs the model)."""
+        return Sampler(self)
+
+
+class Sampler:
+    """Logits -> one token: log-probabilities, mlx-lm's filters, then a draw (argmax at temp 0).
+
+    A seeded sampler splits its own key once per token, so its draws do not depend on
+    anything else that uses MLX's global random state.
+    """
+
+    def __init__(self, settings: SamplingSettings) -> None:
+        self.temp = settings.temp
+        self._filters: list[Callable[[mx.array], mx.array]] = []
+        if 0.0 < settings.top_p < 1.0:
+            self._filters.append(functools.partial(apply_top_p, top_p=settings.top_p))
+        if settings.min_p > 0.0:
+            self._filters.append(functools.partial(apply_min_p, min_p=settings.min_p))
+        self.top_k = settings.top_k
+        self._key = None if settings.seed is None else mx.random.key(settings.seed)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (1, vocab)
+        if self.temp == 0:
+            return mx.argmax(logprobs, axis=-1)
+        for keep in self._filters:
+            logprobs = keep(logprobs)
+        if 0 < self.top_k < logprobs.shape[-1]:  # top_k >= vocab keeps every token
+            logprobs = apply_top_k(logprobs, self.top_k)
+        key = None
+        if self._key is not None:
+            self._key, key = mx.random.split(self._key)
+        return mx.random.categorical(logprobs * (1.0 / self.temp), key=key)
 
 
 @attrs.frozen
@@ -77,7 +141,11 @@ class TextStream:
 
     def _emit(self, new: str) -> str:
         old = self._decode(self._ids[self._start : self._done])
-        self._start, self._done = self._done, len(self._ids)
+        # The next window starts at the tokens emitted now, unless they decode to nothing:
+        # a window opening on such a token would lose the space before the next word.
+        if self._decode(self._ids[self._done :]):
+            self._start = self._done
+        self._done = len(self._ids)
         return new[len(old) :]
 
 
@@ -133,8 +201,6 @@ def generate(
             allowed=max_tokens,
             context=loaded.context_length,
         )
-    if settings.seed is not None:
-        mx.random.seed(settings.seed)
     sampler = settings.sampler()
     model, tokenizer = loaded.model, loaded.tokenizer
     cache = cache if cache is not None else make_prompt_cache(model)
@@ -145,8 +211,7 @@ def generate(
 
     def step(tokens: mx.array) -> mx.array:
         logits = model(tokens[None], cache=cache)[:, -1, :]  # (1, vocab)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return sampler(logprobs)  # (1,)
+        return sampler(logits)  # (1,)
 
     # 1. Prefill in chunks; the first token comes from the last chunk.
     start = time.perf_counter()

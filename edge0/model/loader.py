@@ -7,60 +7,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
+from edge0.layout.load import load_layout
+from edge0.layout.quant import quantize_stored
 from edge0.log import get_logger
 from edge0.model import arch as models
+from edge0.model.loaded import LoadedModel, activation_dtype, load_tokenizer
 from edge0.model.weights import checkpoint_dtype, load_weights, weight_files
 
+__all__ = ["LoadedModel", "activation_dtype", "build_model", "load", "load_tokenizer"]
+
 log = get_logger(__name__)
-
-_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-
-
-@attrs.define
-class LoadedModel:
-    """A model ready to generate.
-
-    Attributes:
-        model: the mlx-lm `nn.Module` (call it as `model(tokens[None], cache=...)`).
-        tokenizer: mlx-lm's `TokenizerWrapper` (HF tokenizer + streaming detokenizer).
-        config: the normalised config.json dict (see `edge0.model.arch.normalize_config`).
-        path: the model directory.
-        source_format: "hf" (Hugging Face checkpoint), "mlx" (mlx-lm / mlx-community
-            directory, quantized or not) or "edge0" (an edge0-layout directory).
-    """
-
-    model: nn.Module
-    tokenizer: Any
-    config: dict[str, Any]
-    path: Path
-    source_format: str
-
-    @property
-    def text_config(self) -> dict[str, Any]:
-        """The language-model fields (Qwen3.5 nests them under `text_config`)."""
-        return models.text_config(self.config)
-
-    @property
-    def context_length(self) -> int:
-        """Longest sequence (prompt + generated tokens) the model supports."""
-        return int(self.text_config.get("max_position_embeddings") or 1 << 30)
-
-
-def activation_dtype(checkpoint: mx.Dtype | None = None) -> mx.Dtype:
-    """The dtype Edge0 computes in: float32 on the CPU backend, else the checkpoint's.
-
-    On the CPU backend fp16/bf16 matmuls are 10-50x slower than fp32 (FACTS.md), so
-    weights are upcast. On Metal/CUDA the checkpoint dtype (usually bf16) is kept.
-    """
-    if mx.default_device().type == mx.DeviceType.cpu:
-        return mx.float32
-    return checkpoint if checkpoint is not None else mx.bfloat16
-
 
 def read_config(path: Path) -> dict[str, Any]:
     """config.json (plus eos ids from generation_config.json), normalised for mlx-lm."""
@@ -114,55 +74,12 @@ def build_model(config: dict[str, Any], weights: dict[str, mx.array] | None = No
     model = models.instantiate(models.normalize_config(config))
     quant = config.get("quantization")
     if isinstance(quant, dict):
-        _quantize(model, quant, weights)
+        quantize_stored(model, quant, weights)
     return model
-
-
-def _quantize(model: nn.Module, quant: dict[str, Any], weights: dict[str, mx.array] | None) -> None:
-    from mlx_lm.utils import infer_quant_config
-
-    def predicate(path: str, module: nn.Module) -> bool | dict[str, Any]:
-        if path in quant and isinstance(quant[path], (dict, bool)):
-            return quant[path]
-        if not hasattr(module, "to_quantized"):
-            return False
-        if weights is None:
-            return True
-        if f"{path}.scales" not in weights:
-            return False
-        return dict(infer_quant_config(path, module, weights))
-
-    nn.quantize(
-        model,
-        group_size=quant.get("group_size", 64),
-        bits=quant.get("bits", 4),
-        mode=quant.get("mode", "affine"),
-        class_predicate=predicate,
-    )
 
 
 def _cast(w: mx.array, dtype: mx.Dtype) -> mx.array:
     return w.astype(dtype) if mx.issubdtype(w.dtype, mx.floating) and w.dtype != dtype else w
-
-
-def load_tokenizer(path: Path, eos_token_ids: Any = None) -> Any:
-    """mlx-lm's TokenizerWrapper for the tokenizer files in `path`."""
-    from mlx_lm.tokenizer_utils import load as load_wrapper
-
-    if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
-        raise ModelLoadError(
-            f"{path}: no tokenizer.json or tokenizer_config.json; copy the tokenizer files "
-            "from the original checkpoint into this directory"
-        )
-    if isinstance(eos_token_ids, int):
-        eos_token_ids = [eos_token_ids]
-    try:
-        return load_wrapper(path, eos_token_ids=eos_token_ids)
-    except Exception as exc:  # transformers raises many types for broken tokenizer files
-        raise ModelLoadError(
-            f"{path}: cannot load the tokenizer ({type(exc).__name__}: {exc}); copy the "
-            "tokenizer files from the original checkpoint"
-        ) from exc
 
 
 def load(path: str | Path) -> LoadedModel:
@@ -187,8 +104,6 @@ def load(path: str | Path) -> LoadedModel:
     if not path.is_dir():
         raise ModelLoadError(f"{path}: is a file; pass the model directory that contains it")
     if (path / "edge0.json").exists():
-        from edge0.layout.load import load_layout
-
         loaded: LoadedModel = load_layout(path)
         return loaded
     start = time.perf_counter()
@@ -206,7 +121,7 @@ def load(path: str | Path) -> LoadedModel:
         if hasattr(model, "sanitize"):
             weights = model.sanitize(weights)  # HF names/layouts -> mlx-lm's
         if isinstance(config.get("quantization"), dict):
-            _quantize(model, config["quantization"], weights)
+            quantize_stored(model, config["quantization"], weights)
         model.load_weights(list(weights.items()), strict=True)
     except (KeyError, ValueError) as exc:
         detail = str(exc).replace("\n", " ")[:300]

@@ -1,4 +1,4 @@
-"""Streaming sparse-MoE blocks: routing families, slot memory, and installing blocks in a model."""
+"""The sparse-MoE blocks of a model: mlx-lm's, or Edge0's streaming ones once installed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def sparse_blocks(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
     for i, layer in enumerate(model.layers):
         for attr in SPARSE_ATTRS:
             block = getattr(layer, attr, None) if attr in layer else None
-            if block is not None and ("switch_mlp" in block or hasattr(block, "ctx")):
+            if block is not None and ("switch_mlp" in block or hasattr(block, "stream")):
                 out.append((i, attr, block))
     if not out:
         raise ModelLoadError("the model has no sparse MoE layers; Edge0 streams MoE models")

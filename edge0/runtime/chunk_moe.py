@@ -18,16 +18,17 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
+from edge0.runtime.layers import ResidentExperts
+
 if TYPE_CHECKING:
     from edge0.runtime.block import StreamingMoE
-    from edge0.runtime.prefill import ChunkState
 
 
 def run_pairs(
     block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array
 ) -> mx.array:
     """SwiGLU of each row of `h` (P, 1, d) with expert slot `idx` (P,) sorted; (P, 1, d)."""
-    q = block.ctx.quant
+    q = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> Any:
         return mx.gather_qmm(
@@ -56,41 +57,43 @@ def stage_order(union: list[int], last: list[int] | None) -> list[int]:
     return [e for e in union if e not in tail] + [e for e in union if e in tail]
 
 
-def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray, st: ChunkState) -> mx.array:
+def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.array:
     """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d) for routing `inds` (T, K)."""
-    ctx, layer = block.ctx, block.layer
+    stream = block.stream
+    steps, layer = stream.steps, stream.layer
+    st = steps.chunk
+    assert st is not None
     t, k = inds.shape
     flat = inds.reshape(-1)  # (T*K,) pair p = (token p // K, slot p % K)
     x2 = x.reshape(t, x.shape[-1])  # (T, d)
-    resident = ctx.resident_experts.get(layer)
-    if resident is not None:  # every expert in memory: one sorted gather over all pairs
+    resident = isinstance(stream.experts, ResidentExperts)
+    if resident:  # every expert in memory: one sorted gather over all pairs
         groups = [sorted(set(flat.tolist()))]
     else:
         union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer))
-        g = max(1, ctx.memory.n_slots // 2)
+        assert steps.memory is not None
+        g = max(1, steps.memory.n_slots // 2)
         groups = [union[i : i + g] for i in range(0, len(union), g)]
     pair_parts: list[np.ndarray] = []
     out_parts: list[mx.array] = []
     for j, group in enumerate(groups):
-        if resident is not None:
-            views, slot_of = resident, {e: e for e in group}
+        if resident:
+            slot_of = {e: e for e in group}
         else:
             if j > 0:
                 st.substep()  # group j-1 is evaluated: its slots may be rewritten from here on
             if j + 1 < len(groups):
                 st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
-            slots = ctx.acquire(layer, group)
-            views, slot_of = ctx.memory.views[layer], dict(zip(group, slots, strict=True))
-        members = np.isin(flat, np.asarray(group))
-        pairs = np.nonzero(members)[0]
+            slot_of = dict(zip(group, st.acquire(layer, group), strict=True))
+        pairs = np.nonzero(np.isin(flat, np.asarray(group)))[0]
         slot_ids = np.asarray([slot_of[int(e)] for e in flat[pairs]], dtype=np.uint32)
         order = np.argsort(slot_ids, kind="stable")  # sorted indices for gather_qmm
         pairs, slot_ids = pairs[order], slot_ids[order]
         h = x2[mx.array(pairs // k)][:, None, :]  # (P, 1, d)
-        out = run_pairs(block, views, h, mx.array(slot_ids)).squeeze(1)  # (P, d)
+        out = run_pairs(block, stream.views, h, mx.array(slot_ids)).squeeze(1)  # (P, d)
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval(out)  # before the next sub-step: nothing pending may read these slots
-        ctx.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
+        steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
         pair_parts.append(pairs)
         out_parts.append(out)
     pairs_all = np.concatenate(pair_parts)

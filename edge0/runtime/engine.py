@@ -1,10 +1,11 @@
 """The async API: `async with Engine.open(path) as eng:`, then `async for p in eng.generate(...)`.
 
 One engine owns one model, one compute thread, one tier stack and one scheduler.
-Requests are served FIFO (an asyncio.Lock queues them); a caller that stops
-iterating or is cancelled releases the engine at once (a step already running on
-the compute thread finishes first, in order). A tier error ends that request with
-the error; the next request runs normally. `SyncEngine` wraps it for plain code.
+One worker task serves requests FIFO; each request's tokens go into its own queue
+(edge0.runtime.requests), so no consumer, however slow or stuck, holds the engine.
+A caller that closes its stream or is cancelled ends its request after the step
+already running on the compute thread. A tier error ends that request with the
+error; the next request runs normally. `SyncEngine` wraps it for plain code.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import structlog
 from edge0 import log as edge0_log
 from edge0.errors import PromptError
 from edge0.log import get_logger
-from edge0.model.generate import SamplingSettings, encode_prompt
-from edge0.runtime.runner import Runner
+from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
+from edge0.runtime.requests import EngineClosedError, Request
+from edge0.runtime.runner import Runner, greedy
 from edge0.runtime.scheduler import ComputeThread, ReadStats
 from edge0.runtime.setup import EngineOptions, Setup, build
 from edge0.runtime.stats import peak_mlx_bytes, peak_rss_bytes
@@ -44,7 +46,10 @@ class Engine:
         self.options = setup.options
         self.tokenizer = setup.tokenizer
         self._compute = compute
-        self._fifo = asyncio.Lock()
+        self._pending: asyncio.Queue[Request] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._arrivals = asyncio.Lock()  # held only while a prompt is encoded, never across yield
         self._ids = itertools.count(1)
         self._lags: list[float] = []
         self._heartbeat: asyncio.Task[None] | None = None
@@ -81,12 +86,16 @@ class Engine:
         if self.setup.scheduler is not None:
             await self.setup.scheduler.start()
         self._heartbeat = asyncio.create_task(self._beat(), name="edge0-heartbeat")
+        self._worker = asyncio.create_task(self._serve(), name="edge0-worker")
 
     async def _close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        for task in (self._worker, self._heartbeat):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        while not self._pending.empty():
+            self._pending.get_nowait().finish(EngineClosedError("the engine closed first"))
         if self.setup.scheduler is not None:
             await self.setup.scheduler.aclose()
         if self.setup.tier is not None:
@@ -120,29 +129,38 @@ class Engine:
             max_tokens: most tokens to generate.
             sampling: temperature / top-p / sample top-k; greedy by default.
         """
-        if isinstance(prompt, list):
-            ids = prompt
-        else:  # chat templates compile on first use (~100 ms): keep that off the event loop
-            ids = await asyncio.to_thread(encode_prompt, self.tokenizer, prompt, chat)
-        detok = self.tokenizer.detokenizer
-        detok.reset()
-        async for tok in self.tokens(ids, max_tokens=max_tokens, sampling=sampling):
-            detok.add_token(tok)
-            segment = detok.last_segment  # reading it consumes it
-            if segment:
-                yield segment
-        detok.finalize()
-        segment = detok.last_segment
+        async with self._arrivals:  # requests queue in call order, whatever encoding takes
+            if isinstance(prompt, list):
+                ids = prompt
+            else:  # chat templates compile on first use (~100 ms): keep that off the event loop
+                ids = await asyncio.to_thread(encode_prompt, self.tokenizer, prompt, chat)
+            req = self._submit(ids, max_tokens, sampling, True)
+        detok = TextStream(self.tokenizer)  # one per request: requests may overlap
+        async with contextlib.aclosing(req.stream()) as stream:
+            async for tok in stream:
+                segment = detok.add(tok)
+                if segment:
+                    yield segment
+        segment = detok.flush()
         if segment:
             yield segment
-        assert self.last_stats is not None
-        yield self.last_stats
+        assert req.stats is not None
+        yield req.stats
 
     async def tokens(
         self, ids: list[int], *, max_tokens: int = 128, sampling: SamplingSettings | None = None,
         stop: bool = True,
     ) -> AsyncIterator[int]:  # fmt: skip
-        """Stream generated token ids (the engine's core loop); stats land in `last_stats`."""
+        """Stream generated token ids; the request's stats land in `last_stats`."""
+        req = self._submit(ids, max_tokens, sampling, stop)
+        async with contextlib.aclosing(req.stream()) as stream:
+            async for tok in stream:
+                yield tok
+
+    def _submit(
+        self, ids: list[int], max_tokens: int, sampling: SamplingSettings | None, stop: bool
+    ) -> Request:
+        """Check the prompt and queue a request for the worker."""
         config = self.setup.manifest.config
         text_config = config.get("text_config") or config
         context = int(text_config.get("max_position_embeddings") or 1 << 30)
@@ -153,52 +171,88 @@ class Engine:
                 f"the prompt is {len(ids)} tokens but {self.setup.path / 'config.json'} allows "
                 f"{context} (max_position_embeddings); shorten the prompt"
             )
-        max_tokens = min(max_tokens, context - len(ids))
-        sampler = (sampling or SamplingSettings()).sampler()
-        eos = set(getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else set()
-        async with self._fifo:
-            request = next(self._ids)
-            ctx, sched = self.setup.ctx, self.setup.scheduler
-            model = self.setup.model
-            runner = await self._compute.run(lambda: Runner(model, ctx, request, sampler))
-            first_record = len(ctx.records)
-            reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
-            await self._compute.run(mx.reset_peak_memory)
-            self._lags = []
-            stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(ids),
-                             predictor=getattr(ctx.predictor, "name", ""),
-                             prefill_chunk=ctx.prefill_chunk)  # fmt: skip
-            stats.finish_reason = "cancelled"
-            t0 = time.perf_counter()
-            io_at_decode: float | None = None
-            bytes_at_decode: int | None = None
+        if self._worker is None or self._worker.done():
+            raise EngineClosedError("the engine is closed; open a new one with Engine.open")
+        eos = (getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else []
+        req = Request(next(self._ids), list(ids), min(max_tokens, context - len(ids)),
+                      sampling or SamplingSettings(), frozenset(eos))  # fmt: skip
+        self._pending.put_nowait(req)
+        self._idle.clear()
+        return req
+
+    async def wait_idle(self) -> None:
+        """Until every submitted request has finished (a closed stream's ends one step later)."""
+        await self._idle.wait()
+
+    async def _serve(self) -> None:
+        """The engine's one worker: runs queued requests in order; no consumer can stall it."""
+        while True:
+            if self._pending.empty():
+                self._idle.set()
+            req = await self._pending.get()
+            self._idle.clear()
+            if req.cancelled:
+                req.finish()
+                continue
+            req.state = "running"
             try:
-                tok = await self._compute.run(lambda: runner.prefill(ids))
-                t1 = time.perf_counter()
-                stats.prefill_s = t1 - t0
-                if sched is not None and reads0 is not None:
-                    io_at_decode, bytes_at_decode = t1, sched.stats.bytes
-                    stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(ids)
-                n = 0
-                while True:
-                    if tok in eos:
-                        stats.finish_reason = "stop"
-                        break
-                    n += 1
-                    stats.generated_tokens = n
-                    stats.decode_s = time.perf_counter() - t1
-                    yield tok
-                    if n >= max_tokens:
-                        stats.finish_reason = "length"
-                        break
-                    tok = await self._compute.run(functools.partial(runner.feed, tok, False))
-                    stats.decode_steps += 1
-                stats.decode_s = time.perf_counter() - t1
-            except Exception:
-                stats.finish_reason = "error"
+                await self._run(req)
+            except asyncio.CancelledError:
+                req.finish(EngineClosedError("the engine closed during this request"))
                 raise
-            finally:
-                self._finish(stats, first_record, reads0, io_at_decode, bytes_at_decode)
+            except Exception as exc:  # noqa: BLE001 - the request's error, not the engine's
+                req.finish(exc)
+            else:
+                req.finish()
+
+    async def _run(self, req: Request) -> None:
+        """One request's steps on the compute thread; tokens go to its queue as they come."""
+        ctx, sched = self.setup.ctx, self.setup.scheduler
+        model, settings = self.setup.model, req.settings
+        runner = await self._compute.run(
+            lambda: Runner(model, ctx, req.id, settings.sampler())  # seeded on this thread
+        )
+        first_record = len(ctx.records)
+        reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
+        await self._compute.run(mx.reset_peak_memory)
+        self._lags = []
+        stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
+                         predictor=getattr(ctx.predictor, "name", ""),
+                         prefill_chunk=ctx.prefill_chunk)  # fmt: skip
+        stats.finish_reason = "cancelled"
+        t0 = time.perf_counter()
+        io_at_decode: float | None = None
+        bytes_at_decode: int | None = None
+        try:
+            tok = await self._compute.run(lambda: _prefill(runner, req.ids))
+            t1 = time.perf_counter()
+            stats.prefill_s = t1 - t0
+            if sched is not None and reads0 is not None:
+                io_at_decode, bytes_at_decode = t1, sched.stats.bytes
+                stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(req.ids)
+            n = 0
+            while True:
+                if tok in req.eos:
+                    stats.finish_reason = "stop"
+                    break
+                n += 1
+                stats.generated_tokens = n
+                stats.decode_s = time.perf_counter() - t1
+                req.put(tok)
+                if n >= req.max_tokens:
+                    stats.finish_reason = "length"
+                    break
+                if req.cancelled:
+                    break
+                tok = await self._compute.run(functools.partial(runner.feed, tok, False))
+                stats.decode_steps += 1
+            stats.decode_s = time.perf_counter() - t1
+        except Exception:
+            stats.finish_reason = "error"
+            raise
+        finally:
+            req.stats = stats
+            self._finish(stats, first_record, reads0, io_at_decode, bytes_at_decode)
 
     def _finish(
         self, stats: RunStats, first_record: int, reads0: ReadStats | None,
@@ -218,6 +272,18 @@ class Engine:
         stats.loop_p99_lag_ms = lags[int(0.99 * (len(lags) - 1))] * 1e3
         self.last_stats = stats
         log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
+
+
+def _prefill(runner: Runner, ids: list[int]) -> int:
+    """Feed the prompt; only its last step draws (so a seed's first draw is the first token)."""
+    if runner.steps.prefill_chunk > 1 and len(ids) > 1:
+        return runner.prefill(ids)  # chunked (edge0.runtime.prefill): only the last chunk draws
+    sampler, runner.sampler = runner.sampler, greedy
+    try:
+        runner.prefill(ids[:-1])
+    finally:
+        runner.sampler = sampler
+    return runner.feed(ids[-1], prefill=True)
 
 
 class SyncEngine:

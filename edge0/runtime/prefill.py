@@ -27,10 +27,13 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.runtime.chunk_moe import chunk_experts
+from edge0.runtime.runner import greedy
 
 if TYPE_CHECKING:
     from edge0.runtime.block import StreamingMoE
-    from edge0.runtime.runner import Runner, StreamContext
+    from edge0.runtime.layers import LayerStream
+    from edge0.runtime.runner import Runner
+    from edge0.runtime.steps import Steps
 
 DEFAULT_CHUNK = 256  # prompt tokens per forward (docs/benchmarks/prefill.md)
 
@@ -39,73 +42,82 @@ DEFAULT_CHUNK = 256  # prompt tokens per forward (docs/benchmarks/prefill.md)
 class ChunkState:
     """One chunk in flight: its first position and the predictions for the first decode step."""
 
-    ctx: StreamContext
+    steps: Steps
     start: int  # request position of the chunk's first token
-    pending: dict[int, list[int]] = attrs.field(factory=dict)  # target layer -> experts
+    pending: dict[int, tuple[LayerStream, list[int]]] = attrs.field(factory=dict)  # by target
+    next_token: int = -1  # sampled after the chunk's last token
 
     def substep(self) -> None:
         """Start the next scheduler sub-step (every graph so far is evaluated)."""
-        ctx = self.ctx
-        ctx.step += 1
-        if ctx.scheduler is not None:
-            ctx.scheduler.begin_step(ctx.step)
+        steps = self.steps
+        steps.step += 1
+        if steps.scheduler is not None:
+            steps.scheduler.begin_step(steps.step)
 
     def prefetch(self, layer: int, experts: list[int]) -> None:
-        assert self.ctx.scheduler is not None
-        self.ctx.scheduler.prefetch(layer, self.ctx.step + 1, experts)
+        assert self.steps.scheduler is not None
+        self.steps.scheduler.prefetch(layer, self.steps.step + 1, experts)
+
+    def acquire(self, layer: int, experts: list[int]) -> list[int]:
+        """Slots of `experts` of `layer` for this sub-step (blocks until they are staged)."""
+        steps = self.steps
+        assert steps.scheduler is not None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        slots = steps.scheduler.acquire(layer, steps.step, experts)
+        steps.span("wait", layer, t0, time.perf_counter(), time.thread_time() - c0)
+        return slots
 
     def decode_set(self, layer: int) -> list[int] | None:
-        return self.pending.get(layer)
+        got = self.pending.get(layer)
+        return None if got is None else got[1]
 
 
 def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     """The streaming block on a chunk `x` (1, T, d): true routing, union staged, experts applied."""
-    ctx, fam, layer = block.ctx, block.family, block.layer
-    st = ctx.chunk
-    assert st is not None
+    stream, fam = block.stream, block.family
+    steps, head = stream.steps, stream.head
     t = x.shape[1]
     scores = fam.scores(block, x)  # (1, T, E)
-    inds, w = fam.select(block, scores, ctx.top_k)  # (1, T, K) each
-    pred = ctx.predictor
-    heads = pred is not None and ctx.mode in ("hint", "route") and layer in pred.targets
-    last = inds[:, -1:, :]  # (1, 1, K): the executed set of the last prompt token so far
-    prev_mx = inds[:, -2:-1, :] if t > 1 else ctx.prev_inds.get(layer)
-    graph = pred.graph(layer, x[:, -1:, :], last, prev_mx, ctx.top_k) if heads and pred else None
+    inds, w = fam.select(block, scores, stream.top_k)  # (1, T, K) each
+    last = inds[:, -1:, :]  # (1, 1, K): the executed set of the chunk's last token
+    prev_mx = inds[:, -2:-1, :] if t > 1 else stream.prev_inds
+    graph = head.graph(x[:, -1:, :], last, prev_mx, stream.top_k) if head is not None else None
     t0, c0 = time.perf_counter(), time.thread_time()
-    mx.eval([a for a in (inds, w, graph) if a is not None])
-    ctx.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
+    mx.eval([a for a in (inds, w, graph) if a is not None])  # one eval per layer
+    steps.span("eval", stream.layer, t0, time.perf_counter(), time.thread_time() - c0)
     true = np.array(inds.reshape(t, -1))  # (T, K)
-    _after_routing(ctx, layer, x, true, last, graph)
-    y = chunk_experts(block, x, true, st)  # (1, T, K, d)
+    _after_routing(stream, x, true, last, graph)
+    y = chunk_experts(block, x, true)  # (1, T, K, d)
     y = (y * w[..., None]).sum(axis=-2)
     return fam.extra(block, x, y)
 
 
 def _after_routing(
-    ctx: StreamContext, layer: int, x: mx.array, true: np.ndarray, last: mx.array,
-    graph: mx.array | None,
-) -> None:  # fmt: skip
+    stream: LayerStream, x: mx.array, true: np.ndarray, last: mx.array, graph: mx.array | None
+) -> None:
     """Record the chunk's routing; keep the last token's prediction for the first decode step."""
-    st = ctx.chunk
+    steps, layer = stream.steps, stream.layer
+    st = steps.chunk
     assert st is not None
-    ctx.cur.layers += 1
-    if ctx.recording is not None:
-        for i, row in enumerate(true.tolist()):
-            ctx.recording[(st.start + i, layer)] = row
+    steps.cur.layers += 1
     rows: list[list[int]] = true.tolist()
-    prev = rows[-2] if len(rows) > 1 else ctx.prev_executed.get(layer)
-    ctx.prev_executed[layer] = rows[-1]
-    ctx.prev_inds[layer] = last
-    pred = ctx.predictor
-    if pred is None or ctx.mode not in ("hint", "route") or layer not in pred.targets:
+    if steps.recording is not None:
+        for i, row in enumerate(rows):
+            steps.recording[(st.start + i, layer)] = row
+    prev = rows[-2] if len(rows) > 1 else stream.prev_experts
+    stream.prev_experts, stream.prev_inds = rows[-1], last
+    head = stream.head
+    if head is None:
         return
+    experts: list[int] | None
     if graph is not None:
-        experts: list[int] | None = graph.tolist()  # type: ignore[assignment]
+        experts = graph.tolist()  # type: ignore[assignment]
     else:
         x_last = x[:, -1:, :]
-        experts = pred.predict(layer, ctx.pos, x_last, rows[-1], rows[-1], prev, ctx.top_k)
+        experts = head.predictor.predict(layer, steps.pos, x_last, rows[-1], rows[-1], prev,
+                                         stream.top_k)  # fmt: skip
     if experts is not None:
-        st.pending[pred.targets[layer]] = experts
+        st.pending[head.target.layer] = (head.target, experts)
 
 
 class _LastPosition(nn.Module):
@@ -139,14 +151,14 @@ def last_position_only(model: nn.Module) -> Iterator[None]:
         inner.norm = norm
 
 
-def run_chunk(runner: Runner, tokens: list[int]) -> tuple[int, ChunkState]:
-    """One forward over `tokens` (len > 1); the sampled token after the last one."""
-    ctx = runner.ctx
+def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
+    """One forward over `tokens` (len > 1): the KV cache and every layer's state advance."""
+    steps = runner.steps
     t0, c0 = time.perf_counter(), time.thread_time()
-    ctx.begin_step(prefill=True)  # one record and one fence for the whole chunk
-    st = ChunkState(ctx, ctx.pos)
-    ctx.pos += len(tokens) - 1  # the position of the chunk's last token
-    ctx.chunk = st
+    steps.begin_step(prefill=True)  # one record and one fence for the whole chunk
+    st = ChunkState(steps, steps.pos)
+    steps.pos += len(tokens) - 1  # the position of the chunk's last token
+    steps.chunk = st
     try:
         with last_position_only(runner.model):
             logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
@@ -154,34 +166,45 @@ def run_chunk(runner: Runner, tokens: list[int]) -> tuple[int, ChunkState]:
         t1, c1 = time.perf_counter(), time.thread_time()
         mx.eval(nxt)  # the chunk's fence
     finally:
-        ctx.chunk = None
+        steps.chunk = None
     t2, c2 = time.perf_counter(), time.thread_time()
-    ctx.span("eval", -1, t1, t2, c2 - c1)
-    ctx.cur.cpu = c2 - c0
-    if ctx.mode == "resident":
-        ctx.cur.layers = runner.n_layers
-    ctx.end_step(t2 - t0)
-    return int(nxt.item()), st  # type: ignore[arg-type]
+    steps.span("eval", -1, t1, t2, c2 - c1)
+    steps.cur.cpu = c2 - c0
+    steps.cur.layers += runner.uncounted
+    steps.end_step(t2 - t0)
+    st.next_token = int(nxt.item())  # type: ignore[arg-type]
+    return st
 
 
 def chunked_prefill(runner: Runner, tokens: list[int], chunk: int) -> int:
-    """Feed the prompt `chunk` tokens per forward; return the first generated token."""
+    """Feed the prompt `chunk` tokens per forward; return the token sampled after it.
+
+    Only the last forward draws with the request's sampler (the others take the
+    greedy argmax, which nobody uses), so a seeded sampler's first draw is the
+    first generated token, as in one-token prefill.
+    """
+    sampler = runner.sampler
     nxt, last = -1, None
-    for start in range(0, len(tokens), chunk):
-        piece = tokens[start : start + chunk]
-        if len(piece) == 1:  # the one-token step plans the first decode step itself
-            nxt, last = runner.feed(piece[0], prefill=True), None
-        else:
-            nxt, last = run_chunk(runner, piece)
+    try:
+        for start in range(0, len(tokens), chunk):
+            piece = tokens[start : start + chunk]
+            runner.sampler = sampler if start + chunk >= len(tokens) else greedy
+            if len(piece) == 1:  # the one-token step plans the next step itself
+                nxt, last = runner.feed(piece[0], prefill=True), None
+            else:
+                last = run_chunk(runner, piece)
+                nxt = last.next_token
+    finally:
+        runner.sampler = sampler
     if last is not None:
-        plan_first_decode(runner.ctx, last.pending)
+        plan_next_step(runner.steps, last.pending)
     return nxt
 
 
-def plan_first_decode(ctx: StreamContext, pending: dict[int, list[int]]) -> None:
-    """The last prompt token's predictions: the first decode step's plan and its prefetch."""
-    step = ctx.step + 1
-    for target, experts in pending.items():
-        ctx.predictions[(target, step)] = (step, experts)
-        if ctx.scheduler is not None:
-            ctx.scheduler.prefetch(target, step, experts)
+def plan_next_step(steps: Steps, pending: dict[int, tuple[LayerStream, list[int]]]) -> None:
+    """The last prompt token's predictions: the next step's plan and prefetch (as one-token)."""
+    step = steps.step + 1
+    for target, experts in pending.values():
+        target.offer(step, experts)
+        if steps.scheduler is not None:
+            steps.scheduler.prefetch(target.layer, step, experts)

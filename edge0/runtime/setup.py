@@ -17,13 +17,14 @@ from edge0.routing.families import family_for
 from edge0.routing.predictors import NAMES, Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
+from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
 from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
 from edge0.runtime.prefill import DEFAULT_CHUNK
-from edge0.runtime.runner import MODES, StreamContext
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotTable
 from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.steps import MODES, Steps
 from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import Tier
@@ -48,7 +49,7 @@ class EngineOptions:
     first_layer: str = "resident"  # resident | wrap | reactive (FIRST_LAYER)
     io_workers: int = 2
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
-    record_routing: bool = False  # keep true routing in ctx.recording (to replay as oracle)
+    record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
     prefill_chunk: int = DEFAULT_CHUNK  # prompt tokens per forward; 1: one token per step
 
@@ -80,7 +81,7 @@ class Setup:
     model: nn.Module
     tokenizer: Any
     manifest: Manifest
-    ctx: StreamContext
+    ctx: Steps  # the step clock and per-layer streams of the model
     tracer: Tracer
     scheduler: Scheduler | None = None
     tier: Tier | None = None
@@ -104,8 +105,12 @@ def _set_top_k(block: nn.Module, k: int) -> None:
 def prepare(
     model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
     tracer: Tracer,
-) -> tuple[StreamContext, SlotMemory | None, SlotTable | None]:  # fmt: skip
-    """On the compute thread: predictor, slot memory, streaming blocks (model changed in place)."""
+) -> tuple[Steps, SlotMemory | None, SlotTable | None]:  # fmt: skip
+    """On the compute thread: predictor, slot memory, one stream per layer, streaming blocks.
+
+    The mode is decided here, once: which stream class each layer gets, which
+    layers own a prediction, where each layer's experts are.
+    """
     blocks = sparse_blocks(model)
     layers = [i for i, _, _ in blocks]
     k = opts.top_k or model_top_k(blocks[0][2])
@@ -114,7 +119,7 @@ def prepare(
     if opts.mode == "resident":
         for _, _, block in blocks:
             _set_top_k(block, k)
-        return StreamContext("resident", k, tracer), None, None
+        return Steps("resident", k, tracer), None, None
     predictor: Predictor | None = None
     if opts.mode in ("hint", "route"):
         name = opts.predictor or (
@@ -129,18 +134,29 @@ def prepare(
     n_slots = 2 * k
     memory = SlotMemory(manifest, streamed, n_slots)
     table = SlotTable(streamed, n_slots)
-    ctx = StreamContext(opts.mode, k, tracer, memory=memory, quant=manifest.quantization,
-                        predictor=predictor)  # fmt: skip
+    steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
+    if keep and model_dir is not None:
+        steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
+    if opts.record_routing:
+        steps.recording = {}
+    stream_cls = RoutedStream if opts.mode == "route" else LayerStream
+    quant = manifest.quantization
+    streams: dict[int, LayerStream] = {}
+    for i in layers:
+        where: ResidentExperts | SlotExperts = (
+            ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
+            else SlotExperts(i, memory.views[i], steps)
+        )  # fmt: skip
+        streams[i] = stream_cls(i, steps, where, quant)
     if predictor is not None:  # heads only for layers that are streamed
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
-    if keep and model_dir is not None:
-        ctx.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
-    if opts.record_routing:
-        ctx.recording = {}
+        for owner, target in predictor.targets.items():
+            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+    steps.layers = dict(streams)
     family = family_for(manifest.model_type)
     for i, attr, block in blocks:
-        setattr(model.layers[i], attr, StreamingMoE(block, i, family, ctx))
-    return ctx, memory, table
+        setattr(model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
+    return steps, memory, table
 
 
 async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
@@ -183,7 +199,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     if not layers:
         return setup  # nothing streamed (a single MoE layer kept resident)
     setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
-    ctx.scheduler = setup.scheduler
+    ctx.attach(setup.scheduler)
     return setup
 
 

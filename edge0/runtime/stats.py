@@ -1,4 +1,4 @@
-"""Generation statistics: prompt and decode speed, peak MLX memory, peak process RSS."""
+"""Generation statistics: speed, peak MLX memory, RSS read from /proc, the first stats line."""
 
 from __future__ import annotations
 
@@ -10,27 +10,32 @@ import attrs
 import mlx.core as mx
 
 _MIB = 1 << 20
+_STATUS = Path("/proc/self/status")
+
+
+def proc_field(path: Path, key: str) -> int:
+    """Bytes of a "Key:  N kB" line of a /proc file (status, meminfo); 0 where it is missing."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
 
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (VmHWM on Linux, ru_maxrss elsewhere)."""
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # reported in kB
+    got = proc_field(_STATUS, "VmHWM:")
+    if got:
+        return got
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # bytes on macOS
 
 
 def current_rss_bytes() -> int:
     """Resident set size of this process now (VmRSS on Linux; the peak elsewhere)."""
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return peak_rss_bytes()
+    return proc_field(_STATUS, "VmRSS:") or peak_rss_bytes()
 
 
 def peak_mlx_bytes() -> int:
@@ -64,9 +69,17 @@ class GenerationStats:
 
     def line(self) -> str:
         """The one-line summary `edge0 run` prints after the text."""
-        return (
-            f"prompt: {self.prompt_tokens} tok, {self.prompt_tps:.1f} tok/s | "
-            f"decode: {self.decode_tokens} tok, {self.decode_tps:.1f} tok/s | "
-            f"peak MLX memory: {self.peak_mlx_bytes / _MIB:.1f} MiB | "
-            f"peak RSS: {self.peak_rss_bytes / _MIB:.1f} MiB"
-        )
+        return speed_line(self.prompt_tokens, self.prompt_tps, self.decode_tokens,
+                          self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes)  # fmt: skip
+
+
+def speed_line(
+    prompt_tokens: int, prompt_tps: float, decode_tokens: int, decode_tps: float,
+    peak_mlx: int, peak_rss: int,
+) -> str:  # fmt: skip
+    """The stats line every generation path prints first (resident and streamed alike)."""
+    return (
+        f"prompt: {prompt_tokens} tok, {prompt_tps:.1f} tok/s | "
+        f"decode: {decode_tokens} tok, {decode_tps:.1f} tok/s | "
+        f"peak MLX memory: {peak_mlx / _MIB:.1f} MiB | peak RSS: {peak_rss / _MIB:.1f} MiB"
+    )

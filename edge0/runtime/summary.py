@@ -6,8 +6,9 @@ from typing import Any
 
 import attrs
 
-from edge0.runtime.runner import StepRecord
 from edge0.runtime.scheduler import ReadStats
+from edge0.runtime.stats import speed_line
+from edge0.runtime.steps import StepRecord
 
 _MIB = 1 << 20
 
@@ -68,10 +69,8 @@ class RunStats:
         same stats line as the resident path."""
         tiers = ", ".join(f"{k}={v}" for k, v in sorted(self.tier_reads.items())) or "none"
         return "\n".join([
-            f"prompt: {self.prompt_tokens} tok, {self.prefill_tps:.1f} tok/s | "
-            f"decode: {self.generated_tokens} tok, {self.decode_tps:.1f} tok/s | "
-            f"peak MLX memory: {self.peak_mlx_bytes / _MIB:.1f} MiB | "
-            f"peak RSS: {self.peak_rss_bytes / _MIB:.1f} MiB",
+            speed_line(self.prompt_tokens, self.prefill_tps, self.generated_tokens,
+                       self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes),
             f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}) | "
             f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
             f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "

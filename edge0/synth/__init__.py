@@ -1,1 +1,1 @@
-"""Random-weight checkpoints: named shapes, tiny HF fixtures, full-size edge0 layouts."""
+"""Random-weight checkpoints: named shapes, tiny HF fixtures, edge0 layouts, expert stores."""

@@ -22,8 +22,6 @@ from edge0.layout.atomic import atomic_directory, check_destination, check_free_
 from edge0.layout.manifest import (
     FORMAT_VERSION,
     RESIDENT_FILE,
-    ZSTD_FILE,
-    ZSTD_INDEX_FILE,
     Manifest,
 )
 from edge0.layout.model import build_float_model
@@ -206,17 +204,6 @@ def synthesize(
                 fill_record(record, spec, rand, bits)
                 writer.write(record)
                 bar.update(spec.record_size)
-        compression = (
-            None
-            if level is None
-            else {
-                "codec": "zstd",
-                "level": level,
-                "file": ZSTD_FILE,
-                "index": ZSTD_INDEX_FILE,
-                "bytes": writer.zstd_bytes,
-            }
-        )
         manifest = Manifest(
             FORMAT_VERSION,
             config["model_type"],
@@ -228,7 +215,7 @@ def synthesize(
             0,
             spec.fields,
             tuple(writer.crc32),
-            compression,
+            writer.compression(),
         )
         build_tokenizer(tmp, 512)
         import json

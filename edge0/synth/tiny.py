@@ -10,6 +10,10 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from edge0.synth.shapes import FAMILIES as SUPPORTED
+from edge0.synth.shapes import Shape
+from edge0.synth.shapes import hf_config as shape_hf_config
+
 # A fixed text to train the tiny byte-level BPE tokenizer on (written for Edge0).
 TOKENIZER_TEXT = """\
 Edge0 runs mixture-of-experts language models that do not fit in memory.
@@ -36,7 +40,6 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-SUPPORTED = ("qwen3_moe", "qwen3_5_moe")
 # Output-head scale: logits of roughly +-5. The fp32 noise floor of the reference itself
 # (transformers' chunked vs recurrent Gated DeltaNet paths) grows with the logit scale;
 # at +-15 it reaches 7e-5, too close to the 1e-4 reference tolerance.
@@ -48,22 +51,9 @@ QWEN_SPLIT = (
 
 
 @attrs.frozen
-class TinySpec:
+class TinySpec(Shape):
     """Shape of a tiny random checkpoint; the vocabulary size comes from the tokenizer."""
 
-    model_type: str = "qwen3_5_moe"
-    hidden: int = 64
-    layers: int = 4  # qwen3_5_moe: every 4th layer is full attention, the rest Gated DeltaNet
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 16
-    experts: int = 8
-    top_k: int = 2
-    moe_ff: int = 32
-    shared_ff: int = 32  # qwen3_5_moe only
-    lin_k_heads: int = 2  # Gated DeltaNet (qwen3_5_moe only)
-    lin_v_heads: int = 4
-    lin_head_dim: int = 16
     max_positions: int = 256
     tokenizer_vocab: int = 512
     seed: int = 0
@@ -104,68 +94,11 @@ def build_tokenizer(out: Path, vocab_size: int) -> int:
 
 
 def hf_config(spec: TinySpec, vocab: int, eos_id: int) -> dict[str, Any]:
-    """The config.json dict, built with transformers' own config classes."""
-    if spec.model_type == "qwen3_moe":
-        from transformers import Qwen3MoeConfig
-
-        cfg: Any = Qwen3MoeConfig(
-            **_extra(head_dim=spec.head_dim),  # not a declared field; the model reads it
-            vocab_size=vocab,
-            hidden_size=spec.hidden,
-            intermediate_size=2 * spec.hidden,
-            num_hidden_layers=spec.layers,
-            num_attention_heads=spec.heads,
-            num_key_value_heads=spec.kv_heads,
-            num_experts=spec.experts,
-            num_experts_per_tok=spec.top_k,
-            moe_intermediate_size=spec.moe_ff,
-            norm_topk_prob=True,
-            max_position_embeddings=spec.max_positions,
-            eos_token_id=eos_id,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            architectures=["Qwen3MoeForCausalLM"],
-            dtype="bfloat16",
-        )
-    elif spec.model_type == "qwen3_5_moe":
-        from transformers import Qwen3_5MoeConfig
-
-        text = dict(
-            vocab_size=vocab,
-            hidden_size=spec.hidden,
-            num_hidden_layers=spec.layers,
-            num_attention_heads=spec.heads,
-            num_key_value_heads=spec.kv_heads,
-            head_dim=spec.head_dim,
-            linear_num_key_heads=spec.lin_k_heads,
-            linear_num_value_heads=spec.lin_v_heads,
-            linear_key_head_dim=spec.lin_head_dim,
-            linear_value_head_dim=spec.lin_head_dim,
-            num_experts=spec.experts,
-            num_experts_per_tok=spec.top_k,
-            moe_intermediate_size=spec.moe_ff,
-            shared_expert_intermediate_size=spec.shared_ff,
-            max_position_embeddings=spec.max_positions,
-            eos_token_id=eos_id,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-            },
-            dtype="bfloat16",
-        )
-        cfg = Qwen3_5MoeConfig(
-            text_config=text,
-            architectures=["Qwen3_5MoeForConditionalGeneration"],
-            tie_word_embeddings=False,
-        )
-    else:
+    """The config.json dict (edge0.synth.shapes builds it with transformers' config classes)."""
+    if spec.model_type not in SUPPORTED:
         raise ValueError(f"tiny checkpoints exist for {SUPPORTED}, not {spec.model_type!r}")
-    out: dict[str, Any] = cfg.to_dict()
-    return out
-
-
-def _extra(**kwargs: Any) -> dict[str, Any]:
-    return kwargs
+    return shape_hf_config(spec, vocab, max_position_embeddings=spec.max_positions,
+                           eos_token_id=eos_id)  # fmt: skip
 
 
 def _qwen3_moe_weights(spec: TinySpec, vocab: int, rng: np.random.Generator) -> dict[str, Any]:

@@ -1,1 +1,1 @@
-"""Training for Edge0's quality artifacts: prerouter traces and heads (later: recovery LoRA)."""
+"""Training for Edge0's quality artifacts: routing traces, prerouter heads, the recovery LoRA."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from edge0.routing.prerouter import PrerouterSet
 from edge0.train import routed
-from edge0.train.sft import SftConfig, continuation_mask, fit, masked_mean
+from edge0.train.sft import SftConfig, continuation_mask, continuation_mean, fit, masked_mean
 
 
 @attrs.frozen
@@ -89,15 +89,12 @@ def heldout_kl(
     eos: tuple[int, ...] = (),
 ) -> float:
     """Mean reverse KL(student || teacher) over the continuation tokens of `seqs`."""
-    total = count = 0.0
-    for i in range(0, len(seqs), batch):
-        s = mx.array(seqs[i : i + batch])[:, :-1]
-        ls, _ = routed.plan_logits(student, state, s, prefill=prompt_len)
-        kl = token_kl(log_probs(ls), log_probs(teacher(s)))
-        mask = continuation_mask(s, prompt_len, eos)
-        total += float((kl * mask).sum())
-        count += float(mask.sum())
-    return total / max(count, 1.0)
+
+    def kl(inputs: mx.array, targets: mx.array) -> mx.array:
+        ls, _ = routed.plan_logits(student, state, inputs, prefill=prompt_len)
+        return token_kl(log_probs(ls), log_probs(teacher(inputs)))
+
+    return continuation_mean(seqs, batch, prompt_len, eos, kl)
 
 
 def train_distill(

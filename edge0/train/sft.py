@@ -95,13 +95,25 @@ def heldout_loss(
     eos: tuple[int, ...] = (),
 ) -> float:
     """Route-mode continuation cross-entropy over `seqs` (nats/token)."""
+
+    def ce(inputs: mx.array, targets: mx.array) -> mx.array:
+        logits, _ = routed.plan_logits(model, state, inputs, prefill=prompt_len)
+        return nn.losses.cross_entropy(logits.astype(mx.float32), targets, reduction="none")
+
+    return continuation_mean(seqs, batch, prompt_len, eos, ce)
+
+
+def continuation_mean(
+    seqs: np.ndarray, batch: int, prompt_len: int, eos: tuple[int, ...],
+    per_token: Callable[[mx.array, mx.array], mx.array],
+) -> float:  # fmt: skip
+    """Mean of `per_token(inputs, targets)` (B, T) over the continuation tokens of `seqs`."""
     total = count = 0.0
     for i in range(0, len(seqs), batch):
         s = mx.array(seqs[i : i + batch])
-        logits, _ = routed.plan_logits(model, state, s[:, :-1], prefill=prompt_len)
-        ce = nn.losses.cross_entropy(logits.astype(mx.float32), s[:, 1:], reduction="none")
-        mask = continuation_mask(s[:, :-1], prompt_len, eos)
-        total += float((ce * mask).sum())
+        inputs = s[:, :-1]
+        mask = continuation_mask(inputs, prompt_len, eos)
+        total += float((per_token(inputs, s[:, 1:]) * mask).sum())
         count += float(mask.sum())
     return total / max(count, 1.0)
 

@@ -1,0 +1,199 @@
+"""Validation of a parsed edge0.json: every field's type, range and consistency, one clear error.
+
+`parse_manifest` turns the JSON object into a `Manifest` or raises CheckpointError naming
+the file, the key and the fix. The record layout must be exactly what `record_layout`
+computes for the stored bits / group size / widths (so a hand-edited shape, offset or
+size can never reach the runtime), and the model built from `config` must have the
+stored MoE layers, expert count and widths (`check_model`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from edge0.errors import CheckpointError
+from edge0.layout.manifest import FIELD_ALIGN, FORMAT_VERSION, RECORD_ALIGN, Manifest, RecordField
+
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize's affine mode packs
+SUPPORTED_GROUPS = (32, 64, 128)
+MAX_INT = 1 << 62  # no size, offset or count in a real checkpoint comes near this
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_FIX = "re-run `edge0 convert`"
+
+
+class _Bad(Exception):
+    """A key and what is wrong with it (turned into one CheckpointError)."""
+
+
+def _int(d: dict[str, Any], key: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    value = d.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _Bad(f"{key!r} must be an integer, not {_show(value)}")
+    if not lo <= value <= hi:
+        raise _Bad(f"{key!r} is {value}, outside [{lo}, {hi}]")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _fields(raw: Any) -> tuple[RecordField, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _Bad(f"'fields' must be a non-empty list, not {_show(raw)}")
+    out = []
+    for i, f in enumerate(raw):
+        if not isinstance(f, dict):
+            raise _Bad(f"fields[{i}] must be an object, not {_show(f)}")
+        name, dtype, shape = f.get("name"), f.get("dtype"), f.get("shape")
+        if not isinstance(name, str) or not isinstance(dtype, str):
+            raise _Bad(f"fields[{i}] needs string 'name' and 'dtype'")
+        if not isinstance(shape, list) or not shape or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 < n < MAX_INT for n in shape
+        ):
+            raise _Bad(f"fields[{i}] ({name}) 'shape' must be a list of positive integers")
+        out.append(RecordField(name, dtype, tuple(shape), _int(f, "offset"), _int(f, "nbytes")))
+    return tuple(out)
+
+
+def _layout(q: dict[str, Any], fields: tuple[RecordField, ...], record_size: int) -> None:
+    """The stored record layout must be the one `record_layout` computes."""
+    from edge0.layout.records import FIELD_NAMES, VIEW_DTYPES, record_layout
+
+    names = tuple(f.name for f in fields)
+    if names != FIELD_NAMES:
+        raise _Bad(f"'fields' are {list(names)}, expected {list(FIELD_NAMES)} in that order")
+    gate, down = fields[0], fields[6]
+    scale = fields[1].dtype
+    if scale not in VIEW_DTYPES or scale == "uint32":
+        raise _Bad(f"scales dtype {scale!r} is not one of bfloat16, float16, float32")
+    if len(gate.shape) != 2 or len(down.shape) != 2:
+        raise _Bad("weight fields must be 2-D (out, in * bits / 32)")
+    d_ff, d_model = gate.shape[0], down.shape[0]
+    try:
+        want = record_layout(d_model, d_ff, q["bits"], q["group_size"], scale)
+    except CheckpointError as exc:
+        raise _Bad(str(exc)) from None
+    for have, need in zip(fields, want.fields, strict=True):
+        if have != need:
+            raise _Bad(
+                f"field {have.name} is {have.dtype}{list(have.shape)} at offset {have.offset} "
+                f"({have.nbytes} B); int{q['bits']} group {q['group_size']} of a "
+                f"{d_model}x{d_ff} expert needs {need.dtype}{list(need.shape)} at {need.offset} "
+                f"({need.nbytes} B)"
+            )
+    if record_size != want.record_size:
+        raise _Bad(f"'record_size' is {record_size}, the fields need {want.record_size}")
+
+
+def _quantization(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise _Bad(f"'quantization' must be an object, not {_show(raw)}")
+    bits, group = raw.get("bits"), raw.get("group_size")
+    if bits not in SUPPORTED_BITS or isinstance(bits, bool):
+        raise _Bad(f"quantization bits {_show(bits)} is not supported (one of {SUPPORTED_BITS})")
+    if group not in SUPPORTED_GROUPS or isinstance(group, bool):
+        raise _Bad(f"quantization group_size {_show(group)} is not one of {SUPPORTED_GROUPS}")
+    if raw.get("mode", "affine") != "affine":
+        raise _Bad(f"quantization mode {_show(raw.get('mode'))} is not supported (affine)")
+    return dict(raw)
+
+
+def _compression(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or raw.get("codec") != "zstd":
+        raise _Bad(f"'compression' must be null or a zstd object, not {_show(raw)}")
+    for key in ("file", "index"):
+        name = raw.get(key, "")
+        if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name):
+            raise _Bad(f"compression {key!r} must be a plain file name, not {_show(name)}")
+    _int(raw, "level", -(1 << 17), 22)
+    if "bytes" in raw:
+        _int(raw, "bytes")
+    return dict(raw)
+
+
+def _parse(d: Any) -> Manifest:
+    if not isinstance(d, dict):
+        raise _Bad(f"the top level must be an object, not {_show(d)}")
+    version = d.get("format_version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise CheckpointError(
+            f"format version {version!r}, this Edge0 reads {FORMAT_VERSION}; "
+            "re-convert the model with this version of `edge0 convert`"
+        )
+    model_type, config = d.get("model_type"), d.get("config")
+    if not isinstance(model_type, str) or not model_type:
+        raise _Bad(f"'model_type' must be a non-empty string, not {_show(model_type)}")
+    if not isinstance(config, dict) or config.get("model_type") != model_type:
+        raise _Bad(f"'config' must be the model's config object with model_type {model_type!r}")
+    q = _quantization(d.get("quantization"))
+    layers = d.get("moe_layers")
+    if (not isinstance(layers, list) or not layers
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
+            or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] > 1 << 20):  # fmt: skip
+        raise _Bad(f"'moe_layers' must be ascending distinct layer indices, not {_show(layers)}")
+    n_experts = _int(d, "n_experts", 1, 1 << 20)
+    record_size = _int(d, "record_size", RECORD_ALIGN)
+    data_offset = _int(d, "data_offset")
+    for key, value in (("record_size", record_size), ("data_offset", data_offset)):
+        if value % RECORD_ALIGN:
+            raise _Bad(f"{key!r} {value} is not a multiple of {RECORD_ALIGN}")
+    fields = _fields(d.get("fields"))
+    if any(f.offset % FIELD_ALIGN for f in fields):
+        raise _Bad(f"field offsets must be multiples of {FIELD_ALIGN}")
+    _layout(q, fields, record_size)
+    crc = d.get("crc32")
+    n_records = len(layers) * n_experts
+    if not isinstance(crc, list) or len(crc) != n_records:
+        count = len(crc) if isinstance(crc, list) else _show(crc)
+        raise _Bad(f"'crc32' must list one CRC per record ({n_records}), not {count}")
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 32 for c in crc):
+        raise _Bad("'crc32' entries must be integers in [0, 2**32)")
+    resident = d.get("resident_crc32")
+    if resident is not None:
+        if not isinstance(resident, dict):
+            raise _Bad(f"'resident_crc32' must be null or an object, not {_show(resident)}")
+        resident = {"header": _int(resident, "header", 0, (1 << 32) - 1),
+                    "file": _int(resident, "file", 0, (1 << 32) - 1)}  # fmt: skip
+    return Manifest(
+        format_version=FORMAT_VERSION, model_type=model_type, config=config, quantization=q,
+        moe_layers=tuple(layers), n_experts=n_experts, record_size=record_size,
+        data_offset=data_offset, fields=fields, crc32=tuple(crc),
+        compression=_compression(d.get("compression")), resident_crc32=resident,
+    )  # fmt: skip
+
+
+def parse_manifest(d: Any, path: Path) -> Manifest:
+    """A validated Manifest from the JSON object `d` read from `path`."""
+    try:
+        return _parse(d)
+    except _Bad as exc:
+        raise CheckpointError(f"{path}: {exc}; {_FIX}") from None
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+
+def check_model(manifest: Manifest, switch: dict[int, Any], path: Path) -> None:
+    """The model built from the config has the manifest's MoE layers, experts and widths.
+
+    `switch` is `edge0.layout.quant.switch_modules(model)` of the float-shaped model.
+    """
+    layers = tuple(switch)
+    if layers != manifest.moe_layers:
+        raise CheckpointError(
+            f"{path}: edge0.json lists MoE layers {list(manifest.moe_layers)}, its config builds "
+            f"{list(layers)}; {_FIX}"
+        )
+    n, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape  # (E, ff, d)
+    want_ff, want_d = manifest.fields[0].shape[0], manifest.fields[6].shape[0]
+    if (n, d_ff, d_model) != (manifest.n_experts, want_ff, want_d):
+        raise CheckpointError(
+            f"{path}: the config builds {n} experts of {d_model}x{d_ff}, edge0.json records "
+            f"{manifest.n_experts} of {want_d}x{want_ff}; {_FIX}"
+        )
+

@@ -1,0 +1,175 @@
+"""One collaborator per streamed layer: its planned set, its routing sync and prefetch, its slots.
+
+A `StreamingMoE` block asks only its `LayerStream`. Which class a layer gets is
+decided once, when the engine is built (edge0.runtime.setup): `LayerStream`
+(the true routing is the routing: reactive, hint) or `RoutedStream` (route: the
+set predicted one step earlier is the routing); a `Lookahead` only on layers
+that own a prediction (hint, route); `ResidentExperts` or `SlotExperts` for
+where the expert weights are. Everything here runs on the compute thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import mlx.core as mx
+
+from edge0.routing.predictors import Predictor
+
+if TYPE_CHECKING:
+    from edge0.runtime.scheduler import Scheduler
+    from edge0.runtime.steps import Steps
+
+
+class Experts(Protocol):
+    """Where a layer's expert weights are, and how compute indexes them."""
+
+    views: dict[str, mx.array]  # field -> stacked (n, ...) weights, scales, biases
+
+    def index(self, experts: list[int], inds: mx.array) -> mx.array: ...
+
+
+class ResidentExperts:
+    """All experts of the layer in memory (first-layer policy "resident"): they index themselves."""
+
+    def __init__(self, views: dict[str, mx.array]) -> None:
+        self.views = views
+
+    def index(self, experts: list[int], inds: mx.array) -> mx.array:
+        return inds
+
+
+class SlotExperts:
+    """The layer's slot table: `index` blocks until the experts are staged, returns their slots."""
+
+    def __init__(self, layer: int, views: dict[str, mx.array], steps: Steps) -> None:
+        self.layer = layer
+        self.views = views
+        self.steps = steps
+        self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+
+    def index(self, experts: list[int], inds: mx.array) -> mx.array:
+        assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
+        steps = self.steps
+        t0, c0 = time.perf_counter(), time.thread_time()
+        slots = self.scheduler.acquire(self.layer, steps.step, experts)
+        steps.span("wait", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
+        return mx.array(slots, dtype=mx.uint32).reshape(inds.shape)  # (1, 1, K) slot indices
+
+
+class Lookahead:
+    """The prediction one layer owns: its target layer's experts at the next step, prefetched."""
+
+    def __init__(self, layer: int, predictor: Predictor, target: LayerStream, steps: Steps) -> None:
+        self.layer = layer
+        self.predictor = predictor
+        self.target = target
+        self.steps = steps
+        self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+
+    def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
+        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor)."""
+        return self.predictor.graph(self.layer, x, inds, prev, k)
+
+    def issue(
+        self, x: mx.array, experts: list[int], true: list[int], prev: list[int] | None,
+        graph: mx.array | None, k: int,
+    ) -> None:  # fmt: skip
+        """Hand the prediction to the target layer and prefetch it for the next step."""
+        steps = self.steps
+        got: list[int] | None
+        if graph is not None:
+            got = graph.tolist()  # type: ignore[assignment]
+        else:
+            t0 = time.perf_counter()
+            got = self.predictor.predict(self.layer, steps.pos, x, experts, true, prev, k)
+            steps.span("predict", self.layer, t0, time.perf_counter())
+        if got is None:
+            return
+        self.target.offer(steps.step + 1, got)
+        assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
+        self.scheduler.prefetch(self.target.layer, steps.step + 1, got)
+
+
+class LayerStream:
+    """A streamed layer whose routing is the true router's (reactive, hint)."""
+
+    def __init__(self, layer: int, steps: Steps, experts: Experts, quant: dict[str, Any]) -> None:
+        self.layer = layer
+        self.steps = steps
+        self.experts = experts
+        self.quant = quant
+        self.top_k = steps.top_k
+        self.head: Lookahead | None = None  # the prediction this layer owns, if any
+        # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
+        # in the step predicts step t+1 before this layer has used its plan for step t
+        self.plans: list[tuple[int, list[int]] | None] = [None, None]
+        self.prev_experts: list[int] | None = None  # executed at the previous step
+        self.prev_inds: mx.array | None = None
+
+    def attach(self, scheduler: Scheduler) -> None:
+        """The scheduler, once the tier stack is open: for slot acquisition and prefetch."""
+        if isinstance(self.experts, SlotExperts):
+            self.experts.scheduler = scheduler
+        if self.head is not None:
+            self.head.scheduler = scheduler
+
+    def reset(self) -> None:
+        """A new request: nothing predicted, no previous step."""
+        self.plans = [None, None]
+        self.prev_experts = self.prev_inds = None
+
+    def offer(self, step: int, experts: list[int]) -> None:
+        """The owner's prediction of this layer's experts at `step`."""
+        self.plans[step & 1] = (step, experts)
+
+    @property
+    def plan(self) -> tuple[int, list[int]] | None:
+        """The latest prediction made for this layer."""
+        made = [p for p in self.plans if p is not None]
+        return max(made, key=lambda p: p[0]) if made else None
+
+    def planned(self) -> list[int] | None:
+        """The expert set predicted for this step when it is the routing (only `RoutedStream`)."""
+        return None
+
+    def route(
+        self, x: mx.array, true_inds: mx.array, inds: mx.array, w: mx.array,
+        planned: list[int] | None,
+    ) -> list[int]:  # fmt: skip
+        """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
+        steps, head = self.steps, self.head
+        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
+        steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
+        true: list[int] = true_inds.reshape(-1).tolist()  # type: ignore[assignment]
+        experts = planned if planned is not None else true
+        steps.cur.layers += 1
+        if steps.recording is not None:
+            steps.recording[(steps.pos, self.layer)] = list(true)
+        prev, self.prev_experts, self.prev_inds = self.prev_experts, experts, inds
+        if head is not None:
+            head.issue(x, experts, true, prev, pred, self.top_k)
+        return experts
+
+    def slots(self, experts: list[int], inds: mx.array) -> mx.array:
+        """Indices into `views` of `experts` (blocks until a streamed layer's slots are staged)."""
+        return self.experts.index(experts, inds)
+
+    @property
+    def views(self) -> dict[str, mx.array]:
+        return self.experts.views
+
+
+class RoutedStream(LayerStream):
+    """A layer in route mode: in decode steps the set predicted one step ago is the routing."""
+
+    def planned(self) -> list[int] | None:
+        steps = self.steps
+        plan = self.plans[steps.step & 1]
+        if steps.prefill or plan is None or plan[0] != steps.step:
+            return None
+        steps.routed_by_prediction += 1
+        return plan[1]

@@ -1,0 +1,124 @@
+"""The step clock of one model's streaming layers: counters, request and step boundaries, timings.
+
+`Steps` counts steps (global: the scheduler's fence uses them) and positions
+(within a request), tells the scheduler where a request and a step begin, and
+keeps one `StepRecord` of compute-thread timing per step. It runs on the
+compute thread; the per-layer work is in edge0.runtime.layers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import mlx.core as mx
+
+from edge0.routing.predictors import Predictor
+from edge0.runtime.scheduler import Scheduler
+from edge0.runtime.slotmem import SlotMemory
+from edge0.runtime.trace import Tracer
+
+if TYPE_CHECKING:
+    from edge0.runtime.prefill import ChunkState
+
+MODES = ("resident", "reactive", "hint", "route")
+
+
+class Stream(Protocol):
+    """What the clock needs of a layer's stream (edge0.runtime.layers.LayerStream)."""
+
+    @property
+    def plan(self) -> tuple[int, list[int]] | None: ...
+
+    def reset(self) -> None: ...
+
+    def attach(self, scheduler: Scheduler) -> None: ...
+
+
+@attrs.define
+class StepRecord:
+    """Timing of one step on the compute thread (seconds)."""
+
+    step: int
+    prefill: bool
+    wall: float = 0.0
+    eval: float = 0.0  # in mx.eval (MLX compute)
+    wait: float = 0.0  # blocked on reads
+    predict: float = 0.0  # predictor graphs (MLX compute, included in `eval` too)
+    layers: int = 0  # streamed layers run
+    cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
+    cpu_excluded: float = 0.0  # ... of it inside mx.eval and waiting on reads
+
+
+class Steps:
+    """The step clock of one model's streaming layers: counters, request boundaries, timings.
+
+    `mode`, `top_k` and `predictor` are what the engine was built with (for the
+    stats); the layers' behaviour was chosen when they were built, not here.
+    """
+
+    def __init__(
+        self, mode: str, top_k: int, tracer: Tracer, predictor: Predictor | None = None,
+        memory: SlotMemory | None = None,
+    ) -> None:  # fmt: skip
+        self.mode = mode
+        self.top_k = top_k
+        self.tracer = tracer
+        self.predictor = predictor
+        self.memory = memory
+        self.scheduler: Scheduler | None = None
+        self.layers: dict[int, Stream] = {}  # model layer -> its stream (streaming blocks)
+        self.step = -1  # global step counter (fences use it)
+        self.pos = -1  # position within the current request
+        self.prefill = False
+        self.request = 0
+        self.routed_by_prediction = 0  # layer-steps whose routing was the prediction
+        self.recording: dict[tuple[int, int], list[int]] | None = None  # (pos, layer) -> true set
+        # layers whose experts stay in memory (first-layer policy "resident"): field -> (E, ...)
+        self.resident_experts: dict[int, dict[str, mx.array]] = {}
+        self.records: list[StepRecord] = []
+        self.cur = StepRecord(-1, True)
+        self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
+        self.chunk: ChunkState | None = None  # the prompt chunk being computed
+
+    def attach(self, scheduler: Scheduler) -> None:
+        """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""
+        self.scheduler = scheduler
+        for stream in self.layers.values():
+            stream.attach(scheduler)
+
+    def predictions(self) -> dict[int, tuple[int, list[int]]]:
+        """Layer -> (step, experts): the latest prediction made for each layer."""
+        return {i: s.plan for i, s in self.layers.items() if s.plan is not None}
+
+    # --- request and step boundaries ----------------------------------------------------
+    def begin_request(self, request: int) -> None:
+        self.request, self.pos = request, -1
+        for stream in self.layers.values():
+            stream.reset()
+        if self.scheduler is not None:
+            self.scheduler.begin_request(request)
+
+    def begin_step(self, prefill: bool) -> None:
+        self.step += 1
+        self.pos += 1
+        self.prefill = prefill
+        self.cur = StepRecord(self.step, prefill)
+        if self.scheduler is not None:
+            self.scheduler.begin_step(self.step)
+
+    def end_step(self, wall: float) -> None:
+        self.cur.wall = wall
+        self.records.append(self.cur)
+
+    def span(self, kind: str, layer: int, start: float, end: float, cpu: float = 0.0) -> None:
+        """Account a compute-thread span; `cpu` is its thread CPU time (eval and wait)."""
+        self.cur.cpu_excluded += cpu
+        if kind == "eval":
+            self.cur.eval += end - start
+        elif kind == "predict":
+            self.cur.predict += end - start
+            self.cur.eval += end - start
+        elif kind == "wait":
+            self.cur.wait += end - start
+        self.tracer.compute(kind, self.step, layer, start, end)
