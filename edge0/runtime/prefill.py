@@ -38,6 +38,30 @@ if TYPE_CHECKING:
 DEFAULT_CHUNK = 256  # prompt tokens per forward (docs/benchmarks/prefill.md)
 
 
+def chunk_bytes_per_token(config: dict[str, Any], top_k: int) -> int:
+    """MLX memory a prompt chunk holds per token at its peak (an estimate from the config).
+
+    Gated DeltaNet layers (qwen3_5_moe, qwen3_next) on the CPU run mlx-lm's
+    sequential ops path, which keeps one (value heads x Dv x Dk) fp32 state per
+    token of the chunk alive until the layer is evaluated: measured 537 MiB at 256
+    tokens on the 35B-A3B shape (2 MiB state). Plus the (token, k) pair outputs.
+    """
+    c: dict[str, Any] = config.get("text_config") or config
+    d = int(c.get("hidden_size", 0))
+    state = 0
+    if c.get("linear_num_value_heads"):
+        state = (int(c["linear_num_value_heads"]) * int(c.get("linear_value_head_dim", 0))
+                 * int(c.get("linear_key_head_dim", 0)) * 4)  # fmt: skip
+    return state * 21 // 20 + 3 * top_k * d * 4 + 16 * d * 4
+
+
+def chunk_for_budget(chunk: int, per_token: int, working: int) -> int:
+    """The largest chunk <= `chunk` whose peak fits the plan's working reserve (at least 1)."""
+    if per_token <= 0 or working <= 0:
+        return chunk
+    return max(1, min(chunk, working // per_token))
+
+
 @attrs.define
 class ChunkState:
     """One chunk in flight: its first position and the predictions for the first decode step."""

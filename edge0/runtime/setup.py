@@ -19,7 +19,7 @@ from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
 from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
-from edge0.runtime.prefill import DEFAULT_CHUNK
+from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotTable
@@ -193,7 +193,11 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
                                  kv_bytes(manifest.config, KV_CONTEXT), overhead,
                                  working_bytes(memory.nbytes))  # fmt: skip
         spec = apply_to_spec(spec, setup.memory_plan.cache)
-        log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec)
+        per_token = chunk_bytes_per_token(manifest.config, ctx.top_k)
+        ctx.prefill_chunk = chunk_for_budget(opts.prefill_chunk, per_token,
+                                             setup.memory_plan.working)  # fmt: skip
+        log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec,
+                 prefill_chunk=ctx.prefill_chunk)
     setup.tier = open_tiers(spec, path, manifest)
     layers = list(table.layers)
     if not layers:
