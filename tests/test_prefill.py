@@ -204,3 +204,33 @@ def test_head_runs_on_the_last_position_only(loaded_model: Any, family: str) -> 
     assert last.shape == (1, 1, full.shape[-1])
     np.testing.assert_allclose(np.array(last[0, -1]), np.array(full[0, -1]), atol=1e-5, rtol=0)
     assert model(ids, cache=make_prompt_cache(model)).shape == full.shape  # restored
+
+
+def test_chunk_fits_the_working_reserve() -> None:
+    from edge0.runtime.prefill import chunk_bytes_per_token, chunk_for_budget
+
+    mib = 1 << 20
+    assert chunk_for_budget(256, 2 * mib, 406 * mib) == 203
+    assert chunk_for_budget(256, 2 * mib, 1) == 1 and chunk_for_budget(256, 0, 1) == 256
+    text = {"hidden_size": 2048, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+            "linear_key_head_dim": 128}  # fmt: skip
+    hybrid = chunk_bytes_per_token({"text_config": text}, 8)
+    plain = chunk_bytes_per_token({"hidden_size": 2048}, 8)
+    assert hybrid - plain == 32 * 128 * 128 * 4 * 21 // 20  # one DeltaNet state per token
+
+
+def test_memory_budget_caps_the_chunk(stores: dict[str, Path]) -> None:
+    """Under --memory-budget the chunk shrinks to fit the plan's working reserve; still exact."""
+    from edge0.runtime.prefill import chunk_bytes_per_token, chunk_for_budget
+
+    family = "qwen3_5_moe" if "qwen3_5_moe" in stores else MODEL_TYPES[0]
+    path = stores[family]
+    got = run(generate(path, PROMPT, 256, mode="reactive", memory_budget="4GiB",
+                       tiers="pread"))  # fmt: skip
+    setup = got["engine"].setup
+    per_token = chunk_bytes_per_token(setup.manifest.config, setup.ctx.top_k)
+    want = chunk_for_budget(256, per_token, setup.memory_plan.working)
+    assert setup.ctx.prefill_chunk == want < len(PROMPT)  # the tiny slot table: a small reserve
+    one = run(generate(path, PROMPT, 1, mode="reactive"))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
