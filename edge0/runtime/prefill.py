@@ -109,6 +109,8 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     t0, c0 = time.perf_counter(), time.thread_time()
     mx.eval([a for a in (inds, w, graph) if a is not None])  # one eval per layer
     steps.span("eval", stream.layer, t0, time.perf_counter(), time.thread_time() - c0)
+    if steps.chunk_budgeted:  # the layer's chunk temporaries go back now, not into MLX's cache
+        mx.clear_cache()
     true = np.array(inds.reshape(t, -1))  # (T, K)
     _after_routing(stream, x, true, last, graph)
     y = chunk_experts(block, x, true)  # (1, T, K, d)
