@@ -1,4 +1,4 @@
-"""A third-party tier, `histogram`: counts reads per layer, flags slow reads; how to plug it in.
+r"""A third-party tier, `histogram`: counts reads per layer, flags slow reads; how to plug it in.
 
 A tier is any object with `async read_into(key, dest) -> ReadInfo` and
 `async aclose()`. To be usable in spec strings it also declares `name`,
@@ -16,15 +16,23 @@ entry point in its pyproject.toml:
 after which `edge0 run out/ --tiers "histogram:5ms>ram:1GiB>direct"` and
 `edge0 bench tiers out/ --tiers ...` find it by name. A script or notebook
 can skip packaging and call `edge0.storage.spec.register_tier("histogram",
-HistogramTier)`, as `main` below does.
+HistogramTier)`, as `demo` below does.
 
-Run: python examples/custom_tier.py MODEL_DIR
+Run: python examples/custom_tier.py [MODEL_DIR]   (default: the demo model)
+
+It reads every expert record twice through `histogram:slow=5ms>ram:64MiB>pread`
+and prints the reads per MoE layer (2 x the number of experts each) and how many
+reads were slower than 5 ms.
+
+ci-run:
+ci-run: {model}
+ci-expect: ^reads per layer: \{(\d+: \d+, )*\d+: \d+\}; slower than 5 ms: \d+$
+ci-expect: ^every layer read 2 x \d+ records$
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -84,5 +92,12 @@ async def demo(model_dir: Path, spec: str = "histogram:slow=5ms>ram:64MiB>pread"
 
 
 if __name__ == "__main__":
-    hist = asyncio.run(demo(Path(sys.argv[1])))
+    from _model import parse_args
+
+    path = parse_args(__doc__).model
+    hist = asyncio.run(demo(path))
     print(f"reads per layer: {dict(hist.reads_per_layer)}; slower than 5 ms: {hist.slow_reads}")
+    n_experts = Manifest.load(path).n_experts
+    if set(hist.reads_per_layer.values()) != {2 * n_experts}:
+        raise SystemExit("error: some layer was not read exactly twice per expert")
+    print(f"every layer read 2 x {n_experts} records")

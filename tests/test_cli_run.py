@@ -114,13 +114,15 @@ def test_missing_path(tmp_path: Path) -> None:
 def test_unknown_model_type(model_copy: Callable[[str], Path]) -> None:
     path = _with_model_type(model_copy("qwen3_moe"), "frobnicator")
     result = edge0("run", str(path), "-p", "hi")
-    _assert_one_line_error(result, str(path / "config.json"), "'frobnicator' is not supported")
+    msg = "'frobnicator' is a Mixture-of-Experts family Edge0 does not support yet"
+    _assert_one_line_error(result, str(path / "config.json"), msg)
 
 
 def test_non_moe_model_type(model_copy: Callable[[str], Path]) -> None:
     path = _with_model_type(model_copy("qwen3_moe"), "qwen3")
     result = edge0("run", str(path), "-p", "hi")
-    _assert_one_line_error(result, str(path / "config.json"), "not a Mixture-of-Experts model")
+    msg = "is a dense model: it has no experts to stream"
+    _assert_one_line_error(result, str(path / "config.json"), msg)
 
 
 def test_truncated_safetensors(model_copy: Callable[[str], Path]) -> None:

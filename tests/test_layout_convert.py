@@ -166,6 +166,9 @@ def test_rejects_non_moe_and_bad_sources(tmp_path: Path) -> None:
         convert(src, tmp_path / "out")
     (src / "config.json").write_text('{"model_type": "qwen3_moe"}')
     mx.save_safetensors(str(src / "model.safetensors"), {"lm_head.weight": mx.zeros((4, 4))})
+    with pytest.raises(ConversionError, match="dense model: it has no experts to stream"):
+        convert(src, tmp_path / "out")
+    (src / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts": 8}')
     with pytest.raises(ConversionError, match="no routed-expert tensors"):
         convert(src, tmp_path / "out")
 

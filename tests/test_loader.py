@@ -167,9 +167,13 @@ def test_missing_weights(model_copy: Callable[[str], Path]) -> None:
 @pytest.mark.parametrize(
     ("model_type", "message"),
     [
-        ("qwen3", "'qwen3' is not a Mixture-of-Experts model"),
-        ("llama", "'llama' is not a Mixture-of-Experts model"),
-        ("frobnicator", "'frobnicator' is not supported; Edge0 supports qwen3_moe, qwen3_5_moe"),
+        ("qwen3", "'qwen3' is a dense model: it has no experts to stream"),
+        ("llama", "'llama' is a dense model: it has no experts to stream"),
+        (
+            "frobnicator",
+            "'frobnicator' is a Mixture-of-Experts family Edge0 does not support yet; "
+            "supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, ",
+        ),
     ],
 )
 def test_unsupported_model_type(
@@ -185,7 +189,7 @@ def test_unsupported_model_type(
 def test_moe_type_with_zero_experts(model_copy: Callable[[str], Path]) -> None:
     path = model_copy("qwen3_5_moe")
     edit_config(path, lambda c: c["text_config"].update(num_experts=0))
-    with pytest.raises(ModelLoadError, match="dense model, not a Mixture-of-Experts"):
+    with pytest.raises(ModelLoadError, match="dense model: it has no experts to stream"):
         load(path)
 
 

@@ -91,6 +91,6 @@ def test_weights_of_the_true_set_equal_the_routing_weights(model_type: str) -> N
 def test_unknown_family_is_a_clear_error() -> None:
     from edge0.errors import ModelLoadError
 
-    with pytest.raises(ModelLoadError, match="routing famil"):
+    with pytest.raises(ModelLoadError, match="not a supported MoE family"):
         family_for("gpt2")
     assert "qwen3_5_moe" in FAMILIES

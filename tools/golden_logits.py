@@ -36,7 +36,7 @@ def reference_model(path: Path) -> Any:
     cls = {
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
         "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM,
-    }[model_type]
+    }.get(model_type, transformers.AutoModelForCausalLM)
     model, info = cls.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     if bad:

@@ -2,6 +2,11 @@
 
     python tools/synth_checkpoint.py --shape qwen3.5-35b-a3b /work/scratch/synth/qwen35-35b-a3b
     python tools/synth_checkpoint.py --shape small --format hf /tmp/small-hf
+    python tools/synth_checkpoint.py --shape mixtral-8x7b --plan
+
+Shapes: the Qwen3.5 35B-A3B family and small test shapes, plus each supported family's
+flagship (mixtral-8x7b, olmoe-1b-7b, qwen1.5-moe-a2.7b, deepseek-v2-lite,
+moonlight-16b-a3b, glm-4.5-air; qwen3-30b-a3b for qwen3_moe).
 
 The default format is the edge0 layout at int4 (random packed weights, sane scales);
 `--format hf` writes a bf16 Hugging Face checkpoint (small shapes only), input for
@@ -19,6 +24,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge0.errors import Edge0Error  # noqa: E402
+from edge0.synth.flagships import plan_sizes  # noqa: E402
 from edge0.synth.hf import MAX_HF_BYTES, write_hf  # noqa: E402
 from edge0.synth.layout import SHAPES, synthesize  # noqa: E402
 
@@ -39,7 +45,12 @@ from edge0.synth.layout import SHAPES, synthesize  # noqa: E402
     help="Edge0 format: also write experts.zst.",
 )
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
-@click.argument("dst", type=click.Path(file_okay=False))
+@click.option(
+    "--plan",
+    is_flag=True,
+    help="Print the shape's resident and expert bytes in the edge0 layout; write nothing.",
+)
+@click.argument("dst", type=click.Path(file_okay=False), required=False)
 def main(
     shape: str,
     fmt: str,
@@ -49,10 +60,24 @@ def main(
     shards: int,
     compress: str | None,
     force: bool,
-    dst: str,
+    plan: bool,
+    dst: str | None,
 ) -> None:
-    """Write a random checkpoint of SHAPE into DST."""
+    """Write a random checkpoint of SHAPE into DST (or, with --plan, print its sizes)."""
     start = time.perf_counter()
+    if plan:
+        p = plan_sizes(shape, bits=bits, group_size=group_size)
+        click.echo(
+            f"{shape} ({p['model_type']}): {p['moe_layers']} of {p['layers']} layers sparse, "
+            f"{p['experts']} experts, top-{p['top_k']}; resident {p['resident_bytes'] / 2**30:.2f} "
+            f"GiB, experts {p['experts_bytes'] / 2**30:.2f} GiB ({p['record_bytes'] / 2**20:.2f} "
+            f"MiB per expert record); streamed at top-{p['top_k']}: first layer's experts "
+            f"{p['first_layer_bytes'] / 2**30:.2f} GiB + slot tables "
+            f"{p['slot_bytes'] / 2**30:.2f} GiB"
+        )
+        return
+    if dst is None:
+        raise click.UsageError("DST is required unless --plan is given")
     try:
         if fmt == "hf":
             size = write_hf(shape, Path(dst), seed=seed, shards=shards, force=force)

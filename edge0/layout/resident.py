@@ -36,6 +36,7 @@ from edge0.layout.safetensors_io import (
 )
 from edge0.layout.sources import Source
 from edge0.log import get_logger
+from edge0.routing.families import family_for
 
 log = get_logger(__name__)
 
@@ -68,7 +69,10 @@ def _plan(
     source: Source, model: nn.Module, defaults: dict[str, Any]
 ) -> tuple[list[_Entry], dict[str, Any]]:
     lazy, origin = _lazy_tensors(source)
-    weights = model.sanitize(lazy) if hasattr(model, "sanitize") else lazy
+    tc = source.config.get("text_config") or source.config
+    mlx = any(le.kind == "stacked" for le in source.experts.values())
+    family = family_for(str(source.config["model_type"]))
+    weights = family.sanitize_resident(model, lazy, tc, mlx)
     del lazy
     modules = dict(model.named_modules())
     cast = None if source.quantized else conversion_dtype(source.config)

@@ -1,7 +1,8 @@
 """Source checkpoints for `edge0 convert`: find tensors across shards and read experts one by one.
 
 Three ways routed experts appear in a source, all read per (layer, expert) by byte range:
-- per-expert HF tensors: `...layers.N.mlp.experts.E.{gate,up,down}_proj.weight` (qwen3_moe);
+- per-expert HF tensors named by the family: `...layers.N.mlp.experts.E.{gate,up,down}_proj.weight`
+  (qwen3_moe, olmoe, deepseek, ...), `...block_sparse_moe.experts.E.{w1,w3,w2}.weight` (mixtral);
 - fused HF tensors: `...layers.N.mlp.experts.gate_up_proj` (E, 2*ff, d) and
   `...experts.down_proj` (E, d, ff) (qwen3_5_moe; gate is the first half of gate_up);
 - stacked MLX tensors: `...layers.N.mlp.switch_mlp.{gate,up,down}_proj.{weight,scales,biases}`,
@@ -17,22 +18,20 @@ from typing import Any
 
 import attrs
 
-from edge0.errors import ConversionError
+from edge0.errors import ConversionError, ModelLoadError
 from edge0.layout.records import PROJECTIONS
 from edge0.layout.safetensors_io import TensorInfo, read_header, read_raw
 from edge0.log import get_logger
+from edge0.model.arch import check_supported
+from edge0.routing.families import Family, family_for
 
 log = get_logger(__name__)
 
-_PER_EXPERT = re.compile(
-    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp)\.experts\.(?P<e>\d+)\."
-    r"(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
-)
 _FUSED = re.compile(
-    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp)\.experts\.(?P<proj>gate_up_proj|down_proj)$"
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.experts\.(?P<proj>gate_up_proj|down_proj)$"
 )
 _STACKED = re.compile(
-    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp)\.switch_mlp\."
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.switch_mlp\."
     r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<part>weight|scales|biases)$"
 )
 _DROPPED_PREFIXES = ("mtp.", "model.mtp.", "vision_tower", "model.visual")
@@ -111,7 +110,9 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _classify(tensors: dict[str, TensorInfo]) -> tuple[dict[int, LayerExperts], list[str]]:
+def _classify(
+    tensors: dict[str, TensorInfo], family: Family
+) -> tuple[dict[int, LayerExperts], list[str]]:
     experts: dict[int, LayerExperts] = {}
     resident: list[str] = []
 
@@ -121,11 +122,13 @@ def _classify(tensors: dict[str, TensorInfo]) -> tuple[dict[int, LayerExperts], 
             raise ConversionError(f"layer {layer} mixes {le.kind} and {kind} expert tensors")
         le.tensors[key] = info
 
+    per_expert = family.per_expert_pattern()
     for name, info in tensors.items():
         if name.startswith(_DROPPED_PREFIXES):
             continue  # multi-token-prediction / vision weights: mlx-lm drops them too
-        if m := _PER_EXPERT.match(name):
-            add(m["layer"], "per_expert", f"{m['e']}.{m['proj']}", info)
+        if m := per_expert.match(name):
+            proj = family.hf_projections[m["proj"]]
+            add(m["layer"], "per_expert", f"{m['e']}.{proj}", info)
         elif m := _FUSED.match(name):
             add(m["layer"], "fused", m["proj"], info)
         elif m := _STACKED.match(name):
@@ -145,14 +148,22 @@ def open_source(path: Path) -> Source:
         config = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as exc:
         raise ConversionError(f"{cfg_path} is unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"{cfg_path} is not a JSON object; re-download the checkpoint")
+    try:
+        check_supported(config, str(cfg_path))
+    except ModelLoadError as exc:
+        raise ConversionError(str(exc)) from None
+    family = family_for(str(config["model_type"]))
     tensors: dict[str, TensorInfo] = {}
     for f in _weight_files(path):
         tensors.update(read_header(f))
-    experts, resident = _classify(tensors)
+    experts, resident = _classify(tensors, family)
     if not experts:
         raise ConversionError(
-            f"{path}: found no routed-expert tensors (per-expert, fused or switch_mlp); "
-            "only Mixture-of-Experts checkpoints can be converted"
+            f"{path}: found no routed-expert tensors of {config['model_type']} (per-expert "
+            f"{family.per_expert_pattern().pattern}, fused or switch_mlp); the weights do not "
+            "match config.json"
         )
     quantized = "quantization" in config
     for layer, le in experts.items():

@@ -1,4 +1,4 @@
-"""Supported MoE families: config.json checks, normalisation for mlx-lm, model classes."""
+"""Config checks against the family registry, normalisation for mlx-lm, model classes."""
 
 from __future__ import annotations
 
@@ -8,14 +8,8 @@ from typing import Any
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
+from edge0.routing import families
 
-# config.json model_type -> mlx-lm model module. The text-only Qwen3.5 MoE config
-# (transformers' Qwen3_5MoeForCausalLM) runs on the same mlx-lm class.
-SUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "qwen3_moe": "qwen3_moe",
-    "qwen3_5_moe": "qwen3_5_moe",
-    "qwen3_5_moe_text": "qwen3_5_moe",
-}
 # Dense (non-MoE) families people are likely to point Edge0 at by mistake.
 _DENSE_TYPES = {
     "llama",
@@ -35,10 +29,18 @@ _DENSE_TYPES = {
     "olmo2",
     "smollm3",
 }
+# Config keys by which other MoE families announce routed experts.
+_EXPERT_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_experts_per_tok",
+)
 
 
 def supported_list() -> str:
-    return ", ".join(t for t in SUPPORTED_MODEL_TYPES if not t.endswith("_text"))
+    return families.supported_list()
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -55,91 +57,69 @@ def check_supported(config: dict[str, Any], where: str) -> str:
             f"{where}: no model_type in config.json; is this a Hugging Face or mlx-lm model "
             f"directory? Edge0 supports {supported_list()}"
         )
-    if model_type in SUPPORTED_MODEL_TYPES:
-        if int(text_config(config).get("num_experts") or _experts(config)) <= 0:
+    fam = families.FAMILIES.get(model_type)
+    if fam is not None:
+        if fam.n_experts(text_config(config)) <= 0:
             raise ModelLoadError(
-                f"{where}: model_type {model_type!r} with num_experts=0 is a dense model, not "
-                f"a Mixture-of-Experts one; Edge0 runs MoE checkpoints ({supported_list()})"
+                f"{where}: model_type {model_type!r} without routed experts is a dense model: it "
+                f"has no experts to stream; Edge0 runs MoE checkpoints ({supported_list()})"
             )
-        return SUPPORTED_MODEL_TYPES[model_type]
-    if model_type in _DENSE_TYPES or (_mlx_lm_knows(model_type) and _experts(config) == 0):
+        return fam.model_types[model_type]
+    if model_type in _DENSE_TYPES or not _announces_experts(config):
         raise ModelLoadError(
-            f"{where}: model_type {model_type!r} is not a Mixture-of-Experts model; Edge0 "
-            f"streams experts and runs MoE checkpoints: {supported_list()}"
+            f"{where}: model_type {model_type!r} is a dense model: it has no experts to "
+            f"stream; Edge0 runs MoE checkpoints of {supported_list()}"
         )
     raise ModelLoadError(
-        f"{where}: model_type {model_type!r} is not supported; Edge0 supports "
-        f"{supported_list()} (use a checkpoint of one of these families)"
+        f"{where}: model_type {model_type!r} is a Mixture-of-Experts family Edge0 does not "
+        f"support yet; supported: {supported_list()} (docs/models.md: adding a family)"
     )
 
 
-def _experts(config: dict[str, Any]) -> int:
+def _announces_experts(config: dict[str, Any]) -> bool:
     tc = text_config(config)
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if isinstance(tc.get(key), int):
-            return int(tc[key])
-    return 0
+    return any(isinstance(tc.get(k), int) and tc[k] > 0 for k in _EXPERT_KEYS)
 
 
-def _mlx_lm_knows(model_type: str) -> bool:
-    try:
-        importlib.import_module(f"mlx_lm.models.{model_type}")
-    except ImportError:
-        return False
-    return True
+def family_of(config: dict[str, Any]) -> families.Family:
+    """The family of a (supported) config."""
+    return families.family_for(str(config.get("model_type")))
+
+
+def sparse_layers(config: dict[str, Any]) -> list[int]:
+    """Decoder layers with routed experts, by the family's rule."""
+    return family_of(config).sparse_layers(text_config(normalize_config(config)))
 
 
 def normalize_config(config: dict[str, Any]) -> dict[str, Any]:
     """Fill the fields mlx-lm expects from transformers-5 style configs (a new dict).
 
-    transformers 5 writes `num_local_experts` and `rope_parameters` where mlx-lm's
-    qwen3_moe reads `num_experts` and `rope_theta`; Qwen3.5 lists `layer_types` where
-    mlx-lm reads `full_attention_interval`. Idempotent.
+    Generic: `rope_parameters` -> `rope_theta` (and `rope_scaling` when not default),
+    `head_dim`; then the family's own hook (e.g. Qwen: `num_local_experts` ->
+    `num_experts`, `layer_types` -> `full_attention_interval`). Idempotent.
     """
     config = dict(config)
+    fam = families.FAMILIES.get(str(config.get("model_type")))
     if isinstance(config.get("text_config"), dict):
-        config["text_config"] = _normalize_text(dict(config["text_config"]))
+        config["text_config"] = _normalize_text(dict(config["text_config"]), fam)
     else:
-        config = _normalize_text(config)
+        config = _normalize_text(config, fam)
     return config
 
 
-def _normalize_text(tc: dict[str, Any]) -> dict[str, Any]:
-    if "num_experts" not in tc and "num_local_experts" in tc:
-        tc["num_experts"] = tc["num_local_experts"]
+def _normalize_text(tc: dict[str, Any], fam: families.Family | None) -> dict[str, Any]:
     rope = tc.get("rope_parameters")
     if isinstance(rope, dict):
         tc.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
         if "partial_rotary_factor" in rope:
             tc.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default" and tc.get("model_type") == "qwen3_moe":
+        if rope_type != "default" and not str(tc.get("model_type")).startswith("qwen3_5"):
             tc.setdefault("rope_scaling", rope)
     if tc.get("head_dim") is None and "hidden_size" in tc and "num_attention_heads" in tc:
         tc["head_dim"] = tc["hidden_size"] // tc["num_attention_heads"]
     tc.setdefault("tie_word_embeddings", False)
-    tc.setdefault("mlp_only_layers", [])
-    tc.setdefault("decoder_sparse_step", 1)
-    tc.setdefault("norm_topk_prob", tc.get("model_type") != "qwen3_moe")
-    layer_types = tc.get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
-        tc["full_attention_interval"] = _interval(layer_types)
-    return tc
-
-
-def _interval(layer_types: list[str]) -> int:
-    """The period of full-attention layers; mlx-lm's Qwen3.5 only supports a regular one."""
-    n = layer_types.index("full_attention") + 1 if "full_attention" in layer_types else 0
-    expected = [
-        "full_attention" if n and (i + 1) % n == 0 else "linear_attention"
-        for i in range(len(layer_types))
-    ]
-    if n == 0 or expected != layer_types:
-        raise ModelLoadError(
-            f"layer_types {layer_types} is not 'every n-th layer is full attention'; "
-            "mlx-lm's qwen3_5_moe cannot run this layer pattern"
-        )
-    return n
+    return fam.normalize(tc) if fam is not None else tc
 
 
 def model_classes(config: dict[str, Any], where: str = "config.json") -> tuple[Any, Any]:

@@ -88,8 +88,8 @@ def load(path: str | Path) -> LoadedModel:
     Accepts a Hugging Face checkpoint (config.json + model.safetensors, or shards listed
     in model.safetensors.index.json), an mlx-lm / mlx-community directory (quantized
     when config.json has "quantization"), or an edge0-layout directory (edge0.json,
-    handed to `edge0.layout.load.load_layout`). Supported families: qwen3_moe and
-    qwen3_5_moe. Weights are cast to `activation_dtype()`.
+    handed to `edge0.layout.load.load_layout`). Supported families: see
+    `edge0.routing.families` (docs/models.md). Weights are cast to `activation_dtype()`.
 
     Raises:
         ModelLoadError: missing directory, unsupported model_type, truncated or corrupt
@@ -118,6 +118,8 @@ def load(path: str | Path) -> LoadedModel:
     model = models.instantiate(config, str(path / "config.json"))
     model.eval()
     try:
+        # the family's own HF layouts (e.g. per-expert Qwen3.5 tensors) -> what sanitize reads
+        weights = models.family_of(config).prepare_hf(weights, models.text_config(config))
         if hasattr(model, "sanitize"):
             weights = model.sanitize(weights)  # HF names/layouts -> mlx-lm's
         if isinstance(config.get("quantization"), dict):

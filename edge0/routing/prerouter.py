@@ -109,14 +109,17 @@ def router_weight(block: nn.Module) -> mx.array:
 
 
 def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """(layer index, sparse block) for each decoder layer whose `mlp` has a router `gate`."""
+    """(layer index, sparse block) for each decoder layer with a router `gate` and experts."""
+    from edge0.model.sparse import SPARSE_ATTRS
+
     out = []
     for i, layer in enumerate(model.layers):
-        block = getattr(layer, "mlp", None)
-        if block is not None and hasattr(block, "gate") and hasattr(block, "switch_mlp"):
-            out.append((i, block))
+        for attr in SPARSE_ATTRS:
+            block = getattr(layer, attr, None) if attr in layer else None
+            if block is not None and hasattr(block, "gate") and hasattr(block, "switch_mlp"):
+                out.append((i, block))
     if not out:
-        raise ModelLoadError("model has no sparse MoE layers (no layer.mlp.gate); not a MoE model")
+        raise ModelLoadError("model has no sparse MoE layers (no router gate); not a MoE model")
     return out
 
 

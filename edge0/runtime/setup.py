@@ -96,12 +96,6 @@ def model_top_k(block: nn.Module) -> int:
     raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
 
 
-def _set_top_k(block: nn.Module, k: int) -> None:
-    for attr in ("top_k", "num_experts_per_tok"):
-        if isinstance(getattr(block, attr, None), int):
-            setattr(block, attr, k)
-
-
 def prepare(
     model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
     tracer: Tracer,
@@ -116,9 +110,10 @@ def prepare(
     k = opts.top_k or model_top_k(blocks[0][2])
     if k > manifest.n_experts:
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
+    family = family_for(manifest.model_type)
     if opts.mode == "resident":
         for _, _, block in blocks:
-            _set_top_k(block, k)
+            family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
         return Steps("resident", k, tracer), None, None
     predictor: Predictor | None = None
     if opts.mode in ("hint", "route"):
@@ -153,7 +148,6 @@ def prepare(
         for owner, target in predictor.targets.items():
             streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
     steps.layers = dict(streams)
-    family = family_for(manifest.model_type)
     for i, attr, block in blocks:
         setattr(model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
     return steps, memory, table

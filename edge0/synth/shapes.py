@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from edge0.errors import ConversionError
+from edge0.synth.flagships import FLAGSHIPS, flagship_config
 
 FAMILIES = ("qwen3_moe", "qwen3_5_moe")
 
@@ -105,9 +106,11 @@ def shape_config(name: str) -> dict[str, Any]:
         rope = {"rope_type": "default", "rope_theta": 1000000.0}
         cfg = hf_config(shape, 151936, intermediate_size=6144, max_position_embeddings=40960,
                         tie_word_embeddings=False, rms_norm_eps=1e-6, rope_parameters=rope)
+    elif name in FLAGSHIPS:  # the other families' flagships (edge0/synth/flagships.py)
+        cfg = flagship_config(name)
     else:
         raise ConversionError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
     return cfg
 
 
-SHAPES = ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-4layers", "qwen3-30b-a3b", *NAMED)
+SHAPES = ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-4layers", "qwen3-30b-a3b", *NAMED, *FLAGSHIPS)

@@ -10,23 +10,29 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from edge0.routing.families import Family, for_model
 from edge0.routing.prerouter import block_top_k, moe_blocks
 
 
-class _RecordingGate(nn.Module):
-    """Wraps a router: passes through, and keeps (input, logits) of the last call."""
+class _RecordingBlock(nn.Module):
+    """Wraps a sparse block: passes through, and keeps (input, router logits) of the last call."""
 
-    def __init__(self, gate: nn.Module, sink: dict[int, tuple[mx.array, mx.array]], layer: int):
+    def __init__(self, block: nn.Module, sink: dict[int, tuple[mx.array, mx.array]], layer: int):
         super().__init__()
-        self.inner = gate
+        self.inner = block
         # plain attributes (object.__setattr__ keeps them out of the module's parameter tree)
         object.__setattr__(self, "_sink", sink)
         object.__setattr__(self, "_layer", layer)
 
     def __call__(self, x: mx.array) -> mx.array:
-        logits = self.inner(x)
-        self._sink[self._layer] = (x, logits)
-        return logits
+        self._sink[self._layer] = (x, _family(self.inner).router_logits(self.inner, x))
+        out: mx.array = self.inner(x)
+        return out
+
+
+def _family(block: nn.Module) -> Family:
+    fam: Family = object.__getattribute__(block, "_edge0_family")
+    return fam
 
 
 @attrs.frozen
@@ -43,37 +49,38 @@ class Routing:
     topk: np.ndarray
 
 
-def topk_sets(logits: mx.array, k: int) -> mx.array:
-    """(..., E) logits -> (..., k) indices of the k largest, sorted ascending (a canonical set)."""
-    inds = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
-    return mx.sort(inds, axis=-1)
-
-
 @contextmanager
 def recording(model: nn.Module) -> Iterator[dict[int, tuple[mx.array, mx.array]]]:
-    """Install recording routers on every MoE layer for the duration of the block."""
+    """Install recording wrappers on every MoE layer for the duration of the block."""
     sink: dict[int, tuple[mx.array, mx.array]] = {}
     blocks = moe_blocks(model)
-    originals = [(block, block.gate) for _, block in blocks]
+    fam = for_model(model)
+    layers = model.layers
     try:
         for layer, block in blocks:
-            block.gate = _RecordingGate(block.gate, sink, layer)
+            object.__setattr__(block, "_edge0_family", fam)
+            setattr(layers[layer], fam.block_attr, _RecordingBlock(block, sink, layer))
         yield sink
     finally:
-        for block, gate in originals:
-            block.gate = gate
+        for layer, block in blocks:
+            setattr(layers[layer], fam.block_attr, block)
 
 
 def run_and_record(model: nn.Module, tokens: mx.array, hidden_dtype: np.dtype) -> Routing:
     """Forward (B, S) tokens (no cache) and return the routing of every MoE layer."""
     blocks = moe_blocks(model)
+    fam = for_model(model)
     k = block_top_k(blocks[0][1])
     with recording(model) as sink:
         out = model(tokens)
         layers = [i for i, _ in blocks]
         hidden = mx.stack([sink[i][0] for i in layers], axis=1)  # (B, L, S, d)
         logits = mx.stack([sink[i][1] for i in layers], axis=1).astype(mx.float32)
-        topk = topk_sets(logits, k)
+        # the executed set by the family's own rule (bias, groups), canonical order
+        topk = mx.stack(
+            [mx.sort(fam.select(b, fam.scores(b, sink[i][0]), k)[0], axis=-1) for i, b in blocks],
+            axis=1,
+        )
         mx.eval(out, hidden, logits, topk)
     return Routing(
         hidden=np.asarray(hidden.astype(mx.float32)).astype(hidden_dtype),

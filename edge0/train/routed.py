@@ -136,13 +136,14 @@ def routed(
         heads.check_model(model)
     layers = model.layers
     blocks = moe_blocks(model)
+    attr = family.block_attr
     try:
         for i, block in blocks:
-            layers[i].mlp = RoutedMoE(block, i, family, state)
+            setattr(layers[i], attr, RoutedMoE(block, i, family, state))
         yield state
     finally:
         for i, block in blocks:
-            layers[i].mlp = block
+            setattr(layers[i], attr, block)
 
 
 def plan_logits(

@@ -1,0 +1,59 @@
+"""Model families: one module per MoE architecture family, found by scanning this package.
+
+A family (see base.py) says how its config marks experts and sparse layers, how its
+router turns logits into experts and gate weights (also for a *given* set, which
+route mode needs), what the block adds (shared experts), and how its checkpoints
+name expert tensors. Adding a family is one new module here plus its test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from typing import Any
+
+from edge0.errors import ModelLoadError
+from edge0.routing.families.base import Family
+
+
+def _discover() -> dict[str, Family]:
+    found: dict[str, Family] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Family) and cls.__module__ == module.__name__ and cls.name:
+                fam = cls()
+                for model_type in cls.model_types:
+                    found[model_type] = fam
+    return found
+
+
+FAMILIES: dict[str, Family] = _discover()
+
+
+def supported_list() -> str:
+    """The supported model_types, for error messages and docs."""
+    return ", ".join(sorted(t for t in FAMILIES if not t.endswith("_text")))
+
+
+def family_for(model_type: str) -> Family:
+    """The family of a config.json model_type; ModelLoadError naming the supported list."""
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        raise ModelLoadError(
+            f"model_type {model_type!r} is not a supported MoE family; Edge0 supports "
+            f"{supported_list()}"
+        )
+    return fam
+
+
+def for_model(model: Any) -> Family:
+    """The family of a loaded mlx-lm model (by its args' model_type)."""
+    args = getattr(model, "args", None)
+    return family_for(str(getattr(args, "model_type", None) or getattr(model, "model_type", "")))
+
+
+__all__ = ["FAMILIES", "Family", "family_for", "for_model", "supported_list"]

@@ -1,0 +1,130 @@
+"""The family contract: config keys, sparse layers, routing rule, shared expert, expert names.
+
+A family reproduces its mlx-lm sparse block's arithmetic op for op, so a streamed
+layer computes bit-identical outputs to the resident one when it runs the same
+experts. `weights` gives the gate weights of a *given* expert set (route mode runs
+the set the prerouter predicted): the family's own rule applied to the true router
+scores of that set. Subclasses override what differs; the defaults are the plain
+"softmax over all experts, then top-k" block with one tensor per expert.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import mlx.core as mx
+import mlx.nn as nn
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+class Family:
+    """One MoE architecture family (subclass per file in this package)."""
+
+    name: ClassVar[str] = ""
+    # config.json model_type -> mlx-lm module that runs it
+    model_types: ClassVar[dict[str, str]] = {}
+    # config keys holding the number of routed experts (the first int one wins)
+    expert_keys: ClassVar[tuple[str, ...]] = ("num_experts",)
+    # attribute of a decoder layer holding the sparse block
+    block_attr: ClassVar[str] = "mlp"
+    # HF per-expert projection names -> edge0's (gate_proj, up_proj, down_proj)
+    hf_projections: ClassVar[dict[str, str]] = {p: p for p in PROJECTIONS}
+    routing: ClassVar[str] = "softmax, top-k"
+    shared: ClassVar[str] = "none"
+
+    # -- config ---------------------------------------------------------------------------
+    def n_experts(self, tc: dict[str, Any]) -> int:
+        """Routed experts per sparse layer from the text config (0: a dense model)."""
+        for key in self.expert_keys:
+            if isinstance(tc.get(key), int):
+                return int(tc[key])
+        return 0
+
+    def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
+        """Fill the fields the mlx-lm module needs from a transformers-5 config (in place)."""
+        return tc
+
+    def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
+        """Indices of the decoder layers whose MLP is a routed-expert block."""
+        return list(range(int(tc["num_hidden_layers"])))
+
+    # -- checkpoint tensors --------------------------------------------------------------
+    def per_expert_pattern(self) -> re.Pattern[str]:
+        """Matches one HF per-expert tensor: groups `layer`, `e`, `proj`."""
+        projs = "|".join(map(re.escape, self.hf_projections))
+        return re.compile(
+            rf"^(?P<pre>.*layers\.(?P<layer>\d+)\.{re.escape(self.block_attr)})\.experts\."
+            rf"(?P<e>\d+)\.(?P<proj>{projs})\.weight$"
+        )
+
+    def prepare_hf(self, weights: dict[str, mx.array], tc: dict[str, Any]) -> dict[str, mx.array]:
+        """HF tensors -> what the mlx-lm module's `sanitize` expects (default: as they are)."""
+        return weights
+
+    def sanitize_resident(
+        self, model: nn.Module, weights: dict[str, mx.array], tc: dict[str, Any], mlx: bool
+    ) -> dict[str, mx.array]:
+        """The model's `sanitize` on the resident tensors alone (convert leaves experts out).
+
+        `mlx`: the source is an mlx-lm directory (experts stacked, names already sanitized).
+        """
+        return model.sanitize(weights) if hasattr(model, "sanitize") else weights
+
+    # -- routing -------------------------------------------------------------------------
+    def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
+        """Raw router logits (..., E) (what the prerouter's linear path is initialised from)."""
+        out: mx.array = block.gate(x)
+        return out
+
+    def scores(self, block: nn.Module, x: mx.array) -> mx.array:
+        """Router scores (..., E) of `x` (probabilities, logits or sigmoids per family)."""
+        return mx.softmax(self.router_logits(block, x), axis=-1, precise=True)
+
+    def select(self, block: nn.Module, scores: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        """The true top-k: (inds (..., k), gate weights (..., k))."""
+        inds = mx.argpartition(-scores, kth=k - 1, axis=-1)[..., :k]
+        return inds, self.weights(block, scores, inds)
+
+    def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
+        """Gate weights (..., k) of the expert set `inds` under this family's rule."""
+        w = mx.take_along_axis(scores, inds, axis=-1)
+        if getattr(block, "norm_topk_prob", False):
+            w = w / mx.sum(w, axis=-1, keepdims=True)
+        return w
+
+    def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
+        """Add what the block adds besides routed experts (shared expert, casts)."""
+        return y
+
+    # -- capacity ------------------------------------------------------------------------
+    def top_k(self, block: nn.Module) -> int:
+        """The block's own top-k."""
+        for attr in ("top_k", "num_experts_per_tok"):
+            k = getattr(block, attr, None)
+            if isinstance(k, int):
+                return k
+        raise ValueError(f"sparse block {type(block).__name__} has no top_k attribute")
+
+    def set_top_k(self, block: nn.Module, k: int) -> None:
+        """Make the resident block route to `k` experts (`--top-k` in resident mode)."""
+        for owner in (block, getattr(block, "gate", None)):
+            for attr in ("top_k", "num_experts_per_tok"):
+                if owner is not None and isinstance(getattr(owner, attr, None), int):
+                    setattr(owner, attr, k)
+
+
+def sigmoid_gated_shared(block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
+    """y + sigmoid(shared_expert_gate(x)) * shared_expert(x) (Qwen2-MoE, Qwen3-Next/3.5)."""
+    if "shared_expert" in block:
+        return y + mx.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
+    return y
+
+
+def every_layer_sparse_unless(tc: dict[str, Any]) -> list[int]:
+    """Qwen rule: sparse unless in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0."""
+    only = set(tc.get("mlp_only_layers") or [])
+    step = int(tc.get("decoder_sparse_step") or 1)
+    n = int(tc["num_hidden_layers"])
+    return [i for i in range(n) if i not in only and (i + 1) % step == 0]

@@ -1,0 +1,136 @@
+"""Full-size shapes of each family's flagship model (config.json as the released checkpoint has it).
+
+Values are the published configs' architecture fields, built with transformers'
+config classes; `plan_sizes` gives a shape's resident and expert bytes in the edge0
+layout without writing anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_YARN_V2 = {
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+    "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+    "mscale": 0.707, "mscale_all_dim": 0.707,
+}  # fmt: skip
+
+
+def _mixtral_8x7b() -> Any:
+    from transformers import MixtralConfig
+
+    return MixtralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5,
+                         max_position_embeddings=32768,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                         dtype="bfloat16")  # fmt: skip
+
+
+def _olmoe_1b_7b() -> Any:
+    from transformers import OlmoeConfig
+
+    return OlmoeConfig(vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+                       num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+                       num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, dtype="bfloat16")  # fmt: skip
+
+
+def _qwen15_moe_a27b() -> Any:
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                          moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                          num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                          num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
+                          max_position_embeddings=8192, dtype="bfloat16")  # fmt: skip
+
+
+def _deepseek_v2_lite() -> Any:
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+                            moe_intermediate_size=1408, num_hidden_layers=27,
+                            num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64,
+                            n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+                            q_lora_rank=None, kv_lora_rank=512, qk_rope_head_dim=64,
+                            qk_nope_head_dim=128, v_head_dim=128, topk_method="greedy",
+                            routed_scaling_factor=1.0, max_position_embeddings=163840,
+                            rope_parameters=_YARN_V2, dtype="bfloat16")  # fmt: skip
+
+
+def _moonlight_16b_a3b() -> Any:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(vocab_size=163840, hidden_size=2048, intermediate_size=11264,
+                            moe_intermediate_size=1408, num_hidden_layers=27,
+                            num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64,
+                            n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+                            n_group=1, topk_group=1, q_lora_rank=None, kv_lora_rank=512,
+                            qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                            routed_scaling_factor=2.446, max_position_embeddings=8192,
+                            rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                            dtype="bfloat16")  # fmt: skip
+
+
+def _glm45_air() -> Any:
+    from transformers import Glm4MoeConfig
+
+    return Glm4MoeConfig(vocab_size=151552, hidden_size=4096, intermediate_size=10944,  # type: ignore[call-arg]
+                         moe_intermediate_size=1408, num_hidden_layers=46,
+                         num_attention_heads=96, num_key_value_heads=8, head_dim=128,
+                         n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8,
+                         first_k_dense_replace=1, n_group=1, topk_group=1,
+                         routed_scaling_factor=1.0, norm_topk_prob=True, attention_bias=True,
+                         use_qk_norm=False, max_position_embeddings=131072,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                          "partial_rotary_factor": 0.5},
+                         dtype="bfloat16")  # fmt: skip
+
+
+FLAGSHIPS = {
+    "mixtral-8x7b": _mixtral_8x7b,
+    "olmoe-1b-7b": _olmoe_1b_7b,
+    "qwen1.5-moe-a2.7b": _qwen15_moe_a27b,
+    "deepseek-v2-lite": _deepseek_v2_lite,
+    "moonlight-16b-a3b": _moonlight_16b_a3b,
+    "glm-4.5-air": _glm45_air,
+}
+
+
+def flagship_config(name: str) -> dict[str, Any]:
+    out: dict[str, Any] = FLAGSHIPS[name]().to_dict()
+    return out
+
+
+def plan_sizes(shape: str, bits: int = 4, group_size: int = 64) -> dict[str, Any]:
+    """Bytes of a shape in the edge0 layout (resident file, one record, all experts), no writes."""
+    from edge0.layout.model import build_float_model
+    from edge0.layout.quant import switch_modules
+    from edge0.layout.records import record_layout
+    from edge0.synth.layout import _plan_bytes, resident_plan, shape_config
+
+    config = shape_config(shape)
+    model = build_float_model(config)
+    switch = switch_modules(model)
+    layers = tuple(switch)
+    n_experts, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape
+    spec = record_layout(d_model, d_ff, bits, group_size, "bfloat16")
+    plan, _ = resident_plan(model, {"group_size": group_size, "bits": bits, "mode": "affine"})
+    tc = config.get("text_config") or config
+    k = int(tc["num_experts_per_tok"])
+    return {
+        "shape": shape,
+        "model_type": config["model_type"],
+        "layers": int(tc["num_hidden_layers"]),
+        "moe_layers": len(layers),
+        "experts": int(n_experts),
+        "top_k": k,
+        "record_bytes": spec.record_size,
+        "resident_bytes": sum(_plan_bytes(p) for p in plan),
+        "experts_bytes": len(layers) * int(n_experts) * spec.record_size,
+        # streamed at the model's top-k, first MoE layer resident (the runtime's default):
+        "first_layer_bytes": int(n_experts) * spec.record_size,
+        "slot_bytes": 2 * k * (len(layers) - 1) * spec.record_size,
+    }

@@ -1,0 +1,191 @@
+"""Tiny random checkpoints of every supported family, in the tensor layout transformers writes.
+
+A fixture is (config, tensor layout): the config comes from transformers' own config
+class, the layout (names and shapes) from transformers' `save_pretrained` of that
+config (needs torch; `layout_from_transformers`). Values are a pure function of the
+tensor name, so `write_family` rebuilds the same checkpoint byte for byte from the
+committed fixture (tests/fixtures/families/<model_type>.json) without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from edge0.synth.tiny import SPECIAL_TOKENS, build_tokenizer
+
+TOKENIZER_VOCAB = 300
+D, FF, HEADS, KV, HEAD_DIM, LAYERS = 64, 32, 4, 2, 16, 3
+EOS = SPECIAL_TOKENS.index("<|im_end|>")
+
+
+def _common(vocab: int) -> dict[str, Any]:
+    return dict(
+        vocab_size=vocab, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=None, pad_token_id=0,
+        tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )  # fmt: skip
+
+
+def _mixtral(vocab: int) -> Any:
+    from transformers import MixtralConfig
+
+    return MixtralConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
+                         num_local_experts=8, num_experts_per_tok=2)  # fmt: skip
+
+
+def _olmoe(vocab: int) -> Any:
+    from transformers import OlmoeConfig
+
+    return OlmoeConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
+                       num_experts=8, num_experts_per_tok=2)  # fmt: skip
+
+
+def _qwen2_moe(vocab: int) -> Any:
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
+                          moe_intermediate_size=FF, shared_expert_intermediate_size=FF,
+                          num_experts=8, num_experts_per_tok=2)  # fmt: skip
+
+
+def _deepseek_v3(vocab: int) -> Any:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
+                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
+                            num_experts_per_tok=2, n_group=2, topk_group=1,
+                            first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
+                            qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16)  # fmt: skip
+
+
+def _deepseek_v2(vocab: int) -> Any:
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
+                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
+                            num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=None,
+                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                            v_head_dim=16, topk_method="group_limited_greedy", n_group=2,
+                            topk_group=1, routed_scaling_factor=1.5,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                             "factor": 4.0, "original_max_position_embeddings": 64,
+                                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                                             "mscale_all_dim": 0.707})  # fmt: skip
+
+
+def _glm4_moe(vocab: int) -> Any:
+    from transformers import Glm4MoeConfig
+
+    return Glm4MoeConfig(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,  # type: ignore[call-arg]
+                         num_key_value_heads=KV, head_dim=HEAD_DIM, n_routed_experts=8,
+                         n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                         first_k_dense_replace=1, routed_scaling_factor=1.5)  # fmt: skip
+
+
+def _qwen3_next(vocab: int) -> Any:
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**dict(_common(vocab), num_hidden_layers=4), intermediate_size=2 * FF,
+                           num_key_value_heads=KV, head_dim=HEAD_DIM, num_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=FF,
+                           shared_expert_intermediate_size=FF, linear_num_key_heads=2,
+                           linear_num_value_heads=4, linear_key_head_dim=16,
+                           linear_value_head_dim=16, norm_topk_prob=True)  # fmt: skip
+
+
+CONFIGS: dict[str, Callable[[int], Any]] = {
+    "mixtral": _mixtral,
+    "olmoe": _olmoe,
+    "qwen2_moe": _qwen2_moe,
+    "deepseek_v3": _deepseek_v3,
+    "deepseek_v2": _deepseek_v2,
+    "glm4_moe": _glm4_moe,
+    "qwen3_next": _qwen3_next,
+}
+
+
+def config_dict(model_type: str, vocab: int) -> dict[str, Any]:
+    """config.json of the tiny `model_type` checkpoint (transformers' to_dict, bf16)."""
+    out: dict[str, Any] = CONFIGS[model_type](vocab).to_dict()
+    out["dtype"] = "bfloat16"
+    return out
+
+
+def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """Tensor names and shapes of transformers' own `save_pretrained` of `config` (torch)."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        with safe_open(str(Path(tmp) / "model.safetensors"), "pt") as f:
+            return sorted((k, tuple(f.get_slice(k).get_shape())) for k in f.keys())
+
+
+# families whose RMSNorms multiply by (1 + w): their norm weights are zero-centred
+CENTRED_NORMS = ("qwen3_next",)
+
+
+def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarray:
+    """Deterministic float32 values of one tensor, from its name alone."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    z = rng.standard_normal(shape).astype(np.float32)
+    if len(shape) == 1:
+        if "norm" in name and not (centred and not name.endswith("linear_attn.norm.weight")):
+            return 1.0 + 0.1 * z
+        return 0.1 * z
+    gain = 1.0
+    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+        gain = 2.0  # decisive routing: no near-ties between fp32 implementations
+    elif name.endswith("lm_head.weight"):
+        gain = 1.5
+    elif name.endswith("embed_tokens.weight"):
+        return z
+    return z * (gain / np.sqrt(shape[-1]))
+
+
+def fixture_file(root: Path, model_type: str) -> Path:
+    return root / "families" / f"{model_type}.json"
+
+
+def write_fixture(root: Path, model_type: str) -> Path:
+    """Write tests/fixtures/families/<model_type>.json (config + transformers' layout)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = build_tokenizer(Path(tmp), TOKENIZER_VOCAB)
+    config = config_dict(model_type, vocab)
+    layout = layout_from_transformers(config)
+    out = fixture_file(root, model_type)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"config": config, "tensors": [[n, list(s)] for n, s in layout]}, indent=1)
+    out.write_text(text + "\n")
+    return out
+
+
+def write_family(fixture: Path, out: Path) -> Path:
+    """Write the tiny checkpoint of a committed fixture into `out` (bf16, tokenizer, config)."""
+    spec = json.loads(fixture.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(out, TOKENIZER_VOCAB)
+    config = spec["config"]
+    if vocab != config["vocab_size"]:
+        raise ValueError(f"{fixture}: tokenizer has {vocab} tokens, config {config['vocab_size']}")
+    centred = config["model_type"] in CENTRED_NORMS
+    tensors = {
+        name: mx.array(values(name, tuple(shape), centred)).astype(mx.bfloat16)
+        for name, shape in spec["tensors"]
+    }
+    mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out

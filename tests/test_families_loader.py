@@ -1,0 +1,113 @@
+"""Family loader edges: per-expert Qwen3.5 tensors (transformers 5), unsupported and dense."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from runtime_helpers import PROMPT
+
+from edge0.cli.main import main as cli
+from edge0.errors import ModelLoadError
+from edge0.layout.convert import ConvertOptions, convert
+from edge0.layout.load import load_layout
+from edge0.model.loader import load
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FUSED = re.compile(r"^(?P<pre>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
+
+
+def _per_expert_copy(dst: Path) -> Path:
+    """The Qwen3.5 fixture re-saved as transformers 5 does: one tensor per expert projection."""
+    shutil.copytree(FIXTURES / "qwen3_5_moe", dst)
+    weights = mx.load(str(dst / "model.safetensors"))
+    out = {}
+    for key, value in weights.items():
+        m = FUSED.match(key)
+        if m is None:
+            out[key] = value
+            continue
+        for e in range(value.shape[0]):
+            if m["kind"] == "down_proj":
+                out[f"{m['pre']}.{e}.down_proj.weight"] = value[e]
+            else:
+                half = value.shape[1] // 2
+                out[f"{m['pre']}.{e}.gate_proj.weight"] = value[e, :half]
+                out[f"{m['pre']}.{e}.up_proj.weight"] = value[e, half:]
+    mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "pt"})
+    return dst
+
+
+def _logits(model: object) -> np.ndarray:
+    out = model(mx.array(PROMPT)[None])  # type: ignore[operator]
+    mx.eval(out)
+    return np.array(out)
+
+
+def test_per_expert_qwen3_5_loads_resident_and_converts(tmp_path: Path) -> None:
+    per = _per_expert_copy(tmp_path / "per-expert")
+    assert not any("gate_up_proj" in k for k in mx.load(str(per / "model.safetensors")))
+    want = _logits(load(FIXTURES / "qwen3_5_moe").model)
+    assert np.array_equal(_logits(load(per).model), want)
+    a = convert(FIXTURES / "qwen3_5_moe", tmp_path / "a", ConvertOptions(group_size=32))
+    b = convert(per, tmp_path / "b", ConvertOptions(group_size=32))
+    assert a.crc32 == b.crc32  # the same expert records byte for byte
+    assert np.array_equal(_logits(load_layout(tmp_path / "a").model),
+                          _logits(load_layout(tmp_path / "b").model))  # fmt: skip
+
+
+def test_missing_expert_is_named(tmp_path: Path) -> None:
+    per = _per_expert_copy(tmp_path / "per-expert")
+    weights = dict(mx.load(str(per / "model.safetensors")))
+    del weights["model.language_model.layers.1.mlp.experts.3.up_proj.weight"]
+    mx.save_safetensors(str(per / "model.safetensors"), weights, metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"layers\.1\.mlp\.experts: per-expert tensors are"):
+        load(per)
+
+
+def _edit(path: Path, **changes: object) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"model_type": "granitemoe", "num_local_experts": 8},
+            "model_type 'granitemoe' is a Mixture-of-Experts family Edge0 does not support yet; "
+            "supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, "
+            "qwen3_5_moe, qwen3_moe, qwen3_next",
+        ),
+        ({"model_type": "llama"}, "model_type 'llama' is a dense model: it has no experts"),
+        ({"num_experts": 0}, "'qwen3_moe' without routed experts is a dense model: it has no"),
+    ],
+)
+def test_convert_names_the_family_in_one_line(
+    tmp_path: Path, changes: dict[str, object], message: str
+) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "qwen3_moe", src)
+    _edit(src, **changes)
+    result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edge0: error: ")
+    assert message in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_configs_mlx_lm_would_compute_differently_are_refused(tmp_path: Path) -> None:
+    from edge0.model.arch import normalize_config
+
+    with pytest.raises(ModelLoadError, match="never renormalises"):
+        normalize_config({"model_type": "qwen2_moe", "norm_topk_prob": True})
+    with pytest.raises(ModelLoadError, match="makes every layer sparse"):
+        normalize_config({"model_type": "qwen2_moe", "mlp_only_layers": [0]})

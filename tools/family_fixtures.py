@@ -1,0 +1,77 @@
+"""Regenerate the tiny family fixtures and their golden logits (needs torch: the train extra).
+
+For each family: tests/fixtures/families/<model_type>.json (transformers' config and the
+tensor layout its save_pretrained writes) and tests/fixtures/golden/<model_type>.npz
+(transformers fp32 logits for the fixed prompt + 8 cached greedy steps). Usage:
+
+    .venv/bin/python tools/family_fixtures.py [MODEL_TYPE ...]
+    .venv/bin/python tools/family_fixtures.py --report   # deltas vs golden, no torch
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from edge0.synth.tiny_families import CONFIGS, write_family, write_fixture
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def _golden() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "golden_logits", ROOT / "tools" / "golden_logits.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def report(model_types: tuple[str, ...]) -> None:
+    """Max |logit delta| of edge0.load against the committed golden files (no torch)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    edge0_logits = importlib.import_module("test_reference").edge0_logits
+    from edge0.model.loader import load
+    from edge0.synth.tiny_families import fixture_file
+
+    for model_type in model_types or tuple(CONFIGS):
+        g = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_family(fixture_file(FIXTURES, model_type), Path(tmp) / model_type)
+            ours = edge0_logits(load(path), g["prompt_ids"], g["decode_ids"])
+        pre = float(np.abs(ours["prefill_logits"] - g["prefill_logits"]).max())
+        dec = float(np.abs(ours["decode_logits"] - g["decode_logits"]).max())
+        click.echo(f"{model_type}: max |dlogit| prefill {pre:.1e}, 8 decode steps {dec:.1e}")
+
+
+@click.command()
+@click.argument("model_types", nargs=-1)
+@click.option("--report", "only_report", is_flag=True, help="Only compare against golden files.")
+def main(model_types: tuple[str, ...], only_report: bool) -> None:
+    if only_report:
+        report(model_types)
+        return
+    golden = _golden()
+    for model_type in model_types or tuple(CONFIGS):
+        fixture = write_fixture(FIXTURES, model_type)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_family(fixture, Path(tmp) / model_type)
+            result = golden.reference_logits(path, golden.prompt_ids(path))
+        target = FIXTURES / "golden" / f"{model_type}.npz"
+        np.savez_compressed(target, **result)
+        click.echo(f"{model_type}: {fixture.name}, {target.name}, decode ids "
+                   f"{result['decode_ids'].tolist()}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
