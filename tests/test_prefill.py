@@ -10,15 +10,18 @@ import attrs
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import MODEL_TYPES
+from conftest import FIXTURES, MODEL_TYPES
 from runtime_helpers import MockTier, build_store
 
 from edge0.errors import ConfigError
+from edge0.layout.convert import ConvertOptions, convert
 from edge0.model.generate import SamplingSettings
 from edge0.runtime.engine import Engine
+from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family
 
 PROMPT = [5, 17, 42, 7, 99, 3, 250, 31, 64, 12, 8, 77, 140, 9, 21, 33, 45, 101, 6, 88, 13, 2, 57]
 N = 6  # generated tokens: the first from prefill, then N - 1 decode steps
+OTHER_FAMILIES = tuple(mt for mt in CONFIGS if mt not in MODEL_TYPES)
 MODES = [
     ("resident", None),
     ("reactive", None),
@@ -55,6 +58,10 @@ def with_random_heads(store: Path, dest: Path) -> Path:
 def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("prefill-stores")
     out = {mt: build_store(root, mt) for mt in MODEL_TYPES}
+    for mt in OTHER_FAMILIES:  # the committed tiny fixtures of every other supported family
+        hf = write_family(fixture_file(FIXTURES, mt), root / mt / "hf")
+        convert(hf, root / mt / "e0", ConvertOptions(group_size=32))
+        out[mt] = root / mt / "e0"
     for mt in MODEL_TYPES:
         out[f"{mt}+heads"] = with_random_heads(out[mt], root / f"{mt}-heads")
     return out
@@ -232,5 +239,18 @@ def test_memory_budget_caps_the_chunk(stores: dict[str, Path]) -> None:
     want = chunk_for_budget(256, per_token, setup.memory_plan.working)
     assert setup.ctx.prefill_chunk == want < len(PROMPT)  # the tiny slot table: a small reserve
     one = run(generate(path, PROMPT, 1, mode="reactive"))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+@pytest.mark.parametrize(("mode", "predictor"), [("reactive", None), ("route", "init")])
+def test_chunked_prefill_every_family(
+    stores: dict[str, Path], family: str, mode: str, predictor: str | None
+) -> None:
+    """Every other supported family (tiny fixtures): chunks of 8 equal one-token prefill."""
+    path = stores[family]
+    one = run(generate(path, PROMPT, 1, mode=mode, predictor=predictor))
+    got = run(generate(path, PROMPT, 8, mode=mode, predictor=predictor))
     assert got["tokens"] == one["tokens"]
     np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
