@@ -190,7 +190,6 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
         per_token = chunk_bytes_per_token(manifest.config, ctx.top_k)
         ctx.prefill_chunk = chunk_for_budget(opts.prefill_chunk, per_token,
                                              setup.memory_plan.working)  # fmt: skip
-        ctx.chunk_budgeted = True
         log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec,
                  prefill_chunk=ctx.prefill_chunk)
     setup.tier = open_tiers(spec, path, manifest)

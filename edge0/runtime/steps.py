@@ -80,7 +80,6 @@ class Steps:
         self.cur = StepRecord(-1, True)
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
         self.chunk: ChunkState | None = None  # the prompt chunk being computed
-        self.chunk_budgeted = False  # a memory budget bounds the chunk (and its MLX cache)
 
     def attach(self, scheduler: Scheduler) -> None:
         """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""
