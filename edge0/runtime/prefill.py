@@ -199,6 +199,9 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
         mx.eval(nxt)  # the chunk's fence
     finally:
         steps.chunk = None
+    # the chunk's temporaries have shapes no decode step reuses (a group's pair count
+    # varies): give MLX's buffer cache back rather than let it grow chunk after chunk
+    mx.clear_cache()
     t2, c2 = time.perf_counter(), time.thread_time()
     steps.span("eval", -1, t1, t2, c2 - c1)
     steps.cur.cpu = c2 - c0
