@@ -183,16 +183,6 @@ def last_position_only(model: nn.Module) -> Iterator[None]:
         inner.norm = norm
 
 
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc `malloc_trim`; a no-op elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     """One forward over `tokens` (len > 1): the KV cache and every layer's state advance."""
     steps = runner.steps
@@ -209,10 +199,6 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
         mx.eval(nxt)  # the chunk's fence
     finally:
         steps.chunk = None
-    # the chunk's temporaries have shapes no decode step reuses (a group's pair count
-    # varies): give MLX's buffer cache back rather than let it grow chunk after chunk
-    mx.clear_cache()
-    _trim_heap()
     t2, c2 = time.perf_counter(), time.thread_time()
     steps.span("eval", -1, t1, t2, c2 - c1)
     steps.cur.cpu = c2 - c0
