@@ -31,6 +31,22 @@ class PromptError(Edge0Error):
     """The prompt cannot be served (for example longer than the context)."""
 
 
+class RequestError(Edge0Error):
+    """An HTTP request to `edge0 serve` that cannot be served as sent (body, field, size, key).
+
+    `status` is the HTTP status to answer with; `param` names the offending field.
+    """
+
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None,
+        code: str | None = None,
+    ) -> None:  # fmt: skip
+        self.status = status
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+
 class TierReadError(Edge0Error):
     """A tier failed to deliver one expert record after its retry."""
 

@@ -59,17 +59,21 @@ def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path, tmp_path: Path) -> 
     events = tmp_path / "events.jsonl"
     edge0 = str(Path(sys.executable).parent / "edge0")
     cmd = [edge0, "run", str(store), "-p", "hello", "--no-chat", "--max-tokens", "100000",
-           "--tiers", "throttle:bw=100KB/s>pread", "--log-json", str(events)]  # fmt: skip
+           "--tiers", "throttle:bw=1MB/s>pread", "--log-json", str(events)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 90
-    # 100 KB/s keeps it generating for minutes (~0.5 s a token), so the interrupt lands mid-run
     while time.monotonic() < deadline:  # interrupt once it is generating (reads happen)
         if events.is_file() and '"event": "read"' in events.read_text():
             break
         time.sleep(0.2)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:  # never leave the child (and its pipes) behind for later tests
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     text = err.decode()
     assert proc.returncode == 130, text
     assert "interrupted" in text and "decode" in text and "Traceback" not in text

@@ -16,7 +16,9 @@ from runtime_helpers import MockTier, build_store
 from edge0.errors import ConfigError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.model.generate import SamplingSettings
+from edge0.runtime.chunk_moe import group_size
 from edge0.runtime.engine import Engine
+from edge0.runtime.slots import pool_size
 from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family
 
 PROMPT = [5, 17, 42, 7, 99, 3, 250, 31, 64, 12, 8, 77, 140, 9, 21, 33, 45, 101, 6, 88, 13, 2, 57]
@@ -157,8 +159,21 @@ def test_each_expert_read_once_per_chunk(stores: dict[str, Path]) -> None:
         reads.setdefault(key.layer, []).append(key.expert)
     for layer in streamed:
         assert sorted(reads[layer]) == sorted(want[layer]), layer  # each once, nothing else
-    # more than a slot table's worth: the union was staged in groups
-    assert max(len(u) for u in want.values()) > eng.setup.ctx.memory.n_slots
+    # more than one group's worth: the union was staged in groups (sub-steps)
+    memory = eng.setup.ctx.memory
+    g = group_size(memory.n_slots, len(streamed), eng.setup.ctx.top_k)
+    assert max(len(u) for u in want.values()) > g
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+@pytest.mark.parametrize("layers", [1, 2, 5, 40])
+def test_group_fits_the_shared_pool(k: int, layers: int) -> None:
+    """A group and the next one's prefetch fit while every other layer holds K slots."""
+    for extra in (0, 1, 7):
+        n = pool_size(k, layers, extra=extra)
+        g = group_size(n, layers, k)
+        assert g >= k and 2 * g + k * (layers - 1) <= n, (n, g)
+    assert group_size(pool_size(k, layers), layers, k) == 3 * k // 2  # the default pool
 
 
 def test_bad_chunk_is_a_config_error(stores: dict[str, Path]) -> None:
@@ -173,12 +188,15 @@ def test_bad_chunk_is_a_config_error(stores: dict[str, Path]) -> None:
 
 
 def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> None:
-    """Route, one chunk: the last token's predicted sets are staged last, so decode reads only
-    the predicted experts the prompt never used."""
+    """Route, one chunk: the prompt reads each layer's union once; after it, the first decode
+    step's prefetch reads the predicted experts the prompt never used, and again only those
+    that later layers' groups rewrote in the shared pool (never the last layer's: its
+    predicted set is staged last and nothing stages after it)."""
     path = stores[MODEL_TYPES[0]]
+    tier = MockTier(path)
 
     async def go() -> tuple[Any, int, dict[int, tuple[int, list[int]]]]:
-        async with Engine.open(path, tiers=MockTier(path), mode="route", predictor="init",
+        async with Engine.open(path, tiers=tier, mode="route", predictor="init",
                                prefill_chunk=len(PROMPT), record_routing=True) as eng:  # fmt: skip
             agen = eng.tokens(PROMPT, max_tokens=3, stop=False)
             await agen.__anext__()  # the prefill is done, the first decode step not started
@@ -193,8 +211,16 @@ def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> 
     streamed = sorted({layer for _, layer in rec} - set(eng.setup.ctx.resident_experts))
     union = {n: {e for p in range(len(PROMPT)) for e in rec[(p, n)]} for n in streamed}
     assert set(plans) == set(streamed)  # every streamed layer is planned for the first step
-    fresh = sum(len(set(experts) - union[target]) for target, (_, experts) in plans.items())
-    assert issued == sum(len(u) for u in union.values()) + fresh
+    reads: dict[tuple[int, int], int] = {}
+    for key in tier.reads[:issued]:
+        reads[(key.layer, key.expert)] = reads.get((key.layer, key.expert), 0) + 1
+    for layer in streamed:
+        planned = set(plans[layer][1])
+        for e in union[layer] | planned:
+            again = e in union[layer] and e in planned and layer != streamed[-1]
+            assert 1 <= reads.get((layer, e), 0) <= 1 + int(again), (layer, e)
+    assert sum(reads.values()) == issued  # nothing outside the unions and the plans
+    assert all(k[1] in union[k[0]] | set(plans[k[0]][1]) for k in reads)
 
 
 @pytest.mark.parametrize("family", MODEL_TYPES)
@@ -226,18 +252,27 @@ def test_chunk_fits_the_working_reserve() -> None:
     assert hybrid - plain == 32 * 128 * 128 * 4 * 21 // 20  # one DeltaNet state per token
 
 
-def test_memory_budget_caps_the_chunk(stores: dict[str, Path]) -> None:
-    """Under --memory-budget the chunk shrinks to fit the plan's working reserve; still exact."""
-    from edge0.runtime.prefill import chunk_bytes_per_token, chunk_for_budget
+def test_memory_budget_caps_the_chunk(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --memory-budget the chunk shrinks to fit its share of the plan's working reserve;
+    still exact."""
+    from edge0.layout.manifest import Manifest
+    from edge0.runtime import prefill
+    from edge0.runtime.memory import working_bytes
 
     family = "qwen3_5_moe" if "qwen3_5_moe" in stores else MODEL_TYPES[0]
     path = stores[family]
+    config = Manifest.load(path).config
+    per_token = prefill.chunk_bytes_per_token(config, 2)
+    # the tiny models' reserve holds hundreds of chunk tokens: a smaller share makes it bite
+    monkeypatch.setattr(prefill, "WORKING_SHARE", working_bytes(config, 4096) // (5 * per_token))
     got = run(generate(path, PROMPT, 256, mode="reactive", memory_budget="4GiB",
                        tiers="pread"))  # fmt: skip
     setup = got["engine"].setup
-    per_token = chunk_bytes_per_token(setup.manifest.config, setup.ctx.top_k)
-    want = chunk_for_budget(256, per_token, setup.memory_plan.working)
-    assert setup.ctx.prefill_chunk == want < len(PROMPT)  # the tiny slot table: a small reserve
+    assert setup.ctx.top_k == 2
+    want = prefill.chunk_for_budget(256, per_token, setup.memory_plan.working)
+    assert setup.ctx.prefill_chunk == want and 1 < want < len(PROMPT)
     one = run(generate(path, PROMPT, 1, mode="reactive"))
     assert got["tokens"] == one["tokens"]
     np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)

@@ -42,6 +42,30 @@ def test_slot_views_see_bytes_written_into_slot_memory(store: Path) -> None:
     assert mem.dest(layer, 0).nbytes == manifest.record_size
 
 
+def test_widened_scales_are_the_records_values_in_the_compute_dtype(store: Path) -> None:
+    """fp32 compute: scales/biases get an fp32 sidecar (one pool for every layer), bit-exact."""
+    manifest = Manifest.load(store)
+    layers = manifest.moe_layers
+    mem = SlotMemory(manifest, layers, n_slots=3, compute_dtype=mx.float32)
+    assert mem.widened and all(mem.views[a] is mem.views[layers[0]] for a in layers)
+    tier = MockTier(store)
+    off = manifest.record_offset(layers[-1], 2)
+    record = tier.data[off : off + manifest.record_size]
+    mem.dest(layers[-1], 2)[:] = record.tobytes()
+    mem.widen(2)
+    want = field_views(manifest, record)
+    for f in manifest.fields:
+        view = mem.views[layers[0]][f.name]
+        if f.name in mem.widened:
+            assert view.dtype == mx.float32
+            src = want[f.name]
+            ref = (src.astype(np.uint32) << 16).view(np.float32) if src.dtype == np.uint16 else src
+            assert np.array_equal(np.array(view[2]), ref.astype(np.float32)), f.name
+            assert not np.any(np.array(view[1])), "other slots stay untouched"
+        else:
+            assert np.array_equal(np.array(view[2]), want[f.name]), f.name
+
+
 class AddressTier(MockTier):
     """Remembers where each read landed."""
 
@@ -143,4 +167,5 @@ def test_route_with_oracle_reads_nothing_on_demand_while_decoding(store: Path) -
     assert stats.tickets_wasted == 0 and stats.tickets_failed == 0
     # demand reads only happen while the prompt runs (first step has no prediction)
     assert reads.demand <= len(PROMPT) * 4 * 2
-    assert stats.slot_hit_rate > 0.8
+    # prompt steps before the last prefetch nothing; every read is used by compute
+    assert reads.prefetch > 0 and reads.consumed == reads.issued

@@ -152,3 +152,34 @@ def test_cancelled_read_is_not_cached(store) -> None:  # type: ignore[no-untyped
         await tier.aclose()
 
     asyncio.run(main())
+
+
+def test_record_copies_run_in_worker_threads(store, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Neither a hit's copy nor a miss's snapshot runs on the event loop's thread."""
+    import threading
+
+    import tiers.ram as ram
+
+    d, m = store
+    seen: list[tuple[str, str]] = []
+    for name in ("_copy", "_snapshot"):
+        original = getattr(ram, name)
+
+        def spy(*args, _name=name, _original=original):  # type: ignore[no-untyped-def]
+            seen.append((_name, threading.current_thread().name))
+            return _original(*args)
+
+        monkeypatch.setattr(ram, name, spy)
+    a = all_keys(m)[0]
+    tier, _ = _ram(store, 4)
+    buf = bytearray(m.record_size)
+
+    async def main() -> str:
+        await tier.read_into(a, bytearray(m.record_size))  # miss: snapshot for the cache
+        await tier.read_into(a, buf)  # hit: copy into the caller's buffer
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(main())
+    assert {n for n, _ in seen} == {"_copy", "_snapshot"}
+    assert all(t.startswith("edge0-ram") and t != loop_thread for _, t in seen), seen
+    assert bytes(buf) == plain_read(d, m, a)

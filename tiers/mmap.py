@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from pathlib import Path
@@ -52,6 +53,10 @@ class MmapTier(DiskTier):
                             note="continuing with plain page faults (slower)")  # fmt: skip
         with memoryview(self._mm) as whole, whole[offset:end] as src:
             dest[:] = src
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            # unmap the pages from this process (they stay in the page cache): mapped pages
+            # count in RSS, which --memory-budget bounds (docs/memory.md)
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         return length
 
     def _close_files(self) -> None:

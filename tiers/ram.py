@@ -1,10 +1,16 @@
-"""`ram`: a byte-budgeted in-memory cache of expert records over an inner tier (LRU or LFUDA)."""
+"""`ram`: a byte-budgeted in-memory cache of expert records over an inner tier (LRU or LFUDA).
+
+Record copies (into the caller's buffer on a hit, into the cache after a miss)
+run in the tier's own worker threads, never on the event loop: the loop only
+does the bookkeeping (lookups, eviction order, coalescing).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, cast
 
 import attrs
@@ -12,9 +18,9 @@ import numpy as np
 
 from edge0.errors import TierReadError
 from edge0.log import get_logger
-from edge0.storage.spec import choice, parse_size
+from edge0.storage.spec import choice, parse_int, parse_size
 from edge0.storage.tier import ExpertKey, ReadInfo, Tier
-from tiers._disk import byte_view, flat_bytes
+from tiers._disk import byte_view, flat_bytes, run_in_pool
 from tiers._evict import make_policy
 
 log = get_logger("edge0.tiers.ram")
@@ -56,10 +62,14 @@ class RamTier:
     OPTIONS: ClassVar[dict[str, Callable[[str], Any]]] = {
         "budget": parse_size,
         "policy": choice("lru", "lfuda"),
+        "workers": parse_int,
     }
 
-    def __init__(self, inner: Tier, *, budget: int = 1 << 30, policy: str = "lru") -> None:
+    def __init__(
+        self, inner: Tier, *, budget: int = 1 << 30, policy: str = "lru", workers: int = 2
+    ) -> None:
         self.inner = inner
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="edge0-ram")
         self.budget = budget
         self.policy_name = policy
         self.stats = RamStats()
@@ -74,10 +84,10 @@ class RamTier:
         while True:
             rec = self._entries.get(key)
             if rec is not None:  # 1. hit: copy our record into the caller's buffer
-                byte_view(dest, rec.nbytes)[:] = rec.data
-                self.stats.hits += 1
                 if key not in self._pinned:
                     self._policy.touch(key)
+                self.stats.hits += 1
+                await run_in_pool(self._pool, _copy, rec, byte_view(dest, rec.nbytes))
                 return ReadInfo(self.name, rec.nbytes, started, time.perf_counter(), hit=True)
             fut = self._inflight.get(key)
             if fut is None:  # 2. miss: this reader reads from the inner tier
@@ -87,7 +97,7 @@ class RamTier:
             if err is not None:
                 raise err
             if rec is not None and info is not None:
-                byte_view(dest, rec.nbytes)[:] = rec.data
+                await run_in_pool(self._pool, _copy, rec, byte_view(dest, rec.nbytes))
                 self.stats.coalesced += 1
                 now = time.perf_counter()
                 return ReadInfo(info.tier, rec.nbytes, started, now, waited=now - started)
@@ -96,6 +106,7 @@ class RamTier:
     async def aclose(self) -> None:
         self._entries.clear()
         self.stats.bytes_used = 0
+        self._pool.shutdown(wait=False)
         await self.inner.aclose()
 
     # --- pinning and inspection -------------------------------------------
@@ -139,7 +150,7 @@ class RamTier:
         outcome: _Outcome = (None, None, None)
         try:
             info = await self.inner.read_into(key, dest)
-            rec = np.frombuffer(flat_bytes(dest), np.uint8).copy()  # (record_size,) our own copy
+            rec = await run_in_pool(self._pool, _snapshot, flat_bytes(dest))
             outcome = (rec, None, info)
             self.stats.misses += 1
             self._insert(key, rec)
@@ -171,3 +182,13 @@ class RamTier:
         self.stats.inserts += 1
         if key not in self._pinned:
             self._policy.insert(key)
+
+
+def _copy(rec: np.ndarray, dest: memoryview) -> None:
+    """A cached record into the caller's buffer (in a worker thread)."""
+    np.copyto(np.frombuffer(dest, np.uint8), rec)
+
+
+def _snapshot(dest: memoryview) -> np.ndarray:
+    """Our own (record_size,) copy of a record just read (in a worker thread)."""
+    return np.frombuffer(dest, np.uint8).copy()

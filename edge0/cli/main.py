@@ -45,6 +45,10 @@ def _register() -> None:
 
     main.add_command(run.command)
 
+    from edge0.cli import serve
+
+    main.add_command(serve.command)
+
     from edge0.cli import convert, verify
 
     main.add_command(convert.command)

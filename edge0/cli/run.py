@@ -3,63 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from edge0.cli.stream import is_layout, run_streaming, runtime_options
+from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options
+from edge0.cli.stream import is_layout, run_streaming
 from edge0.errors import ConfigError, PromptError
-
-RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
-                "trace_file", "run_log_json", "io_workers", "adapter", "prefill_chunk")  # fmt: skip
-
-
-def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The sampler options shared by commands that generate."""
-    options = [
-        click.option(
-            "--max-tokens",
-            default=128,
-            show_default=True,
-            type=click.IntRange(1),
-            help="Most tokens to generate.",
-        ),
-        click.option(
-            "--temp",
-            default=0.0,
-            show_default=True,
-            type=click.FloatRange(0.0),
-            help="Sampling temperature; 0 is greedy.",
-        ),
-        click.option(
-            "--top-p",
-            default=1.0,
-            show_default=True,
-            type=click.FloatRange(0.0, 1.0),
-            help="Nucleus sampling mass; 1.0 is off.",
-        ),
-        click.option(
-            "--sample-top-k",
-            "top_k",
-            default=0,
-            show_default=True,
-            type=click.IntRange(0),
-            help="Sample among the k most likely tokens; 0 is off.",
-        ),
-        click.option(
-            "--min-p",
-            default=0.0,
-            show_default=True,
-            type=click.FloatRange(0.0, 1.0),
-            help="Drop tokens below min-p times the top probability; 0 is off.",
-        ),
-        click.option("--seed", default=None, type=int, help="Random seed for sampling."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
 
 
 def read_prompt(prompt: str) -> str:

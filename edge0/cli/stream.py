@@ -1,61 +1,15 @@
-"""`edge0 run` on an edge0-layout directory: the streaming engine, its options, Ctrl-C handling."""
+"""`edge0 run` on an edge0-layout directory: the streaming engine and Ctrl-C handling."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-# the decode modes (edge0.runtime.runner.MODES; repeated here so `edge0 --help` does not import MLX)
-MODES = ("resident", "reactive", "hint", "route")
-
-
-def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The streaming-runtime options of `edge0 run`."""
-    options = [
-        click.option("--tiers", default="ram:1GiB>pread", show_default=True,
-                     help="Tier stack, outermost first, e.g. "
-                          "'ram:1GiB>throttle:bw=400MB/s>direct'."),
-        click.option("--mode", type=click.Choice(MODES), default=None,
-                     help="Decode mode [default: route for edge0-layout dirs, else resident]."),
-        click.option("--top-k", "route_top_k", type=click.IntRange(1), default=None,
-                     help="Routing capacity K: experts per token per layer [default: the "
-                          "model's top-k]. (The sampler's top-k is --sample-top-k.)"),
-        click.option("--predictor", type=click.Choice(["init", "heads", "temporal"]),
-                     default=None, help="Who predicts the next step's experts (hint/route) "
-                     "[default: heads when prerouter.safetensors exists, else init]."),
-        click.option("--first-layer", type=click.Choice(["resident", "wrap", "reactive"]),
-                     default="resident", show_default=True, help="First MoE layer: experts "
-                     "kept in memory, predicted by the last layer's wrap-around head, or "
-                     "routed and read on demand."),
-        click.option("--memory-budget", default=None,
-                     help="Total memory, e.g. 3GiB: the RAM cache gets what resident weights, "
-                          "slot tables and KV cache leave."),
-        click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
-                     help="Write a Chrome/Perfetto trace (compute + tier worker tracks)."),
-        click.option("--log-json", "run_log_json", type=click.Path(dir_okay=False),
-                     default=None, help="Keep every structlog event (reads, compute spans) "
-                     "as JSON lines in this file."),
-        click.option("--io-workers", type=click.IntRange(1), default=2, show_default=True,
-                     help="Concurrent tier reads."),
-        click.option("--prefill-chunk", type=click.IntRange(1), default=None,
-                     help="Prompt tokens per forward; each streamed layer reads its chunk's "
-                     "experts once; 1 feeds the prompt one token per step [default: 256]."),
-        click.option("--adapter/--no-adapter", default=True, show_default=True,
-                     help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
-    ]  # fmt: skip
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _chunk(runtime: dict[str, Any]) -> dict[str, int]:
-    chunk = runtime.get("prefill_chunk")
-    return {} if chunk is None else {"prefill_chunk": chunk}
+from edge0.cli.options import MODES, prefill_kwargs, runtime_options  # noqa: F401 - re-exported
 
 
 def is_layout(path: Path) -> bool:
@@ -86,7 +40,8 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             top_k=runtime["route_top_k"], predictor=predictor,
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
-            adapter=runtime["adapter"], **_chunk(runtime),
+            adapter=runtime["adapter"], sync_every=runtime["sync_every"],
+            context=runtime["context"], **prefill_kwargs(runtime),
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

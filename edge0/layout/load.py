@@ -7,9 +7,11 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx.utils import tree_flatten
 
 from edge0.errors import CheckpointError, Edge0Error
 from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Manifest
@@ -17,22 +19,84 @@ from edge0.layout.manifest_checks import check_model
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import quantize_stored, switch_modules
 from edge0.layout.records import PROJECTIONS, field_views
-from edge0.layout.safetensors_io import MX_DTYPES
+from edge0.layout.safetensors_io import MX_DTYPES, read_header
 from edge0.layout.verify import check_files, check_resident_header
 from edge0.log import get_logger
 from edge0.model.loaded import LoadedModel, activation_dtype, load_tokenizer
 
 log = get_logger(__name__)
 _FIX = "run `edge0 verify` on it or re-run `edge0 convert`"
+KEEP_MAX_BYTES = 4 << 20  # largest per-call upcast of a kept quantized linear's scales+biases
 
 
-def _quantize(model: nn.Module, manifest: Manifest, weights: dict[str, mx.array]) -> None:
+def _quantize(model: nn.Module, manifest: Manifest, weights: dict[str, Any]) -> None:
     """Make quantized layers where mlx-lm's loader would, and every expert stack."""
     q = manifest.quantization
     experts = {f"{p}.{proj}" for p, _ in switch_modules(model).values() for proj in PROJECTIONS}
     settings = {"group_size": q["group_size"], "bits": q["bits"], "mode": q["mode"]}
     per_layer = manifest.config.get("quantization") or {}
     quantize_stored(model, {**per_layer, **q}, weights, fixed=dict.fromkeys(experts, settings))
+
+
+def keeps_dtype(module: nn.Module | None, leaf: str, stored: mx.Dtype, compute: mx.Dtype) -> bool:
+    """Whether a float parameter stays in its stored (narrower) dtype under `compute`.
+
+    Where MLX widens the operand exactly inside the op, at a small per-call cost: the
+    scales and biases of a quantized linear (quantized_matmul upcasts them to the
+    activation dtype, bit-identical output; the upcast copy is a transient of the
+    fp32 size, so only up to KEEP_MAX_BYTES) and the weight of an RMSNorm
+    (mx.fast.rms_norm, bit-identical). Everything else is cast once at load: the
+    expert stacks (gather_qmm would upcast all experts per call), embeddings (their
+    rows are dequantized in the scales' dtype) and the rest (tiny).
+    """
+    if compute.size <= stored.size or not mx.issubdtype(stored, mx.floating):
+        return False
+    if isinstance(module, nn.QuantizedLinear) and leaf in ("scales", "biases"):
+        return 2 * int(module.scales.size) * compute.size <= KEEP_MAX_BYTES
+    return isinstance(module, nn.RMSNorm) and leaf == "weight"
+
+
+def cast_params(model: nn.Module, dtype: mx.Dtype, keep: bool) -> None:
+    """Float parameters to `dtype` (lazily), except those `keeps_dtype` keeps when `keep`."""
+    modules = dict(model.named_modules())
+    updates = []
+    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for name, value in flat:
+        if not mx.issubdtype(value.dtype, mx.floating) or value.dtype == dtype:
+            continue
+        path, _, leaf = name.rpartition(".")
+        if keep and keeps_dtype(modules.get(path), leaf, value.dtype, dtype):
+            continue
+        updates.append((name, value.astype(dtype)))
+    model.load_weights(updates, strict=False)
+
+
+def resident_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> int:
+    """Bytes the resident weights take once loaded with compute dtype `dtype` (experts
+    "none"), from the safetensors header and the model's skeleton: nothing is read."""
+    header = read_header(path / RESIDENT_FILE)
+    meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
+    model = _build(path, manifest)  # lazy: no memory until evaluated
+    _quantize(model, manifest, meta)
+    modules = dict(model.named_modules())
+    total = 0
+    for name, m in meta.items():
+        where, _, leaf = name.rpartition(".")
+        target = m.dtype
+        if mx.issubdtype(m.dtype, mx.floating) and not keeps_dtype(
+            modules.get(where), leaf, m.dtype, dtype
+        ):
+            target = dtype
+        total += int(np.prod(m.shape, dtype=np.int64)) * target.size
+    return total
+
+
+@attrs.frozen
+class _Meta:
+    """Shape and dtype of a stored tensor (what mlx-lm's quant inference looks at)."""
+
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
 
 
 def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
@@ -144,8 +208,11 @@ def load_layout(
         experts: "resident" reads every expert record (CRC-checked) into the model's
             QuantizedSwitchLinear stacks, so it runs exactly like mlx-lm's int4 model;
             "none" leaves the stacks empty (shape (0, ...)) for the streaming runtime.
-        dtype: "auto" casts float parameters to `edge0.model.loaded.activation_dtype()` as
-            `edge0.load` does (fp32 on CPU); None keeps the stored dtypes (as mlx-lm).
+        dtype: "auto" computes in `edge0.model.loaded.activation_dtype()` (fp32 on CPU):
+            float parameters are cast to it except where the op widens them exactly
+            (`keeps_dtype`: small quantized linears' scales/biases, RMSNorm weights);
+            a dtype casts every float parameter to it; None keeps the stored dtypes
+            (as mlx-lm).
 
     Returns:
         edge0.model.loaded.LoadedModel with source_format "edge0".
@@ -157,9 +224,13 @@ def load_layout(
     manifest, model = _open(path, experts)
     if isinstance(dtype, str):
         dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
-    if dtype is not None:
-        model.set_dtype(dtype)
-    mx.eval(model.parameters())
+        cast_params(model, dtype, keep=True)
+    elif dtype is not None:
+        cast_params(model, dtype, keep=False)
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for _, value in params:  # one at a time: each source is freed once cast
+        mx.eval(value)
+    mx.clear_cache()  # the freed load buffers are not kept by MLX's allocator
     config = manifest.config
     eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
     tokenizer = load_tokenizer(path, eos)

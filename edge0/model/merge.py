@@ -34,10 +34,14 @@ class MergeStats:
 def _dequantized(base: nn.Module) -> mx.array:
     """The base weight as fp32 (out, in)."""
     if isinstance(base, nn.QuantizedLinear):
+        from edge0.model.loaded import activation_dtype
+
+        wide = activation_dtype(base.scales.dtype)  # scales may be kept narrower (layout.load)
+        biases = base.get("biases")
         w = mx.dequantize(
             base.weight,
-            base.scales,
-            base.get("biases"),
+            base.scales.astype(wide),
+            biases.astype(wide) if biases is not None else None,
             group_size=base.group_size,
             bits=base.bits,
             mode=base.mode,

@@ -139,7 +139,7 @@ def make_predictor(
         heads.check_model(model)
         pred = HeadPredictor(heads, "heads")
     elif name == "init":
-        pred = HeadPredictor(PrerouterSet.from_model(model, wrap=wrap), "init")
+        pred = HeadPredictor(PrerouterSet.from_model(model, wrap=wrap, lean=True), "init")
     else:
         raise ConfigError(f"unknown predictor {name!r}; choose one of {', '.join(NAMES)}")
     if not wrap:  # no head predicts the first streamed layer

@@ -98,13 +98,37 @@ class PrerouterHead(nn.Module):
         return self.lin_h(hidden) + self.lin_m(hots) + mlp
 
 
+class RouterCopyHead(nn.Module):
+    """An untrained head without its zero parts: `lin_h(hidden)` alone.
+
+    An untrained `PrerouterHead` adds `lin_m(hots)` and `fc2(...)`, whose weights
+    are zeros, so its logits equal `lin_h(hidden)`; this keeps the same logits
+    without the (d + 2E) x hidden fc1 that never contributes (5 of the 8 MiB of a
+    head on the 35B shape). For inference with the `init` predictor; training
+    starts from full `PrerouterHead`s.
+    """
+
+    def __init__(self, d_model: int, num_experts: int) -> None:
+        super().__init__()
+        self.lin_h = nn.Linear(d_model, num_experts, bias=False)
+
+    def __call__(self, hidden: mx.array, hot_t: mx.array, hot_prev: mx.array) -> mx.array:
+        return self.lin_h(hidden)
+
+
 def router_weight(block: nn.Module) -> mx.array:
     """The (E, d) router weight of a sparse block, dequantized when the router is quantized."""
     gate = block.gate
     if isinstance(gate, nn.QuantizedLinear):
+        from edge0.model.loaded import activation_dtype
+
+        wide = activation_dtype(gate.scales.dtype)  # scales may be kept narrower (layout.load)
+        biases = gate.get("biases")
         return mx.dequantize(
-            gate.weight, gate.scales, gate.biases, gate.group_size, gate.bits, mode=gate.mode
-        ).astype(mx.float32)
+            gate.weight, gate.scales.astype(wide),
+            biases.astype(wide) if biases is not None else None, gate.group_size, gate.bits,
+            mode=gate.mode,
+        ).astype(mx.float32)  # fmt: skip
     return gate.weight.astype(mx.float32)
 
 
@@ -142,9 +166,12 @@ class PrerouterSet:
 
     @classmethod
     def from_model(
-        cls, model: nn.Module, hidden: int | None = None, wrap: bool = True
+        cls, model: nn.Module, hidden: int | None = None, wrap: bool = True, lean: bool = False
     ) -> PrerouterSet:
-        """Untrained heads: `l` copies the next MoE layer's router, fc2 is zero."""
+        """Untrained heads: `l` copies the next MoE layer's router, fc2 is zero.
+
+        `lean`: `RouterCopyHead`s (same logits, no zero parts) for inference only.
+        """
         blocks = moe_blocks(model)
         w0 = router_weight(blocks[0][1])
         num_experts, d_model = w0.shape
@@ -157,9 +184,12 @@ class PrerouterSet:
             wrap=wrap,
         )
         by_layer = dict(blocks)
-        heads = {}
+        heads: dict[int, Any] = {}
         for owner, target in config.heads():
-            head = PrerouterHead(d_model, num_experts, config.hidden)
+            head = (
+                RouterCopyHead(d_model, num_experts) if lean
+                else PrerouterHead(d_model, num_experts, config.hidden)
+            )  # fmt: skip
             head.lin_h.weight = router_weight(by_layer[target])
             heads[owner] = head
         mx.eval([h.parameters() for h in heads.values()])

@@ -1,12 +1,12 @@
 """Multi-token expert compute: a streamed MoE layer over a prompt chunk, its union staged in groups.
 
 A chunk of T tokens routes to T x K (token, expert) pairs. The union of their
-experts is staged G at a time (G = half the layer's slots), each group as its
-own scheduler sub-step, so the slot table's fence rule holds unchanged: group j
-computes at sub-step s+j while group j+1 is read into the other half of the
-slots for s+j+1. Each group runs one sorted `gather_qmm` over the pairs routed
-to it and is evaluated before the next sub-step starts (its slots may then be
-rewritten). The pair outputs are put back in (token, k) order and summed with
+experts is staged G at a time (`group_size`), each group as its own scheduler
+sub-step, so the slot pool's fence rule holds unchanged: group j computes at
+sub-step s+j while group j+1 is read into other slots for s+j+1. Each group runs
+one sorted `gather_qmm` over the pairs routed to it and is evaluated before the
+next sub-step starts (begin_step moves the pool's fence past it: its slots may
+then be rewritten). The pair outputs are put back in (token, k) order and summed with
 the gate weights exactly as the one-token block sums them.
 """
 
@@ -57,6 +57,18 @@ def stage_order(union: list[int], last: list[int] | None) -> list[int]:
     return [e for e in union if e not in tail] + [e for e in union if e in tail]
 
 
+def group_size(n_slots: int, layers: int, top_k: int) -> int:
+    """Experts staged per sub-step: G with 2G + K x (layers - 1) <= n_slots, at least 1.
+
+    The slot pool is shared by all streamed layers. While one layer stages its
+    chunk, every other streamed layer may hold up to K slots (its experts staged
+    for a step ahead); this layer needs its current group and the next one's
+    prefetch at once. Within that bound a group can always be staged, so the
+    pool is never over capacity (K x (layers + 2) slots give G = 3K/2).
+    """
+    return max(1, (n_slots - top_k * (layers - 1)) // 2)
+
+
 def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.array:
     """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d) for routing `inds` (T, K)."""
     stream = block.stream
@@ -72,7 +84,7 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
     else:
         union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer))
         assert steps.memory is not None
-        g = max(1, steps.memory.n_slots // 2)
+        g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
         groups = [union[i : i + g] for i in range(0, len(union), g)]
     pair_parts: list[np.ndarray] = []
     out_parts: list[mx.array] = []

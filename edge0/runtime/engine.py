@@ -64,7 +64,8 @@ class Engine:
         mode="route" (resident, reactive, hint, route), top_k=None (the model's),
         predictor=None (heads when prerouter.safetensors exists, else init; or
         oracle, temporal), memory_budget=None ("3GiB"), trace=None (a .json path),
-        first_layer="resident" (or "wrap", "reactive"), io_workers=2.
+        first_layer="resident" (or "wrap", "reactive"), io_workers=2,
+        sync_every=None (route: layers per host sync).
         """
         if not structlog.is_configured():  # a library stays quiet unless the app configures logs
             edge0_log.configure("warning")
@@ -171,6 +172,14 @@ class Engine:
                 f"the prompt is {len(ids)} tokens but {self.setup.path / 'config.json'} allows "
                 f"{context} (max_position_embeddings); shorten the prompt"
             )
+        if self.setup.memory_plan is not None:  # the KV cache was planned for this many tokens
+            context = min(context, self.options.context)
+            if len(ids) >= context:
+                raise PromptError(
+                    f"the prompt is {len(ids)} tokens but the memory budget was planned for a "
+                    f"context of {context}; shorten the prompt or open the engine with a larger "
+                    "context= (--context)"
+                )
         if self._worker is None or self._worker.done():
             raise EngineClosedError("the engine is closed; open a new one with Engine.open")
         eos = (getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else []
@@ -224,7 +233,7 @@ class Engine:
         io_at_decode: float | None = None
         bytes_at_decode: int | None = None
         try:
-            tok = await self._compute.run(lambda: _prefill(runner, req.ids))
+            tok = await self._compute.run(lambda: _prefill(runner, req.ids, req.max_tokens > 1))
             t1 = time.perf_counter()
             stats.prefill_s = t1 - t0
             if sched is not None and reads0 is not None:
@@ -244,13 +253,15 @@ class Engine:
                     break
                 if req.cancelled:
                     break
-                tok = await self._compute.run(functools.partial(runner.feed, tok, False))
+                more = n + 1 < req.max_tokens  # else no prefetch: no step uses it
+                tok = await self._compute.run(functools.partial(runner.feed, tok, False, more))
                 stats.decode_steps += 1
             stats.decode_s = time.perf_counter() - t1
         except Exception:
             stats.finish_reason = "error"
             raise
         finally:
+            self._compute.submit(runner.finish)  # after its last step: cancel queued prefetches
             req.stats = stats
             self._finish(stats, first_record, reads0, io_at_decode, bytes_at_decode)
 
@@ -274,16 +285,17 @@ class Engine:
         log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
 
 
-def _prefill(runner: Runner, ids: list[int]) -> int:
-    """Feed the prompt; only its last step draws (so a seed's first draw is the first token)."""
-    if runner.steps.prefill_chunk > 1 and len(ids) > 1:
-        return runner.prefill(ids)  # chunked (edge0.runtime.prefill): only the last chunk draws
+def _prefill(runner: Runner, ids: list[int], decode: bool) -> int:
+    """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
+    and, when a decode step follows (`decode`), prefetches."""
+    if runner.steps.prefill_chunk > 1 and len(ids) > 1:  # chunked: only the last chunk draws
+        return runner.prefill(ids, decode=decode)
     sampler, runner.sampler = runner.sampler, greedy
     try:
-        runner.prefill(ids[:-1])
+        runner.prefill(ids[:-1], decode=False)
     finally:
         runner.sampler = sampler
-    return runner.feed(ids[-1], prefill=True)
+    return runner.feed(ids[-1], prefill=True, prefetch=decode)
 
 
 class SyncEngine:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
+from edge0.runtime.scheduler import FenceNeeded
+from edge0.runtime.syncs import Deferred
 
 if TYPE_CHECKING:
     from edge0.runtime.scheduler import Scheduler
@@ -53,7 +55,14 @@ class SlotExperts:
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         steps = self.steps
         t0, c0 = time.perf_counter(), time.thread_time()
-        slots = self.scheduler.acquire(self.layer, steps.step, experts)
+        groups = steps.groups
+        fenced = groups is None or not groups.busy  # else earlier layers' graphs may be pending
+        try:
+            slots = self.scheduler.acquire(self.layer, steps.step, experts, fenced)
+        except FenceNeeded:
+            assert groups is not None
+            groups.flush([])  # evaluates up to this layer's input: earlier slots are free
+            slots = self.scheduler.acquire(self.layer, steps.step, experts)
         steps.span("wait", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
         return mx.array(slots, dtype=mx.uint32).reshape(inds.shape)  # (1, 1, K) slot indices
 
@@ -101,6 +110,7 @@ class LayerStream:
         self.experts = experts
         self.quant = quant
         self.top_k = steps.top_k
+        self.host_experts = not isinstance(experts, ResidentExperts)  # slots need the set on host
         self.head: Lookahead | None = None  # the prediction this layer owns, if any
         # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
         # in the step predicts step t+1 before this layer has used its plan for step t
@@ -139,20 +149,32 @@ class LayerStream:
         planned: list[int] | None,
     ) -> list[int]:  # fmt: skip
         """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
-        steps, head = self.steps, self.head
+        steps = self.steps
+        head = self.head if steps.prefetching else None
         pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
         steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
-        true: list[int] = true_inds.reshape(-1).tolist()  # type: ignore[assignment]
-        experts = planned if planned is not None else true
+        steps.cur.syncs += 1
         steps.cur.layers += 1
-        if steps.recording is not None:
+        self.prev_inds = inds
+        self.finish(Deferred(self, x, true_inds, pred, planned, self.prev_experts, head))
+        assert self.prev_experts is not None
+        return self.prev_experts
+
+    def finish(self, work: Deferred) -> None:
+        """After the readback: record the routing, hand the owned prediction on (prefetch)."""
+        steps = self.steps
+        true: list[int] | None = None
+        if work.true_inds is not None:
+            true = work.true_inds.tolist()[0][0]  # type: ignore[index,assignment]  # (1, 1, K)
+        experts = work.experts if work.experts is not None else true
+        assert experts is not None
+        if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
-        prev, self.prev_experts, self.prev_inds = self.prev_experts, experts, inds
-        if head is not None:
-            head.issue(x, experts, true, prev, pred, self.top_k)
-        return experts
+        self.prev_experts = experts
+        if work.head is not None:
+            work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)
 
     def slots(self, experts: list[int], inds: mx.array) -> mx.array:
         """Indices into `views` of `experts` (blocks until a streamed layer's slots are staged)."""
@@ -164,7 +186,11 @@ class LayerStream:
 
 
 class RoutedStream(LayerStream):
-    """A layer in route mode: in decode steps the set predicted one step ago is the routing."""
+    """A layer in route mode: in decode steps the set predicted one step ago is the routing.
+
+    With `steps.groups` (--sync-every G > 1) a decode step's layer needs no readback:
+    its prediction and recorded routing are evaluated with its group of G layers.
+    """
 
     def planned(self) -> list[int] | None:
         steps = self.steps
@@ -173,3 +199,22 @@ class RoutedStream(LayerStream):
             return None
         steps.routed_by_prediction += 1
         return plan[1]
+
+    def route(
+        self, x: mx.array, true_inds: mx.array, inds: mx.array, w: mx.array,
+        planned: list[int] | None,
+    ) -> list[int]:  # fmt: skip
+        steps, groups = self.steps, self.steps.groups
+        if groups is None or steps.prefill or (planned is None and self.host_experts):
+            if groups is not None and groups.busy:
+                groups.flush([])
+            return super().route(x, true_inds, inds, w, planned)
+        head = self.head if steps.prefetching else None
+        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        read_true = planned is None or steps.recording is not None or (
+            head is not None and pred is None)  # fmt: skip
+        steps.cur.layers += 1
+        self.prev_inds = inds
+        groups.add(Deferred(self, x, true_inds if read_true else None, pred, planned,
+                            self.prev_experts, head))  # fmt: skip
+        return planned if planned is not None else []  # [] only for resident experts (unused)

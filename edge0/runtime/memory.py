@@ -1,42 +1,85 @@
-"""`--memory-budget`: size the RAM expert cache from what is left after everything else.
+"""`--memory-budget`: the memory plan, made from file headers before anything is loaded.
 
-budget = resident weights + slot tables + KV cache (estimated for the context)
-         + process overhead (interpreter, libraries: RSS measured before loading)
-         + decode working memory (MLX temporaries: 3/4 of the slot table, as measured
-           on the 35B-A3B shape, docs/benchmarks/35b-route.md)
-         + RAM cache.
-The RAM cache gets the remainder; the tier spec's `ram` stage is sized to it (or
-one is put in front of the stack when the spec has none).
+peak RSS = process baseline (interpreter and libraries: RSS before loading)
+         + resident weights (resident.safetensors, in the dtypes the loader keeps)
+         + resident experts (the first MoE layer under `--first-layer resident`;
+           every layer in `resident` mode)
+         + predictor heads (prerouter.safetensors, or the untrained copies of the routers)
+         + slot pool (K x (L + 2) records and their compute-dtype sidecar)
+         + KV cache for the planned context + recurrent state (linear-attention layers)
+         + decode working memory (measured: docs/memory.md)
+         + what the budget has left, which goes to more slots or to the RAM cache.
+A RAM cache smaller than one step's reads (L x K records) would almost never hit
+(measured: 15 of 5,391 reads on the 35B shape), so such a remainder buys slots;
+a larger one sizes the tier spec's `ram` stage (one is put in front when the spec
+has none). `MemoryPlan.line()` says which.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 
 from edge0.errors import ConfigError
-from edge0.storage.spec import parse_size, parse_spec
+from edge0.layout.manifest import Manifest
+from edge0.runtime.slotmem import ALIGN
+from edge0.storage.spec import TierStage, format_spec, parse_size, parse_spec
 
 _MIB = 1 << 20
+KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many tokens
+# decode working memory (MLX buffer cache, per-step temporaries, interpreter growth), measured
+# with tools/memprobe.py: 14 / 28 / 52 MiB at d_model 512 / 1024 / 2048, the same at K=2, 4, 8
+WORKING_BASE = 16 * _MIB
+WORKING_PER_1K_D = 24 * _MIB
+
+
+@attrs.frozen
+class Footprint:
+    """What a run will hold, from the files (bytes)."""
+
+    resident: int
+    resident_experts: int
+    heads: int
+    slot: int  # one slot: a record and its sidecar
+    record: int  # one record as read
+    layers: int  # streamed MoE layers
+    top_k: int
+    kv: int
+    state: int
+    working: int
+    overhead: int
+
+    @property
+    def min_slots(self) -> int:
+        from edge0.runtime.slots import pool_size
+
+        return pool_size(self.top_k, self.layers) if self.layers else 0
 
 
 @attrs.frozen
 class MemoryPlan:
     budget: int
-    resident: int
-    slots: int
-    kv: int
-    cache: int  # bytes left for the RAM cache tier
+    resident: int  # resident weights, plus resident experts
+    slots: int  # slot pool bytes
+    kv: int  # KV cache and recurrent state
+    cache: int  # bytes of the RAM cache tier (0: none)
     overhead: int = 0  # process RSS before the model was loaded
-    working: int = 0  # decode-time MLX temporaries
+    working: int = 0  # decode working memory
+    heads: int = 0  # predictor heads
+    n_slots: int = 0
+    extra_slots: int = 0  # slots bought with what the budget left
+    choice: str = ""  # where the remainder went, and why
 
     def line(self) -> str:
         return (
             f"memory budget {self.budget / _MIB:.0f} MiB = resident {self.resident / _MIB:.0f} + "
-            f"slots {self.slots / _MIB:.0f} + KV {self.kv / _MIB:.0f} + "
+            f"heads {self.heads / _MIB:.0f} + slots {self.slots / _MIB:.0f} "
+            f"({self.n_slots} slots) + KV {self.kv / _MIB:.0f} + "
             f"process {self.overhead / _MIB:.0f} + working {self.working / _MIB:.0f} + "
-            f"RAM cache {self.cache / _MIB:.0f} MiB"
+            f"RAM cache {self.cache / _MIB:.0f} MiB; {self.choice}"
         )
 
 
@@ -49,31 +92,49 @@ def to_bytes(value: str | int) -> int:
         raise ConfigError(f"--memory-budget: {exc}") from None
 
 
-def working_bytes(slots: int) -> int:
-    """Decode-time MLX temporaries: 3/4 of the slot table (measured on the 35B-A3B shape)."""
-    return slots * 3 // 4
-
-
-def plan(
-    budget: str | int, resident: int, slots: int, kv: int, overhead: int = 0, working: int = 0
-) -> MemoryPlan:
-    """Split `budget`; ConfigError naming the numbers when it cannot hold the fixed parts."""
+def plan(budget: str | int, fp: Footprint) -> MemoryPlan:
+    """Split `budget`; ConfigError naming the parts when it cannot hold the fixed ones."""
     total = to_bytes(budget)
-    fixed = resident + slots + kv + overhead + working
+    n_min = fp.min_slots
+    kv = fp.kv + fp.state
+    resident = fp.resident + fp.resident_experts
+    fixed = resident + fp.heads + n_min * fp.slot + ALIGN + kv + fp.overhead + fp.working
     left = total - fixed
     if left < 0:
         raise ConfigError(
             f"--memory-budget {total / _MIB:.0f} MiB is below the {fixed / _MIB:.0f} MiB that "
-            f"resident weights ({resident / _MIB:.0f}), slot tables ({slots / _MIB:.0f}), KV "
-            f"cache ({kv / _MIB:.0f}), process ({overhead / _MIB:.0f}) and decode working "
-            f"memory ({working / _MIB:.0f}) need; raise the budget or lower --top-k"
+            f"resident weights ({resident / _MIB:.0f}), predictor heads ({fp.heads / _MIB:.0f}), "
+            f"the slot pool ({n_min} slots, {n_min * fp.slot / _MIB:.0f}), KV cache and state "
+            f"({kv / _MIB:.0f}), process ({fp.overhead / _MIB:.0f}) and decode working memory "
+            f"({fp.working / _MIB:.0f}) need; raise the budget, lower --top-k or the context"
         )
-    return MemoryPlan(total, resident, slots, kv, left, overhead, working)
+    step = fp.layers * fp.top_k * fp.record  # one decode step's reads
+    extra, cache = 0, 0
+    if not fp.layers:
+        choice = "nothing is streamed: the rest is unused"
+    elif left < step:
+        extra = left // fp.slot
+        choice = (
+            f"the {left / _MIB:.0f} MiB left buy {extra} more slots (a RAM cache smaller than "
+            f"one step's reads, {step / _MIB:.0f} MiB, would almost never hit)"
+        )
+    else:
+        cache = left
+        choice = f"the {left / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
+    n = n_min + extra
+    return MemoryPlan(total, resident, n * fp.slot + ALIGN if n else 0, kv, cache, fp.overhead,
+                      fp.working, fp.heads, n, extra, choice)  # fmt: skip
+
+
+def _text(config: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = config.get("text_config") or config
+    return c
 
 
 def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
-    """KV cache of `context` tokens for the full-attention layers of a config (an estimate)."""
-    c: dict[str, Any] = config.get("text_config") or config
+    """KV cache of `context` tokens (rounded up to mlx-lm's growth step) for the full-attention
+    layers of a config."""
+    c = _text(config)
     layers = int(c.get("num_hidden_layers", 0))
     layer_types = c.get("layer_types")
     interval = int(c.get("full_attention_interval", 1) or 1)
@@ -83,20 +144,61 @@ def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
         attn_layers = sum(1 for t in layer_types if t == "full_attention")
     else:
         attn_layers = layers // interval if interval > 1 else layers
-    return 2 * attn_layers * heads * head_dim * context * itemsize
+    tokens = -(-context // KV_STEP) * KV_STEP
+    return 2 * attn_layers * heads * head_dim * tokens * itemsize
 
 
-def apply_to_spec(spec: str, cache: int) -> str:
-    """The spec with its `ram` stage sized to `cache` bytes (added in front if missing)."""
-    stages = [s.strip() for s in spec.split(">")]
-    names = [st.name for st in parse_spec(spec)]
+def state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
+    """Recurrent state of the linear-attention layers (conv state and delta-rule state)."""
+    c = _text(config)
+    n = sum(1 for t in c.get("layer_types") or [] if t == "linear_attention")
+    if not n:
+        return 0
+    hk, dk = int(c["linear_num_key_heads"]), int(c["linear_key_head_dim"])
+    hv, dv = int(c["linear_num_value_heads"]), int(c["linear_value_head_dim"])
+    conv = (int(c.get("linear_conv_kernel_dim", 4)) - 1) * (2 * hk * dk + hv * dv)
+    return n * (conv + hv * dk * dv) * itemsize
+
+
+def working_bytes(config: dict[str, Any], context: int) -> int:
+    """Decode working memory: the measured model (docs/memory.md), plus one attention layer's
+    KV cache (mlx-lm grows a layer's cache by concatenation: old and new alive at once)."""
+    d = int(_text(config).get("hidden_size", 1024))
+    layers = max(1, sum(1 for t in _text(config).get("layer_types") or ["full_attention"]
+                        if t == "full_attention"))  # fmt: skip
+    return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv_bytes(config, context) // layers
+
+
+def head_bytes(path: Path, manifest: Manifest, predictor: str, owners: int) -> int:
+    """Predictor heads: the trained file's tensors, or untrained router copies (E x d fp32)."""
+    if predictor == "heads":
+        from edge0.layout.safetensors_io import read_header
+        from edge0.routing.prerouter import WEIGHTS_FILE
+
+        header = read_header(path / WEIGHTS_FILE)
+        return sum(int(np.prod(v.shape, dtype=np.int64)) * v.itemsize for v in header.values())
+    if predictor == "init":
+        d = int(_text(manifest.config)["hidden_size"])
+        return owners * manifest.n_experts * d * 4
+    return 0
+
+
+def with_ram(spec: str, cache: int) -> str:
+    """The spec with its `ram` stage sized to `cache` bytes, added in front if missing, or
+    dropped when `cache` is 0."""
+    stages = parse_spec(spec)
+    names = [st.name for st in stages]
     if "ram" in names:
         i = names.index("ram")
-        _, _, opts = stages[i].partition(":")
-        rest = [o for o in opts.split(",") if o.strip() and "=" in o and
-                not o.strip().startswith("budget=")]  # fmt: skip
-        stages[i] = ":".join(["ram", ",".join([str(cache), *rest])])
-        return ">".join(stages)
+        if cache <= 0:
+            return format_spec(stages[:i] + stages[i + 1 :])
+        ram = stages[i]
+        opts = tuple((k, v) for k, v in ram.options if k != "budget")
+        stages[i] = TierStage("ram", str(cache), opts)
+        return format_spec(stages)
     if cache <= 0:
         return spec
-    return ">".join([f"ram:{cache}", *stages])
+    return format_spec([TierStage("ram", str(cache), ()), *stages])
+
+
+apply_to_spec = with_ram  # the earlier name (edge0.bench.worker)

@@ -95,7 +95,7 @@ class ChunkState:
         steps = self.steps
         assert steps.scheduler is not None
         t0, c0 = time.perf_counter(), time.thread_time()
-        slots = steps.scheduler.acquire(layer, steps.step, experts)
+        slots = steps.scheduler.acquire(layer, steps.step, experts, fenced=True)
         steps.span("wait", layer, t0, time.perf_counter(), time.thread_time() - c0)
         return slots
 
@@ -187,7 +187,7 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     """One forward over `tokens` (len > 1): the KV cache and every layer's state advance."""
     steps = runner.steps
     t0, c0 = time.perf_counter(), time.thread_time()
-    steps.begin_step(prefill=True)  # one record and one fence for the whole chunk
+    steps.begin_step(prefill=True, prefetch=False)  # one record, one fence for the chunk
     st = ChunkState(steps, steps.pos)
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
@@ -208,12 +208,13 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     return st
 
 
-def chunked_prefill(runner: Runner, tokens: list[int], chunk: int) -> int:
+def chunked_prefill(runner: Runner, tokens: list[int], chunk: int, decode: bool = True) -> int:
     """Feed the prompt `chunk` tokens per forward; return the token sampled after it.
 
     Only the last forward draws with the request's sampler (the others take the
     greedy argmax, which nobody uses), so a seeded sampler's first draw is the
-    first generated token, as in one-token prefill.
+    first generated token, as in one-token prefill. The last token's predictions
+    are planned and prefetched only when a decode step follows (`decode`).
     """
     sampler = runner.sampler
     nxt, last = -1, None
@@ -222,13 +223,13 @@ def chunked_prefill(runner: Runner, tokens: list[int], chunk: int) -> int:
             piece = tokens[start : start + chunk]
             runner.sampler = sampler if start + chunk >= len(tokens) else greedy
             if len(piece) == 1:  # the one-token step plans the next step itself
-                nxt, last = runner.feed(piece[0], prefill=True), None
+                nxt, last = runner.feed(piece[0], prefill=True, prefetch=decode), None
             else:
                 last = run_chunk(runner, piece)
                 nxt = last.next_token
     finally:
         runner.sampler = sampler
-    if last is not None:
+    if last is not None and decode:
         plan_next_step(runner.steps, last.pending)
     return nxt
 

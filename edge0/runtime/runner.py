@@ -39,29 +39,38 @@ class Runner:
         self.uncounted = 0 if steps.layers else len(sparse_blocks(model))
         steps.begin_request(request)
 
-    def feed(self, token: int, prefill: bool) -> int:
-        """Run one step on `token`; return the sampled next token."""
+    def feed(self, token: int, prefill: bool, prefetch: bool = True) -> int:
+        """Run one step on `token`; return the sampled next token.
+
+        `prefetch`: the next step runs and uses this step's predictions (False for the
+        request's last step; `prefill` gives it to the last prompt token only).
+        """
         steps = self.steps
         t0, c0 = time.perf_counter(), time.thread_time()
-        steps.begin_step(prefill)
+        steps.begin_step(prefill, prefetch)
         logits = self.model(mx.array([[token]]), cache=self.cache)[:, -1, :]  # (1, vocab)
         nxt = self.sampler(logits)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        mx.eval(nxt)  # the step fence: every graph of this step is evaluated
+        steps.fence(nxt)  # the step fence: every graph of this step is evaluated
         t2, c2 = time.perf_counter(), time.thread_time()
-        steps.span("eval", -1, t1, t2, c2 - c1)
         steps.cur.cpu = c2 - c0
         steps.cur.layers += self.uncounted
         steps.end_step(t2 - t0)
         return int(nxt.item())  # type: ignore[arg-type]
 
-    def prefill(self, tokens: list[int]) -> int:
-        """Feed the prompt; return the first generated token."""
+    def prefill(self, tokens: list[int], decode: bool = True) -> int:
+        """Feed the prompt; return the first generated token. Only the last prompt step
+        prefetches (the others are followed by prompt steps, routed by the true router),
+        and only when a decode step follows (`decode`). With `prefill_chunk` > 1 the
+        prompt runs in chunks (edge0.runtime.prefill)."""
         if self.steps.prefill_chunk > 1 and len(tokens) > 1:
             from edge0.runtime.prefill import chunked_prefill
 
-            return chunked_prefill(self, tokens, self.steps.prefill_chunk)
+            return chunked_prefill(self, tokens, self.steps.prefill_chunk, decode)
         nxt = -1
-        for tok in tokens:
-            nxt = self.feed(tok, prefill=True)
+        for i, tok in enumerate(tokens):
+            nxt = self.feed(tok, prefill=True, prefetch=decode and i == len(tokens) - 1)
         return nxt
+
+    def finish(self) -> None:
+        """The request ended (on the compute thread, after its last step)."""
+        self.steps.end_request()

@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import attrs
@@ -26,13 +27,17 @@ import attrs
 from edge0.errors import Edge0Error, TierReadError
 from edge0.log import get_logger
 from edge0.runtime.slotmem import SlotMemory
-from edge0.runtime.slots import SlotState, SlotTable
+from edge0.runtime.slots import SlotPool, SlotState
 from edge0.runtime.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
 from edge0.runtime.trace import Tracer
 from edge0.storage.tier import ExpertKey, Tier
 
 T = TypeVar("T")
 log = get_logger("edge0.runtime.scheduler")
+
+
+class FenceNeeded(Exception):
+    """acquire found the pool full of slots that unevaluated graphs may still read."""
 
 
 class ComputeThread:
@@ -115,7 +120,7 @@ class Scheduler:
         self,
         tier: Tier,
         memory: SlotMemory,
-        table: SlotTable,
+        table: SlotPool,
         layer_order: list[int],
         tracer: Tracer,
         workers: int = 2,
@@ -137,6 +142,7 @@ class Scheduler:
         self._queue: TicketQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight = 0
+        self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
         self._closed = False
         self._busy_since = 0.0
         self._intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1 << 18)
@@ -165,7 +171,7 @@ class Scheduler:
             for t in self._loader.values():
                 if t.outcome in ("queued", "running"):
                     t.outcome = "cancelled"
-                    self.table[t.layer].mark_failed(t.slot, t.expert)
+                    self.table.mark_failed(t.slot, t.layer, t.expert)
             self._cond.notify_all()
 
     def _enqueue(self, tickets: list[FetchTicket]) -> None:
@@ -188,6 +194,8 @@ class Scheduler:
                 info = await self.tier.read_into(
                     ExpertKey(t.layer, t.expert), self.memory.dest(t.layer, t.slot)
                 )
+                if self.memory.widened:  # scales/biases into the compute dtype, off the loop
+                    await asyncio.to_thread(self.memory.widen, t.slot)
             except asyncio.CancelledError:  # the engine is closing
                 self._finish(t, error=TierReadError("cancelled", layer=t.layer, expert=t.expert),
                              quiet=True)  # fmt: skip
@@ -210,18 +218,17 @@ class Scheduler:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self.stats.read_busy_s += t.finished - self._busy_since
-            layer_slots = self.table[t.layer]
             self._intervals.append((t.started, t.finished))
             if error is None:
                 t.outcome = "ok"
-                layer_slots.mark_ready(t.slot, t.expert)
+                self.table.mark_ready(t.slot, t.layer, t.expert)
                 self.stats.bytes += t.nbytes
                 self.stats.hits += int(t.hit)
                 self.stats.by_tier[t.tier] = self.stats.by_tier.get(t.tier, 0) + 1
             else:
                 t.outcome, t.error = ("cancelled" if quiet else "error"), error
                 self.stats.failed += int(not quiet)
-                layer_slots.mark_failed(t.slot, t.expert)
+                self.table.mark_failed(t.slot, t.layer, t.expert)
                 self._errors[(t.layer, t.slot)] = error
                 if not quiet:
                     log.warning("read_failed", layer=t.layer, expert=t.expert, error=str(error))
@@ -246,15 +253,28 @@ class Scheduler:
             self.table.clear_failed()
             self._errors.clear()
 
+    def end_request(self) -> int:
+        """The request ended: its prefetches still queued are cancelled, never read."""
+        n = 0
+        with self._lock:
+            for t in self._loader.values():
+                if t.outcome == "queued" and t.kind == PREFETCH and t.step > self.now:
+                    t.outcome = "cancelled"
+                    self.table.clear(t.slot)
+                    n += 1
+            self.stats.cancelled += n
+        return n
+
     def begin_step(self, step: int) -> None:
         """Compute starts `step`: every graph of earlier steps has been evaluated (the fence)."""
         with self._lock:
             self.now = step
+            self.table.advance(step - 1)
 
     def _issue(
         self, layer: int, step: int, expert: int, kind: str
     ) -> tuple[int, FetchTicket | None] | None:
-        res = self.table[layer].reserve(expert, step, self.now)
+        res = self.table.reserve(layer, expert, step)
         if res is None:
             return None
         if not res.needs_read:
@@ -269,9 +289,23 @@ class Scheduler:
         return res.slot, t
 
     def _submit(self, tickets: list[FetchTicket]) -> None:
-        if tickets:
-            assert self._loop is not None, "Scheduler.start() was not awaited"
-            self._loop.call_soon_threadsafe(self._enqueue, tickets)
+        if not tickets:
+            return
+        if self._held is not None:  # inside `batched()`: one wake-up at its end
+            self._held.extend(tickets)
+            return
+        assert self._loop is not None, "Scheduler.start() was not awaited"
+        self._loop.call_soon_threadsafe(self._enqueue, tickets)
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Prefetches issued inside reach the tier workers together: one event-loop wake-up."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            self._submit(held)
 
     def prefetch(self, layer: int, step: int, experts: list[int]) -> int:
         """Stage `experts` of `layer` for `step` (one ahead); returns how many reads were issued."""
@@ -284,21 +318,42 @@ class Scheduler:
             self._submit(new)
         return len(new)
 
-    def acquire(self, layer: int, step: int, experts: list[int]) -> list[int]:
-        """Slots holding `experts` of `layer`, ready for `step`; blocks until they are."""
-        layer_slots = self.table[layer]
+    def evaluated(self, step: int, layer: int) -> None:
+        """Compute evaluated every graph of `step` before `layer` (their slots may be reused)."""
+        order = self.order.get(layer)
+        if order is None:
+            return
         with self._cond:
+            self.table.advance(step, order - 1)
+            self._cond.notify_all()
+
+    def acquire(self, layer: int, step: int, experts: list[int], fenced: bool = True) -> list[int]:
+        """Slots holding `experts` of `layer`, ready for `step`; blocks until they are.
+
+        `fenced`: compute evaluated the graph that produced this layer's input, so every
+        earlier layer of `step` is done with its slots (they may be rewritten). Without
+        it (route mode's deferred syncs) the fence stays where `evaluated` put it, and a
+        full pool raises `FenceNeeded` so compute can evaluate and ask again.
+        """
+        table = self.table
+        with self._cond:
+            if fenced:
+                table.advance(step, table.order[layer] - 1)
             self._release_unneeded(layer, step, set(experts))
             slots: list[int] = []
             new: list[FetchTicket] = []
             for e in experts:
                 got = self._issue(layer, step, e, DEMAND)
-                while got is None:  # every free slot is still loading a wasted prefetch
-                    if not any(s.state is SlotState.LOADING for s in layer_slots.slots):
-                        raise RuntimeError(f"slot table of layer {layer} is over capacity")
-                    self._submit(new)
-                    new = []
-                    self._wait()
+                while got is None:  # no free slot: take back a later prefetch, or wait for one
+                    if table.steal(step, layer) is None:
+                        if not table.any_loading():
+                            self._submit(new)
+                            if not fenced:  # slots wait on unevaluated graphs: evaluate first
+                                raise FenceNeeded(layer)
+                            raise RuntimeError(f"slot pool is over capacity at layer {layer}")
+                        self._submit(new)
+                        new = []
+                        self._wait()
                     got = self._issue(layer, step, e, DEMAND)
                 slots.append(got[0])
                 if got[1] is not None:
@@ -306,15 +361,15 @@ class Scheduler:
             self._submit(new)
             self.stats.staged_misses += len(new)
             self.stats.staged_hits += len(experts) - len(new)
-            while any(layer_slots.state(s) is SlotState.LOADING for s in slots):
+            while any(table.state(s) is SlotState.LOADING for s in slots):
                 self._wait()
             for s, e in zip(slots, experts, strict=True):
-                if layer_slots.state(s) is not SlotState.READY:
+                if table.state(s) is not SlotState.READY:
                     raise self._errors.get((layer, s)) or TierReadError(
                         "slot lost its record", layer=layer, expert=e
                     )
                 t = self._loader.get((layer, s))
-                if t is not None and not t.consumed:
+                if t is not None and not t.consumed and t.expert == e:
                     t.consumed = True
                     self.stats.consumed += 1
         return slots
@@ -326,13 +381,13 @@ class Scheduler:
 
     def _release_unneeded(self, layer: int, step: int, needed: set[int]) -> None:
         """Predicted experts that compute will not read at `step`: free them (cancel if queued)."""
-        layer_slots = self.table[layer]
-        for e, s in list(layer_slots.where.items()):
-            if e in needed or layer_slots.slots[s].last_step != step:
+        table = self.table
+        for e, s in list(table.where[layer].items()):
+            if e in needed or not table.reserved_for(s, step):
                 continue
-            layer_slots.release(e, step)
+            table.release(layer, e, step)
             t = self._loader.get((layer, s))
             if t is not None and t.outcome == "queued":
                 t.outcome = "cancelled"
                 self.stats.cancelled += 1
-                layer_slots.clear(s)
+                table.clear(s)

@@ -8,32 +8,45 @@ from typing import Any
 import attrs
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
+from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.routing.families import family_for
 from edge0.routing.predictors import NAMES, Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
-from edge0.runtime.memory import MemoryPlan, apply_to_spec, kv_bytes, plan, working_bytes
+from edge0.runtime.memory import (
+    Footprint,
+    MemoryPlan,
+    head_bytes,
+    kv_bytes,
+    plan,
+    state_bytes,
+    with_ram,
+    working_bytes,
+)
 from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
 from edge0.runtime.scheduler import ComputeThread, Scheduler
-from edge0.runtime.slotmem import SlotMemory
-from edge0.runtime.slots import SlotTable
+from edge0.runtime.slotmem import ALIGN, SlotMemory, slot_bytes
+from edge0.runtime.slots import SlotPool, pool_size
 from edge0.runtime.stats import current_rss_bytes
 from edge0.runtime.steps import MODES, Steps
+from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import Tier
 
 log = get_logger("edge0.runtime.engine")
-KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves
+KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves by default
 # first streamed layer: its experts resident in memory; predicted by the last layer's
 # wrap-around head; or routed and read on demand (docs/runtime.md has the measurements)
 FIRST_LAYER = ("resident", "wrap", "reactive")
+SYNC_EVERY = 4  # route mode: layers per host sync (docs/benchmarks/runtime.md)
 
 
 @attrs.frozen
@@ -48,10 +61,14 @@ class EngineOptions:
     trace: str | Path | None = None  # Chrome trace JSON written at close
     first_layer: str = "resident"  # resident | wrap | reactive (FIRST_LAYER)
     io_workers: int = 2
+    sync_every: int | None = None  # route: host syncs every G layers (None: SYNC_EVERY)
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
-    prefill_chunk: int = DEFAULT_CHUNK  # prompt tokens per forward; 1: one token per step
+    context: int = KV_CONTEXT  # tokens of context a memory budget plans for (prompt + output)
+    # prompt tokens per forward; 1: one token per step; None: DEFAULT_CHUNK, or 1 under a
+    # memory budget (the plan holds decode's working memory, not a chunk's)
+    prefill_chunk: int | None = None
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -66,7 +83,11 @@ class EngineOptions:
             )
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"--top-k must be at least 1, got {self.top_k}")
-        if self.prefill_chunk < 1:
+        if self.sync_every is not None and self.sync_every < 1:
+            raise ConfigError(f"--sync-every must be at least 1, got {self.sync_every}")
+        if self.context < 1:
+            raise ConfigError(f"context must be at least 1 token, got {self.context}")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ConfigError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
@@ -98,8 +119,8 @@ def model_top_k(block: nn.Module) -> int:
 
 def prepare(
     model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
-    tracer: Tracer,
-) -> tuple[Steps, SlotMemory | None, SlotTable | None]:  # fmt: skip
+    tracer: Tracer, n_slots: int | None = None,
+) -> tuple[Steps, SlotMemory | None, SlotPool | None]:  # fmt: skip
     """On the compute thread: predictor, slot memory, one stream per layer, streaming blocks.
 
     The mode is decided here, once: which stream class each layer gets, which
@@ -126,14 +147,17 @@ def prepare(
         )  # fmt: skip
     keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
     streamed = [i for i in layers if i not in keep]
-    n_slots = 2 * k
-    memory = SlotMemory(manifest, streamed, n_slots)
-    table = SlotTable(streamed, n_slots)
+    n_slots = n_slots or pool_size(k, len(streamed))
+    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+    table = SlotPool(streamed, n_slots)
     steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
     if keep and model_dir is not None:
         steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
     if opts.record_routing:
         steps.recording = {}
+    sync_every = opts.sync_every or SYNC_EVERY
+    if opts.mode == "route" and sync_every > 1:
+        steps.groups = SyncGroups(sync_every, steps)
     stream_cls = RoutedStream if opts.mode == "route" else LayerStream
     quant = manifest.quantization
     streams: dict[int, LayerStream] = {}
@@ -161,6 +185,13 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     opts.check()
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
+    spec = opts.tiers
+    memory_plan = None
+    if opts.memory_budget is not None:  # from the headers: refuses before anything is loaded
+        memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline))
+        if isinstance(spec, str):
+            spec = with_ram(spec, memory_plan.cache)
+        log.info("memory_plan", line=memory_plan.line(), tiers=spec)
     experts = "resident" if opts.mode == "resident" else "none"
     def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
         from edge0.model.lora import maybe_apply_adapters
@@ -171,29 +202,22 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
 
     loaded: LoadedModel = await compute.run(load)
     tracer = Tracer(chrome=opts.trace is not None)
+    n_slots = memory_plan.n_slots if memory_plan is not None else None
     ctx, memory, table = await compute.run(
-        lambda: prepare(loaded.model, manifest, opts, path, tracer)
+        lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots)
     )
-    ctx.prefill_chunk = opts.prefill_chunk
+    ctx.prefill_chunk = opts.prefill_chunk or (DEFAULT_CHUNK if memory_plan is None else 1)
     setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
+    setup.memory_plan = memory_plan
     if memory is None or table is None:
         return setup
-    spec = opts.tiers
-    if opts.memory_budget is not None and isinstance(spec, str):
-        resident = sum(int(v.nbytes) for _, v in _flat_params(loaded.model))
-        resident += sum(int(a.nbytes) for d in ctx.resident_experts.values() for a in d.values())
-        overhead = baseline  # RSS after loading also holds freed load buffers: not counted
-        setup.memory_plan = plan(opts.memory_budget, resident, memory.nbytes,
-                                 kv_bytes(manifest.config, KV_CONTEXT), overhead,
-                                 working_bytes(memory.nbytes))  # fmt: skip
-        spec = apply_to_spec(spec, setup.memory_plan.cache)
+    if memory_plan is not None and opts.prefill_chunk is not None:
+        # an asked-for chunk's estimated peak must fit its share of the working reserve
         per_token = chunk_bytes_per_token(manifest.config, ctx.top_k)
-        ctx.prefill_chunk = chunk_for_budget(opts.prefill_chunk, per_token,
-                                             setup.memory_plan.working)  # fmt: skip
-        log.info("memory_plan", line=setup.memory_plan.line(), tiers=spec,
-                 prefill_chunk=ctx.prefill_chunk)
+        ctx.prefill_chunk = chunk_for_budget(opts.prefill_chunk, per_token, memory_plan.working)
+        log.info("prefill_chunk", chunk=ctx.prefill_chunk, asked=opts.prefill_chunk)
     setup.tier = open_tiers(spec, path, manifest)
-    layers = list(table.layers)
+    layers = list(table.order)
     if not layers:
         return setup  # nothing streamed (a single MoE layer kept resident)
     setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
@@ -201,17 +225,53 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     return setup
 
 
+def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int) -> Footprint:
+    """What a run with `opts` will hold, from the files' headers (nothing is loaded)."""
+    from edge0.layout.load import resident_bytes
+    from edge0.layout.safetensors_io import MX_DTYPES
+
+    text = manifest.config.get("text_config") or manifest.config
+    dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
+    k = opts.top_k or int(text["num_experts_per_tok"])
+    moe = list(manifest.moe_layers)
+    expert = sum(int(np.prod(f.shape)) * (dtype.size if f.dtype != "uint32" else 4)
+                 for f in manifest.fields)  # fmt: skip  # one expert once loaded (floats cast)
+    resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
+    if opts.mode == "resident":
+        return Footprint(resident, len(moe) * manifest.n_experts * expert, 0, 0, 0, 0, k,
+                         kv_bytes(manifest.config, opts.context), state_bytes(manifest.config),
+                         working_bytes(manifest.config, opts.context), baseline)  # fmt: skip
+    kept = 1 if opts.first_layer == "resident" and len(moe) > 1 else 0
+    predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
+    owners = len(moe) - 1 + int(opts.first_layer == "wrap")
+    heads = head_bytes(path, manifest, predictor, owners) if opts.mode in ("hint", "route") else 0
+    return Footprint(
+        resident, kept * manifest.n_experts * expert, heads,
+        slot_bytes(manifest, 1, dtype) - ALIGN, manifest.record_size, len(moe) - kept, k,
+        kv_bytes(manifest.config, opts.context), state_bytes(manifest.config),
+        working_bytes(manifest.config, opts.context), baseline,
+    )  # fmt: skip
+
+
+def _adapter_bytes(path: Path, opts: EngineOptions) -> int:
+    from edge0.layout.safetensors_io import read_header
+    from edge0.model.lora import ADAPTER_DIR, WEIGHTS_FILE
+
+    file = path / ADAPTER_DIR / WEIGHTS_FILE
+    if not opts.adapter or not file.is_file():
+        return 0
+    return sum(int(np.prod(v.shape, dtype=np.int64)) * v.itemsize
+               for v in read_header(file).values())  # fmt: skip
+
+
 def resident_stacks(model_dir: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
     """All experts of `layer` as stacked (E, ...) arrays (CRC-checked), for a resident layer."""
     from edge0.layout.load import read_expert_stacks
 
+    dtype = activation_dtype()
     stacks = read_expert_stacks(model_dir, manifest, layer)
+    for name, a in stacks.items():  # gather_qmm would widen every expert's scales per call
+        if mx.issubdtype(a.dtype, mx.floating) and a.dtype.size < dtype.size:
+            stacks[name] = a.astype(dtype)
     mx.eval(list(stacks.values()))
     return stacks
-
-
-def _flat_params(model: nn.Module) -> list[tuple[str, Any]]:
-    from mlx.utils import tree_flatten
-
-    flat: Any = tree_flatten(model.parameters())
-    return list(flat)

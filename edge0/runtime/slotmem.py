@@ -1,4 +1,4 @@
-"""Slot memory: per streamed layer one MLX byte buffer of record-shaped slots, and its field views.
+"""Slot memory: one MLX byte buffer of record-shaped slots for all streamed layers; its field views.
 
 A slot is one expert record, byte for byte as it sits in `experts.bin`, so a tier
 reads a record straight into slot memory (`dest(layer, slot)`, a writable view
@@ -7,15 +7,26 @@ of an evaluated MLX array, FACTS.md) and no copy follows. The MLX operands of
 all slots is an (n_slots, out, in*bits/32) uint32 array whose slot stride is the
 record size. Measured: gather_qmm reads these views in place (no copy, same
 speed as a contiguous stack). The buffer start is 4 KiB-aligned so O_DIRECT
-tiers can read into it.
+tiers can read into it. The slots are one pool (edge0.runtime.slots): every
+streamed layer sees the same views and indexes them by pool slot.
+
+When compute runs in a wider float type than the record's scales and biases (fp32
+activations on the CPU, bf16 records), MLX's gather_qmm upcasts the scales and
+biases of *every* slot on each call (measured: 63 MiB and 3x the time for a
+168-slot pool on the 35B shape). So those fields get a sidecar in the compute
+dtype, `widen(slot)` fills it once per read (bit-exact: bf16 -> fp32 is a
+shift), and the gather_qmm operands point at it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from edge0.layout.manifest import Manifest
+from edge0.layout.records import VIEW_DTYPES
 
 ALIGN = 4096
 MX_DTYPES = {
@@ -35,24 +46,58 @@ def _row_major(shape: tuple[int, ...]) -> list[int]:
 
 
 class SlotMemory:
-    """Slot buffers of all streamed layers. Build on the compute thread."""
+    """The slot pool's buffer and views (`views[layer]` is the same pool for every layer).
 
-    def __init__(self, manifest: Manifest, layers: list[int], n_slots: int) -> None:
+    Build on the compute thread.
+    """
+
+    def __init__(
+        self, manifest: Manifest, layers: list[int], n_slots: int,
+        compute_dtype: mx.Dtype | None = None,
+    ) -> None:  # fmt: skip
         self.manifest = manifest
         self.n_slots = n_slots
         self.record_size = r = manifest.record_size
-        self._buffers: dict[int, mx.array] = {}
-        self._rows: dict[int, np.ndarray] = {}  # layer -> (n_slots, record_size) uint8
-        self.views: dict[int, dict[str, mx.array]] = {}  # layer -> field -> (n_slots, *shape)
-        for layer in layers:
-            buf = mx.zeros((n_slots * r + ALIGN,), dtype=mx.uint8)
-            mx.eval(buf)
-            flat = np.asarray(buf)  # zero-copy and writable on the CPU (FACTS.md)
-            base = (-flat.ctypes.data) % ALIGN
-            self._buffers[layer] = buf
-            self._rows[layer] = flat[base : base + n_slots * r].reshape(n_slots, r)
-            self.views[layer] = self._field_views(buf, base)
-        mx.eval([list(v.values()) for v in self.views.values()])
+        self._buffer = mx.zeros((n_slots * r + ALIGN,), dtype=mx.uint8)
+        mx.eval(self._buffer)
+        flat = np.asarray(self._buffer)  # zero-copy and writable on the CPU (FACTS.md)
+        base = (-flat.ctypes.data) % ALIGN
+        rows = flat[base : base + n_slots * r].reshape(n_slots, r)  # (n_slots, record_size) uint8
+        self.pool = self._field_views(self._buffer, base)  # field -> (n_slots, *shape)
+        self.widened = _widened(manifest, compute_dtype)
+        self._side: mx.array | None = None
+        self._side_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if self.widened:
+            self._add_sidecar(rows, compute_dtype)
+        mx.eval(list(self.pool.values()))
+        self._rows = {layer: rows for layer in layers}
+        self.views: dict[int, dict[str, mx.array]] = {layer: self.pool for layer in layers}
+
+    def _add_sidecar(self, rows: np.ndarray, dtype: Any) -> None:
+        fields = [f for f in self.manifest.fields if f.name in self.widened]
+        width = sum(int(np.prod(f.shape)) for f in fields)
+        self._side = mx.zeros((self.n_slots, width), dtype=dtype)
+        mx.eval(self._side)
+        side = np.asarray(self._side)  # (n_slots, width) float32, zero-copy
+        at = 0
+        for f in fields:
+            n = int(np.prod(f.shape))
+            src = rows[:, f.offset : f.offset + f.nbytes].view(VIEW_DTYPES[f.dtype])
+            dst = side[:, at : at + n]
+            self._side_rows[f.name] = (src, dst.view(np.uint32) if f.dtype == "bfloat16" else dst)
+            self.pool[f.name] = mx.as_strided(
+                self._side, shape=(self.n_slots, *f.shape),
+                strides=[width, *_row_major(f.shape)], offset=at,
+            )  # fmt: skip
+            at += n
+
+    def widen(self, slot: int) -> None:
+        """Copy the slot's scales and biases into the compute-dtype sidecar (after a read)."""
+        for src, dst in self._side_rows.values():
+            if dst.dtype == np.uint32:  # bfloat16 bits -> float32 bits: exact
+                np.left_shift(src[slot], 16, out=dst[slot], dtype=np.uint32)
+            else:
+                dst[slot] = src[slot]
 
     def _field_views(self, buf: mx.array, base: int) -> dict[str, mx.array]:
         views = {}
@@ -71,7 +116,7 @@ class SlotMemory:
         return views
 
     def dest(self, layer: int, slot: int) -> memoryview:
-        """The writable record-sized memory of one slot (the tier reads into it)."""
+        """The writable record-sized memory of one pool slot (the tier reads into it)."""
         return memoryview(self._rows[layer][slot])
 
     def field(self, layer: int, name: str) -> mx.array:
@@ -79,4 +124,19 @@ class SlotMemory:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in self._buffers.values())
+        side = int(self._side.nbytes) if self._side is not None else 0
+        return int(self._buffer.nbytes) + side
+
+
+def _widened(manifest: Manifest, compute_dtype: Any) -> tuple[str, ...]:
+    """Record fields (scales, biases) narrower than a float32 compute dtype."""
+    if compute_dtype is None or compute_dtype != mx.float32:
+        return ()
+    return tuple(f.name for f in manifest.fields if f.dtype in ("bfloat16", "float16"))
+
+
+def slot_bytes(manifest: Manifest, n_slots: int, compute_dtype: Any = None) -> int:
+    """Bytes of a slot pool of `n_slots` records and its sidecar (the memory plan's figure)."""
+    wide = set(_widened(manifest, compute_dtype))
+    side = sum(4 * int(np.prod(f.shape)) for f in manifest.fields if f.name in wide)
+    return n_slots * (manifest.record_size + side) + ALIGN

@@ -1,23 +1,32 @@
-"""The slot table: which expert sits in which slot of a streamed layer; when slots may be rewritten.
+"""The slot pool: which (layer, expert) sits in which shared slot; when a slot may be rewritten.
 
 Pure and synchronous (no MLX, no I/O, no awaits): the scheduler changes slot state
 here under its lock, then does the waiting and reading elsewhere.
 
-Each streamed MoE layer has `n_slots` = 2K slots (K = routing capacity): room for
-the experts of the step being computed and of the next step, which is being
-prefetched. A slot remembers the last step whose compute may read it
-(`last_step`). The fence rule: a slot may be rewritten for a new expert only when
-`last_step < now`, where `now` is the step being computed; every graph of steps
-before `now` was evaluated at the step boundary, so nothing pending reads it.
-An expert already staged stays where it is (incremental table); only misses are
-written, and each write is counted as a rewrite.
+All streamed MoE layers share one pool of slots, sized by what is in flight
+rather than 2K per layer: K slots for each layer's experts of the step being
+computed or prefetched, plus a few layers of slack (docs/memory.md). Each slot
+remembers its *reader*: `(step, layer order)` of the last compute that may read
+it. Compute tells the pool how far its graphs have been evaluated
+(`advance(step, order)`: every graph of earlier steps, and of this step up to
+that layer, has run). The fence rule: a slot may be rewritten only when its
+reader has been evaluated and no read into it is in flight. So once a layer's
+experts of step t have been consumed, their slots serve step t+1's prefetches of
+any layer. An expert already staged stays where it is (incremental table); a
+free slot keeps its expert until it is rewritten (it may be hit again); free
+slots are rewritten empty ones first, then in the order they became free.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
+import heapq
 
 import attrs
+
+INF = 1 << 30
+Tag = tuple[int, int]  # (step, layer order)
 
 
 class SlotState(enum.Enum):
@@ -29,10 +38,10 @@ class SlotState(enum.Enum):
 
 @attrs.define
 class Slot:
+    layer: int = -1
     expert: int = -1
     state: SlotState = SlotState.EMPTY
-    last_step: int = -1  # last step whose compute may read this slot
-    touched: int = 0  # LRU clock value of the last reservation
+    reader: Tag = (-1, -1)  # last (step, layer order) whose compute may read this slot
 
 
 @attrs.frozen
@@ -43,103 +52,183 @@ class Reservation:
     needs_read: bool
 
 
-class LayerSlots:
-    """Slot bookkeeping of one streamed MoE layer."""
+class SlotPool:
+    """Slot bookkeeping of all streamed layers (model layer indices, in compute order)."""
 
-    def __init__(self, n_slots: int) -> None:
+    def __init__(self, layers: list[int], n_slots: int) -> None:
         if n_slots < 1:
-            raise ValueError(f"a layer needs at least one slot, got {n_slots}")
+            raise ValueError(f"the slot pool needs at least one slot, got {n_slots}")
+        self.order = {layer: i for i, layer in enumerate(layers)}
         self.slots = [Slot() for _ in range(n_slots)]
-        self.where: dict[int, int] = {}  # expert -> slot
+        self.where: dict[int, dict[int, int]] = {layer: {} for layer in layers}  # expert -> slot
         self.rewrites = 0
-        self._clock = 0
+        self.steals = 0  # prefetched slots taken back for a layer being computed
+        self.evaluated: Tag = (-1, INF)  # every graph up to this (step, order) has run
+        self._free: collections.OrderedDict[int, None] = collections.OrderedDict(
+            (s, None) for s in range(n_slots)
+        )  # rewritable slots, oldest first
+        self._readers: dict[Tag, set[int]] = {}  # reader not yet evaluated -> slots
+        self._tags: list[Tag] = []  # heap of the keys of _readers
+        self._held: set[int] = set()  # reader evaluated but a read is still in flight
+
+    @property
+    def layers(self) -> dict[int, dict[int, int]]:
+        return self.where
 
     @property
     def n_slots(self) -> int:
         return len(self.slots)
 
-    def slot_of(self, expert: int) -> int | None:
-        return self.where.get(expert)
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
 
-    def reserve(self, expert: int, step: int, now: int) -> Reservation | None:
-        """Keep `expert` in a slot readable at `step`; None when no slot is free yet.
+    def slot_of(self, layer: int, expert: int) -> int | None:
+        return self.where[layer].get(expert)
 
-        Args:
-            expert: the expert index.
-            step: the step whose compute will read the slot (now or now + 1).
-            now: the step being computed (slots with last_step < now are free).
-        """
-        self._clock += 1
-        s = self.where.get(expert)
+    def state(self, slot: int) -> SlotState:
+        return self.slots[slot].state
+
+    def any_loading(self) -> bool:
+        return any(s.state is SlotState.LOADING for s in self.slots)
+
+    # --- the fence ------------------------------------------------------------------------
+    def advance(self, step: int, order: int = INF) -> None:
+        """Compute evaluated every graph of steps before `step`, and of `step` up to `order`."""
+        tag = (step, order)
+        if tag <= self.evaluated:
+            return
+        self.evaluated = tag
+        while self._tags and self._tags[0] <= tag:
+            for s in self._readers.pop(heapq.heappop(self._tags)):
+                self._settle(s)
+
+    def _settle(self, s: int) -> None:
+        """File slot `s` (whose reader is evaluated) as free, or held while it loads."""
+        if self.slots[s].state is SlotState.LOADING:
+            self._held.add(s)
+        else:
+            self._free[s] = None
+
+    def _unfile(self, s: int) -> None:
+        reader = self.slots[s].reader
+        if reader > self.evaluated:
+            self._readers[reader].discard(s)
+        else:
+            self._free.pop(s, None)
+            self._held.discard(s)
+
+    def _file(self, s: int, reader: Tag) -> None:
+        self.slots[s].reader = reader
+        if reader > self.evaluated:
+            if reader not in self._readers:
+                self._readers[reader] = set()
+                heapq.heappush(self._tags, reader)
+            self._readers[reader].add(s)
+        else:
+            self._settle(s)
+
+    # --- reservations ---------------------------------------------------------------------
+    def reserve(self, layer: int, expert: int, step: int) -> Reservation | None:
+        """Keep `expert` of `layer` in a slot readable at `step`; None when no slot is free."""
+        tag = (step, self.order[layer])
+        s = self.where[layer].get(expert)
         if s is not None:
-            slot = self.slots[s]
-            slot.last_step = max(slot.last_step, step)
-            slot.touched = self._clock
+            reader = max(self.slots[s].reader, tag)
+            self._unfile(s)
+            self._file(s, reader)
             return Reservation(s, needs_read=False)
-        s = self._free_slot(now)
-        if s is None:
+        if not self._free:
             return None
-        slot = self.slots[s]
-        if slot.expert >= 0:
-            del self.where[slot.expert]
+        s, _ = self._free.popitem(last=False)
+        self._forget(s)
         self.rewrites += 1
-        self.slots[s] = Slot(expert, SlotState.LOADING, step, self._clock)
-        self.where[expert] = s
+        self.slots[s] = Slot(layer, expert, SlotState.LOADING)
+        self.where[layer][expert] = s
+        self._file(s, tag)
         return Reservation(s, needs_read=True)
 
-    def _free_slot(self, now: int) -> int | None:
-        best, best_key = None, None
-        for i, slot in enumerate(self.slots):
-            if slot.state is SlotState.LOADING or slot.last_step >= now:
-                continue
-            key = (slot.state is not SlotState.EMPTY, slot.touched)  # empty first, then LRU
-            if best_key is None or key < best_key:
-                best, best_key = i, key
-        return best
+    def _forget(self, s: int) -> None:
+        old = self.slots[s]
+        if old.layer >= 0 and self.where[old.layer].get(old.expert) == s:
+            del self.where[old.layer][old.expert]
 
-    def release(self, expert: int, step: int) -> None:
+    def reserved_for(self, slot: int, step: int) -> bool:
+        """Whether compute at `step` (of the slot's layer) is the slot's last reader."""
+        s = self.slots[slot]
+        return s.reader == (step, self.order[s.layer])
+
+    def release(self, layer: int, expert: int, step: int) -> None:
         """`expert` will not be read at `step` after all (a prediction that missed)."""
-        s = self.where.get(expert)
-        if s is not None and self.slots[s].last_step == step:
-            self.slots[s].last_step = step - 1
+        s = self.where[layer].get(expert)
+        if s is not None and self.reserved_for(s, step):
+            self._unfile(s)
+            self._file(s, (step - 1, INF))  # its earlier readers ran before `step` began
 
-    def mark_ready(self, slot: int, expert: int) -> None:
-        if self.slots[slot].expert == expert:
+    def steal(self, step: int, layer: int) -> int | None:
+        """Free the staged slot needed latest by another layer (for compute of `layer` now).
+
+        Only a ready slot whose reader comes after `layer` at `step`, and that no
+        pending graph reads: its expert will be read again when its layer needs it.
+        """
+        cur = self.order[layer]
+        lo = self.evaluated[1] if self.evaluated[0] == step else -1
+        for tag in sorted(self._readers, reverse=True):
+            if tag <= (step, cur):
+                break
+            for s in sorted(self._readers[tag]):
+                slot = self.slots[s]
+                pending = lo < self.order[slot.layer] <= cur  # used at `step`, not yet evaluated
+                if slot.state is SlotState.READY and not pending:
+                    self._unfile(s)
+                    self._forget(s)
+                    self.slots[s] = Slot()
+                    self._file(s, (-1, -1))
+                    self._free.move_to_end(s, last=False)
+                    self.steals += 1
+                    return s
+        return None
+
+    # --- read outcomes --------------------------------------------------------------------
+    def _is(self, slot: int, layer: int, expert: int) -> bool:
+        s = self.slots[slot]
+        return s.layer == layer and s.expert == expert
+
+    def mark_ready(self, slot: int, layer: int, expert: int) -> None:
+        if self._is(slot, layer, expert):
             self.slots[slot].state = SlotState.READY
+            if slot in self._held:
+                self._held.discard(slot)
+                self._free[slot] = None
 
-    def mark_failed(self, slot: int, expert: int) -> None:
-        if self.slots[slot].expert == expert:
+    def mark_failed(self, slot: int, layer: int, expert: int) -> None:
+        if self._is(slot, layer, expert):
             self.slots[slot].state = SlotState.FAILED
+            if slot in self._held:
+                self._held.discard(slot)
+                self._free[slot] = None
 
     def clear(self, slot: int) -> None:
-        """Forget the slot's content (a cancelled read or a failure being reset)."""
-        old = self.slots[slot]
-        if old.expert >= 0 and self.where.get(old.expert) == slot:
-            del self.where[old.expert]
-        self.slots[slot] = Slot(touched=old.touched)
+        """Forget the content (a cancelled read, a failure being reset); rewritten first."""
+        self._unfile(slot)
+        self._forget(slot)
+        self.slots[slot] = Slot()
+        self._file(slot, (-1, -1))
+        self._free.move_to_end(slot, last=False)
 
     def clear_failed(self) -> None:
         for i, slot in enumerate(self.slots):
             if slot.state is SlotState.FAILED:
                 self.clear(i)
 
-    def state(self, slot: int) -> SlotState:
-        return self.slots[slot].state
 
+def pool_size(top_k: int, layers: int, slack: int = 2, extra: int = 0) -> int:
+    """Slots for `layers` streamed layers at routing capacity `top_k`: K x (L + slack) + extra.
 
-class SlotTable:
-    """All streamed layers' slot bookkeeping, keyed by model layer index."""
-
-    def __init__(self, layers: list[int], n_slots: int) -> None:
-        self.layers = {layer: LayerSlots(n_slots) for layer in layers}
-
-    def __getitem__(self, layer: int) -> LayerSlots:
-        return self.layers[layer]
-
-    @property
-    def rewrites(self) -> int:
-        return sum(t.rewrites for t in self.layers.values())
-
-    def clear_failed(self) -> None:
-        for t in self.layers.values():
-            t.clear_failed()
+    In flight at any moment: the experts of this step's layers not yet computed and
+    of the next step's layers already predicted (about K per layer), the layer being
+    computed and the one whose graph is still pending. `slack` = 2 covers those with
+    one evaluation per layer; a compute path that leaves G layers' graphs pending
+    needs G + 1. Never fewer than 2K (one layer's current and next sets).
+    """
+    return max(2 * top_k, top_k * (layers + slack)) + extra

@@ -8,6 +8,7 @@ compute thread; the per-layer work is in edge0.runtime.layers.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -16,6 +17,7 @@ import mlx.core as mx
 from edge0.routing.predictors import Predictor
 from edge0.runtime.scheduler import Scheduler
 from edge0.runtime.slotmem import SlotMemory
+from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ class StepRecord:
     layers: int = 0  # streamed layers run
     cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
     cpu_excluded: float = 0.0  # ... of it inside mx.eval and waiting on reads
+    syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
 
 
 class Steps:
@@ -71,6 +74,8 @@ class Steps:
         self.step = -1  # global step counter (fences use it)
         self.pos = -1  # position within the current request
         self.prefill = False
+        self.prefetching = False  # this step's predictions are used by the next step
+        self.groups: SyncGroups | None = None  # route mode, --sync-every G > 1
         self.request = 0
         self.routed_by_prediction = 0  # layer-steps whose routing was the prediction
         self.recording: dict[tuple[int, int], list[int]] | None = None  # (pos, layer) -> true set
@@ -99,13 +104,31 @@ class Steps:
         if self.scheduler is not None:
             self.scheduler.begin_request(request)
 
-    def begin_step(self, prefill: bool) -> None:
+    def end_request(self) -> None:
+        """After the request's last step: cancel its prefetches still queued."""
+        if self.scheduler is not None:
+            self.scheduler.end_request()
+
+    def begin_step(self, prefill: bool, prefetch: bool = True) -> None:
+        """Step `self.step + 1` begins; `prefetch`: its predictions are for a step that runs
+        and uses them (not a prompt step before the last one, nor the request's last step)."""
         self.step += 1
         self.pos += 1
         self.prefill = prefill
+        self.prefetching = prefetch
         self.cur = StepRecord(self.step, prefill)
         if self.scheduler is not None:
             self.scheduler.begin_step(self.step)
+
+    def fence(self, out: mx.array) -> None:
+        """Evaluate `out` and everything deferred: every graph of the step has run after it."""
+        if self.groups is not None and self.groups.busy:
+            self.groups.flush([out])
+            return
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval(out)
+        self.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
+        self.cur.syncs += 1
 
     def end_step(self, wall: float) -> None:
         self.cur.wall = wall

@@ -29,6 +29,7 @@ class RunStats:
     compute_ms_per_step: float = 0.0  # decode steps: inside mx.eval
     overhead_ms_per_layer: float = 0.0  # neither eval nor waiting, per streamed layer
     overhead_cpu_ms_per_layer: float = 0.0  # the same in compute-thread CPU time (load-proof)
+    syncs_per_token: float = 0.0  # decode steps: host syncs (evaluations compute waited for)
     bytes_per_token: float = 0.0
     decode_bytes_per_step: float = 0.0  # read during decode steps only
     prefill_chunk: int = 1  # prompt tokens per forward
@@ -75,7 +76,7 @@ class RunStats:
             f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
             f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
             f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
-            f"CPU) | overlap efficiency "
+            f"CPU) | host syncs {self.syncs_per_token:.1f}/token | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
             f"prefill: chunk {self.prefill_chunk}, reads "
             f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token, blocked "
@@ -124,6 +125,7 @@ def fill(
         stats.overhead_ms_per_layer = (wall - ev - wait) / layers * 1e3 if layers else 0.0
         cpu = sum(s.cpu - s.cpu_excluded for s in decode)
         stats.overhead_cpu_ms_per_layer = cpu / layers * 1e3 if layers else 0.0
+        stats.syncs_per_token = sum(s.syncs for s in decode) / n
         stats.overlap_efficiency = max(ev, decode_io_s) / wall if wall > 0 else 0.0
         stats.first_decode_blocked_ms = decode[0].wait * 1e3
     tokens = stats.prompt_tokens + stats.generated_tokens

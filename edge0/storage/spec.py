@@ -110,6 +110,17 @@ class TierStage:
     options: tuple[tuple[str, str], ...]
 
 
+def format_spec(stages: list[TierStage]) -> str:
+    """The spec string of parsed stages (`parse_spec(format_spec(s)) == s`)."""
+    parts = []
+    for st in stages:
+        opts = ([st.positional] if st.positional is not None else []) + [
+            f"{k}={v}" for k, v in st.options
+        ]
+        parts.append(st.name + (":" + ",".join(opts) if opts else ""))
+    return ">".join(parts)
+
+
 def parse_spec(spec: str) -> list[TierStage]:
     """Split a spec into stages, outermost first (no registry look-up yet)."""
     if not spec or not spec.strip():

@@ -1,0 +1,125 @@
+"""The click options shared by the commands that open an engine (`edge0 run`, `edge0 serve`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+# the decode modes (edge0.runtime.runner.MODES; repeated here so `edge0 --help` does not import MLX)
+MODES = ("resident", "reactive", "hint", "route")
+# the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
+RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
+                "context", "trace_file", "run_log_json", "io_workers", "adapter",
+                "sync_every", "prefill_chunk")  # fmt: skip
+
+
+def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The sampler options shared by commands that generate."""
+    options = [
+        click.option(
+            "--max-tokens",
+            default=128,
+            show_default=True,
+            type=click.IntRange(1),
+            help="Most tokens to generate.",
+        ),
+        click.option(
+            "--temp",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(0.0),
+            help="Sampling temperature; 0 is greedy.",
+        ),
+        click.option(
+            "--top-p",
+            default=1.0,
+            show_default=True,
+            type=click.FloatRange(0.0, 1.0),
+            help="Nucleus sampling mass; 1.0 is off.",
+        ),
+        click.option(
+            "--sample-top-k",
+            "top_k",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0),
+            help="Sample among the k most likely tokens; 0 is off.",
+        ),
+        click.option(
+            "--min-p",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(0.0, 1.0),
+            help="Drop tokens below min-p times the top probability; 0 is off.",
+        ),
+        click.option("--seed", default=None, type=int, help="Random seed for sampling."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The streaming-runtime options of `edge0 run` and `edge0 serve`."""
+    options = [
+        click.option("--tiers", default="ram:1GiB>pread", show_default=True,
+                     help="Tier stack, outermost first, e.g. "
+                          "'ram:1GiB>throttle:bw=400MB/s>direct'."),
+        click.option("--mode", type=click.Choice(MODES), default=None,
+                     help="Decode mode [default: route for edge0-layout dirs, else resident]."),
+        click.option("--top-k", "route_top_k", type=click.IntRange(1), default=None,
+                     help="Routing capacity K: experts per token per layer [default: the "
+                          "model's top-k]. (The sampler's top-k is --sample-top-k.)"),
+        click.option("--predictor", type=click.Choice(["init", "heads", "temporal"]),
+                     default=None, help="Who predicts the next step's experts (hint/route) "
+                     "[default: heads when prerouter.safetensors exists, else init]."),
+        click.option("--first-layer", type=click.Choice(["resident", "wrap", "reactive"]),
+                     default="resident", show_default=True, help="First MoE layer: experts "
+                     "kept in memory, predicted by the last layer's wrap-around head, or "
+                     "routed and read on demand."),
+        click.option("--memory-budget", default=None,
+                     help="Peak memory (RSS), e.g. 3GiB, planned before loading: what resident "
+                          "weights, slots, KV cache and working memory leave buys more slots "
+                          "or the RAM cache (docs/memory.md)."),
+        click.option("--context", type=click.IntRange(1), default=4096, show_default=True,
+                     help="Tokens of context (prompt + output) --memory-budget plans the KV "
+                          "cache for; longer requests are cut there."),
+        click.option("--trace", "trace_file", type=click.Path(dir_okay=False), default=None,
+                     help="Write a Chrome/Perfetto trace (compute + tier worker tracks)."),
+        click.option("--log-json", "run_log_json", type=click.Path(dir_okay=False),
+                     default=None, help="Keep every structlog event (reads, compute spans) "
+                     "as JSON lines in this file."),
+        click.option("--io-workers", type=click.IntRange(1), default=2, show_default=True,
+                     help="Concurrent tier reads."),
+        click.option("--sync-every", type=click.IntRange(1), default=None,
+                     help="Route mode: evaluate the layers' predictions every G layers "
+                          "(host syncs per token ~ layers/G) [default: 4]."),
+        click.option("--prefill-chunk", type=click.IntRange(1), default=None,
+                     help="Prompt tokens per forward; each streamed layer reads its chunk's "
+                     "experts once; 1 feeds the prompt one token per step [default: 256; 1 under "
+                     "--memory-budget]."),
+        click.option("--adapter/--no-adapter", default=True, show_default=True,
+                     help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def engine_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
+    """`Engine.open` keyword arguments from the values of `runtime_options`."""
+    return dict(
+        tiers=runtime["tiers"], mode=runtime["mode"] or "route", top_k=runtime["route_top_k"],
+        predictor=runtime["predictor"], first_layer=runtime["first_layer"],
+        memory_budget=runtime["memory_budget"], trace=runtime["trace_file"],
+        io_workers=runtime["io_workers"], adapter=runtime["adapter"], context=runtime["context"],
+        sync_every=runtime["sync_every"], **prefill_kwargs(runtime),
+    )  # fmt: skip
+
+
+def prefill_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
+    """`prefill_chunk` when --prefill-chunk was given (else the engine's default applies)."""
+    chunk = runtime.get("prefill_chunk")
+    return {} if chunk is None else {"prefill_chunk": chunk}

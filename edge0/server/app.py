@@ -1,0 +1,120 @@
+"""The ASGI app of `edge0 serve`: routes, API-key check, and the engine opened in its lifespan.
+
+The engine lives in the server's own event loop: the lifespan opens it before
+the first request and closes it at shutdown. Requests queue for it first-come
+first-served (the engine's FIFO); each route runs as a task of that loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edge0.log import get_logger
+from edge0.runtime.engine import Engine
+from edge0.server import anthropic_api, openai_api
+from edge0.server.backend import Backend
+from edge0.server.http import api_route, error_response
+from edge0.server.metrics import CONTENT_TYPE, ServerMetrics
+
+log = get_logger("edge0.server")
+MAX_BODY = 1 << 20  # bytes of JSON per request
+
+
+@attrs.frozen
+class ServerConfig:
+    """What `create_app` serves and how (the flags of `edge0 serve`)."""
+
+    model: Path
+    engine: dict[str, Any] = attrs.field(factory=dict)  # Engine.open keyword arguments
+    model_id: str = "edge0"
+    api_key: str | None = None  # required on every route when set
+    max_body: int = MAX_BODY
+    on_ready: Callable[[Engine], None] | None = None  # called once the engine is open
+
+
+class ApiKeyMiddleware:
+    """Refuses requests without the key: `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-api-key", b"")
+        auth = headers.get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        if given and hmac.compare_digest(given, self.key):
+            await self.app(scope, receive, send)
+            return
+        what = "a wrong API key" if given else "no API key"
+        response = error_response(scope["path"], 401, f"the request has {what}; send it as "
+                                  "`Authorization: Bearer KEY` or `x-api-key: KEY`",
+                                  code="invalid_api_key")  # fmt: skip
+        await response(scope, receive, send)
+
+
+async def health(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    return JSONResponse({"status": "ok", "model": backend.model_id,
+                         "requests_in_flight": backend.metrics.active})  # fmt: skip
+
+
+async def metrics(request: Request) -> Response:
+    backend: Backend = request.app.state.backend
+    return Response(backend.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    message = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}
+    return error_response(path, exc.status_code, message.get(exc.status_code, str(exc.detail)))
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    """The app; the engine opens when the server runs its lifespan."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            async with Engine.open(config.model, **config.engine) as engine:
+                app.state.backend = Backend(engine, config.model_id, ServerMetrics())
+                log.info("server.ready", model=str(config.model), model_id=config.model_id)
+                if config.on_ready is not None:
+                    config.on_ready(engine)
+                yield
+        except BaseException as exc:
+            if getattr(app.state, "backend", None) is None:  # `edge0 serve` reports it
+                app.state.startup_error = exc
+            raise
+        log.info("server.closed")
+
+    routes = [
+        Route("/health", api_route(health), methods=["GET"]),
+        Route("/metrics", api_route(metrics), methods=["GET"]),
+        *openai_api.ROUTES,
+        *anthropic_api.ROUTES,
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})  # fmt: skip
+    app.state.max_body = config.max_body
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    return app

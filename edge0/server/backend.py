@@ -1,0 +1,166 @@
+"""The server's side of the engine: prompts to token ids, one Generation per request.
+
+A Generation streams the text of one request from `Engine.tokens`, detokenized
+the way `Engine.generate` does it (a TextStream per request), holds back text that
+may begin a stop string, counts usage and reports the request to the metrics when
+it ends. Its engine stream is always closed (stop string, error, client gone),
+which cancels the request in the engine after the step in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
+
+from edge0.errors import RequestError, TierReadError
+from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
+from edge0.runtime.engine import Engine
+from edge0.runtime.summary import RunStats
+from edge0.server.chat import chat_ids
+from edge0.server.metrics import ServerMetrics
+from edge0.server.schemas import Sampling, TextRequest
+
+
+def sampling_settings(s: Sampling) -> SamplingSettings:
+    """The engine's sampling settings for a request's."""
+    seed = None if s.seed is None else s.seed % (1 << 64)  # the APIs allow negative seeds
+    return SamplingSettings(max_tokens=s.max_tokens or 1 << 30, temp=s.temperature,
+                            top_p=s.top_p, top_k=s.top_k, seed=seed)  # fmt: skip
+
+
+def _stop_cut(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """(index, stop string) of the earliest stop string in `text`."""
+    found = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    return min(found) if found else None
+
+
+def _held(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing characters of `text` could be the start of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if s.startswith(text[-n:]):
+                best = n
+                break
+    return best
+
+
+class Generation:
+    """One request's text stream; read `deltas()` once, then the usage fields."""
+
+    def __init__(self, backend: Backend, api: str, ids: list[int], sampling: Sampling) -> None:
+        self.backend = backend
+        self.api = api
+        self.ids = ids
+        self.sampling = sampling
+        self.prompt_tokens = len(ids)
+        self.completion_tokens = 0
+        self.finish_reason = ""  # stop (EOS) | length | stop_sequence | cancelled | error
+        self.stop_sequence: str | None = None
+        self.stats: RunStats | None = None
+        self.started = time.perf_counter()
+        self.first_token_s: float | None = None
+        self._stop_at = 0
+
+    async def deltas(self) -> AsyncIterator[str]:
+        """The new text, piece by piece (never an empty piece)."""
+        engine, stops = self.backend.engine, self.sampling.stop
+        detok = TextStream(engine.tokenizer)
+        before, pending = engine.last_stats, ""
+        self.backend.metrics.started()
+        try:
+            tokens = engine.tokens(self.ids, max_tokens=self.sampling.max_tokens or 1 << 30,
+                                   sampling=sampling_settings(self.sampling))  # fmt: skip
+            async with contextlib.aclosing(cast(AsyncGenerator[int, None], tokens)) as toks:
+                async for tok in toks:
+                    if self.first_token_s is None:
+                        self.first_token_s = time.perf_counter() - self.started
+                    self.completion_tokens += 1
+                    pending += detok.add(tok)
+                    if self._cut_at_stop(pending):
+                        break
+                    keep = _held(pending, stops) if stops else 0
+                    if len(pending) > keep:
+                        cut = len(pending) - keep
+                        out, pending = pending[:cut], pending[cut:]
+                        yield out
+            if self.finish_reason == "stop_sequence":
+                pending = pending[: self._stop_at]
+            else:
+                pending += detok.flush()
+                if self._cut_at_stop(pending):
+                    pending = pending[: self._stop_at]
+            if pending:
+                yield pending
+        except (asyncio.CancelledError, GeneratorExit):
+            self.finish_reason = "cancelled"
+            raise
+        except BaseException as exc:
+            self.finish_reason = "error"
+            if isinstance(exc, TierReadError):
+                self.backend.metrics.tier_error()
+            raise
+        finally:
+            # the worker sets last_stats just before it ends a stream; a stream we closed
+            # (stop string, client gone) gets its stats later, and they are not ours to read
+            natural = self.finish_reason in ("", "error")
+            stats = engine.last_stats
+            self.stats = stats if natural and stats is not before else None
+            if not self.finish_reason:  # the engine's: stop (end of sequence) or length
+                self.finish_reason = self.stats.finish_reason if self.stats else "length"
+            self.backend.metrics.finished(self)
+
+    def _cut_at_stop(self, text: str) -> bool:
+        cut = _stop_cut(text, self.sampling.stop) if self.sampling.stop else None
+        if cut is None:
+            return False
+        self._stop_at, self.stop_sequence = cut
+        self.finish_reason = "stop_sequence"
+        return True
+
+    async def text(self) -> str:
+        return "".join([piece async for piece in self.deltas()])
+
+
+class Backend:
+    """The engine and what every route needs from it."""
+
+    def __init__(self, engine: Engine, model_id: str, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.model_id = model_id
+        self.metrics = metrics
+        self.created = int(time.time())
+        config = engine.setup.manifest.config
+        text_config: dict[str, Any] = config.get("text_config") or config
+        self.context = int(text_config.get("max_position_embeddings") or 1 << 30)
+        self.vocab = int(text_config.get("vocab_size") or 1 << 62)
+
+    async def prompt_ids(self, request: TextRequest) -> list[int]:
+        """Token ids of a request's prompt (chat template for messages), checked for length."""
+        tok = self.engine.tokenizer
+        if request.messages:  # templates compile on first use: off the event loop
+            ids = await asyncio.to_thread(chat_ids, tok, list(request.messages))
+        elif isinstance(request.prompt, str):
+            ids = await asyncio.to_thread(encode_prompt, tok, request.prompt, False)
+        else:
+            ids = list(request.prompt or [])
+            if ids and max(ids) >= self.vocab:
+                raise RequestError(f"`prompt` has token id {max(ids)}; the vocabulary has "
+                                   f"{self.vocab} tokens", param="prompt")  # fmt: skip
+        if not ids:
+            raise RequestError("the prompt is empty; send some text", param="prompt")
+        if len(ids) >= self.context:
+            raise RequestError(
+                f"the prompt is {len(ids)} tokens but this model's context is {self.context} "
+                "(max_position_embeddings); shorten the prompt",
+                param="messages" if request.messages else "prompt",
+                code="context_length_exceeded",
+            )  # fmt: skip
+        return ids
+
+    async def start(self, api: str, request: TextRequest) -> Generation:
+        """A Generation for `request` (not started until its deltas are read)."""
+        return Generation(self, api, await self.prompt_ids(request), request.sampling)

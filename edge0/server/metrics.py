@@ -1,0 +1,104 @@
+"""`GET /metrics`: request, token and engine figures in the Prometheus text format.
+
+Counters add up over the server's life; the `_last` gauges are the engine's
+RunStats of the most recent finished request (decode tok/s, blocked load,
+bytes per token, hit rates). Each server has its own registry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from edge0.server.backend import Generation
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    """The server's Prometheus collectors."""
+
+    def __init__(self) -> None:
+        self.registry = reg = CollectorRegistry()
+        self.active = 0  # generations started and not finished
+        ProcessCollector(registry=reg)  # process_resident_memory_bytes, cpu seconds, fds
+        self.requests = Counter("edge0_requests", "Generation requests by API and outcome "
+                                "(stop, length, stop_sequence, cancelled, error).",
+                                ["api", "outcome"], registry=reg)  # fmt: skip
+        self.errors = Counter("edge0_error_responses", "Requests answered with an error "
+                              "body, by HTTP status.", ["status"], registry=reg)  # fmt: skip
+        self.in_flight = Gauge("edge0_requests_in_flight", "Requests generating or queued "
+                               "for the engine.", registry=reg)  # fmt: skip
+        self.prompt_tokens = Counter("edge0_prompt_tokens", "Prompt tokens of served "
+                                     "requests.", registry=reg)  # fmt: skip
+        self.completion_tokens = Counter("edge0_completion_tokens", "Tokens generated.",
+                                         registry=reg)  # fmt: skip
+        self.decode_steps = Counter("edge0_decode_steps", "Decode steps (tokens after the "
+                                    "first of each request).", registry=reg)  # fmt: skip
+        self.decode_seconds = Counter("edge0_decode_seconds", "Seconds spent in decode "
+                                      "steps.", registry=reg)  # fmt: skip
+        self.tier_errors = Counter("edge0_tier_errors", "Requests ended by a storage-tier "
+                                   "read error.", registry=reg)  # fmt: skip
+        self.failed_reads = Counter("edge0_failed_reads", "Expert reads that failed (tickets).",
+                                    registry=reg)  # fmt: skip
+        self.ttft = Histogram("edge0_time_to_first_token_seconds", "Request arrival to "
+                              "first generated token.", buckets=_LATENCY, registry=reg)  # fmt: skip
+        self.duration = Histogram("edge0_request_seconds", "Request arrival to its end.",
+                                  buckets=_LATENCY, registry=reg)  # fmt: skip
+
+        def last(name: str, doc: str) -> Gauge:
+            return Gauge(f"edge0_{name}_last", doc + " (last finished request).", registry=reg)
+
+        self.decode_tps = last("decode_tokens_per_second", "Decode tokens per second")
+        self.blocked = last("blocked_load_ms_per_step", "Compute waiting on reads, ms per "
+                            "decode step")  # fmt: skip
+        self.bytes_per_token = last("bytes_per_token", "Expert bytes read per token")
+        self.cache_hit = last("cache_hit_rate", "Reads served by a cache tier / all reads")
+        self.slot_hit = last("slot_hit_rate", "Experts found staged when compute asked")
+
+    def started(self) -> None:
+        self.active += 1
+        self.in_flight.inc()
+
+    def error_response(self, status: int) -> None:
+        self.errors.labels(status=str(status)).inc()
+
+    def tier_error(self) -> None:
+        self.tier_errors.inc()
+
+    def finished(self, gen: Generation) -> None:
+        """Account one finished (or cancelled, or failed) generation."""
+        self.active -= 1
+        self.in_flight.dec()
+        self.requests.labels(api=gen.api, outcome=gen.finish_reason).inc()
+        self.prompt_tokens.inc(gen.prompt_tokens)
+        self.completion_tokens.inc(gen.completion_tokens)
+        self.duration.observe(time.perf_counter() - gen.started)
+        if gen.first_token_s is not None:
+            self.ttft.observe(gen.first_token_s)
+        s = gen.stats
+        if s is None:
+            return
+        self.decode_steps.inc(s.decode_steps)
+        self.decode_seconds.inc(s.decode_s)
+        self.failed_reads.inc(s.tickets_failed)
+        self.decode_tps.set(s.decode_tps)
+        self.blocked.set(s.blocked_ms_per_step)
+        self.bytes_per_token.set(s.bytes_per_token)
+        self.cache_hit.set(s.cache_hit_rate)
+        self.slot_hit.set(s.slot_hit_rate)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

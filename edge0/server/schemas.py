@@ -1,0 +1,231 @@
+"""Request bodies of the OpenAI and Anthropic APIs, checked field by field into small attrs classes.
+
+Unknown fields are ignored (clients send many); a known field of the wrong type or
+out of range, or a feature Edge0 does not serve (n > 1, logprobs, echo, penalties),
+is a RequestError naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from edge0.errors import RequestError
+
+MAX_STOP = 16  # stop strings per request
+
+
+@attrs.frozen
+class Sampling:
+    """How one request samples and when it stops (None max_tokens: up to the context)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Message:
+    role: str
+    content: str
+
+
+@attrs.frozen
+class TextRequest:
+    """A parsed request: a prompt (text or ids) or chat messages, and how to sample."""
+
+    model: str
+    sampling: Sampling
+    prompt: str | list[int] | None = None  # /v1/completions
+    messages: tuple[Message, ...] = ()  # chat: system first when there is one
+    stream: bool = False
+    include_usage: bool = False  # OpenAI stream_options.include_usage
+
+
+# --- field readers ---------------------------------------------------------------------------
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__.replace("str", "string")
+
+
+def _bad(name: str, want: str, value: Any) -> RequestError:
+    return RequestError(f"`{name}` must be {want}, not {_type_name(value)} {value!r:.60}",
+                        param=name)  # fmt: skip
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, "an integer", value)
+    if not lo <= value <= hi:
+        raise RequestError(f"`{name}` must be between {lo} and {hi}, got {value}", param=name)
+    return value
+
+
+def _float(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(name, "a number", value)
+    if not lo <= value <= hi:  # also refuses NaN
+        raise RequestError(f"`{name}` must be between {lo} and {hi}, got {value}", param=name)
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(name, "true or false", value)
+    return value
+
+
+def _str(body: dict[str, Any], name: str, required: bool = False) -> str:
+    value = body.get(name)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise (RequestError(f"`{name}` is required", param=name) if value is None
+               else _bad(name, "a string", value))  # fmt: skip
+    return value
+
+
+def _stops(body: dict[str, Any], name: str, single_ok: bool) -> tuple[str, ...]:
+    value = body.get(name)
+    if value is None:
+        return ()
+    if single_ok and isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise _bad(name, "a list of non-empty strings" + (" or a string" * single_ok), value)
+    if len(value) > MAX_STOP:
+        raise RequestError(f"`{name}` has {len(value)} entries; at most {MAX_STOP}", param=name)
+    return tuple(value)
+
+
+def _unsupported(body: dict[str, Any], name: str, allowed: tuple[Any, ...], what: str) -> None:
+    if name in body and body[name] not in allowed:
+        raise RequestError(f"`{name}` {what} is not supported by this server", param=name)
+
+
+def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
+    _unsupported(body, "n", (None, 1), "other than 1")
+    _unsupported(body, "logprobs", (None, False, 0), "(token log-probabilities)")
+    _unsupported(body, "top_logprobs", (None, 0), "(token log-probabilities)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _unsupported(body, name, (None, 0, 0.0), "other than 0")
+    _unsupported(body, "best_of", (None, 1), "other than 1")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _bad("stream_options", "an object", opts)
+    return {
+        "model": _str(body, "model"),
+        "stream": _bool(body, "stream"),
+        "include_usage": _bool(opts or {}, "include_usage"),
+    }
+
+
+def _openai_sampling(body: dict[str, Any], max_tokens: int | None) -> Sampling:
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_float(body, "top_p", 1.0, 0.0, 1.0),
+        seed=_int(body, "seed", None, -(1 << 63), (1 << 64) - 1),
+        stop=_stops(body, "stop", single_ok=True),
+    )
+
+
+# --- OpenAI ----------------------------------------------------------------------------------
+def completion_request(body: dict[str, Any]) -> TextRequest:
+    """POST /v1/completions: `prompt` is a string, a list of token ids, or a list of one."""
+    common = _openai_common(body)
+    _unsupported(body, "echo", (None, False), "(echoing the prompt)")
+    _unsupported(body, "suffix", (None, ""), "(insertion)")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                 for t in prompt):  # fmt: skip
+            raise _bad("prompt", "a string or a non-empty list of token ids (one prompt)", prompt)
+    elif not isinstance(prompt, str):
+        raise (RequestError("`prompt` is required", param="prompt") if prompt is None
+               else _bad("prompt", "a string or a list of token ids", prompt))  # fmt: skip
+    max_tokens = _int(body, "max_tokens", 16, 1, 1 << 30)
+    return TextRequest(sampling=_openai_sampling(body, max_tokens), prompt=prompt, **common)
+
+
+def _text(value: Any, name: str) -> str:
+    """Message content: a string or a list of text parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else _type_name(part)
+                raise RequestError(f"`{name}` has a {kind!r} part; this server reads text only",
+                                   param=name)  # fmt: skip
+            parts.append(_str(part, "text", required=True))
+        return "".join(parts)
+    raise _bad(name, "a string or a list of text parts", value)
+
+
+def _messages(body: dict[str, Any], roles: tuple[str, ...]) -> list[Message]:
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise (RequestError("`messages` is required", param="messages") if raw is None
+               else _bad("messages", "a non-empty list of messages", raw))  # fmt: skip
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(where, "an object with `role` and `content`", m)
+        role = m.get("role")
+        if role not in roles:
+            raise RequestError(f"`{where}.role` must be one of {', '.join(roles)}, not {role!r}",
+                               param=f"{where}.role")  # fmt: skip
+        content = m.get("content")
+        text = "" if content is None else _text(content, f"{where}.content")
+        out.append(Message(str(role), text))
+    return out
+
+
+def chat_request(body: dict[str, Any]) -> TextRequest:
+    """POST /v1/chat/completions."""
+    common = _openai_common(body)
+    messages = _messages(body, ("system", "developer", "user", "assistant", "tool"))
+    messages = [Message("system", m.content) if m.role == "developer" else m for m in messages]
+    max_tokens = _int(body, "max_completion_tokens", None, 1, 1 << 30)
+    max_tokens = _int(body, "max_tokens", max_tokens, 1, 1 << 30)
+    return TextRequest(sampling=_openai_sampling(body, max_tokens), messages=tuple(messages),
+                       **common)  # fmt: skip
+
+
+# --- Anthropic -------------------------------------------------------------------------------
+def messages_request(body: dict[str, Any]) -> TextRequest:
+    """POST /v1/messages (Anthropic): `max_tokens` and `model` are required."""
+    if body.get("max_tokens") is None:
+        raise RequestError("`max_tokens` is required", param="max_tokens")
+    messages = _messages(body, ("user", "assistant"))
+    system = body.get("system")
+    if system is not None:
+        text = _text(system, "system")
+        if text:
+            messages.insert(0, Message("system", text))
+    sampling = Sampling(
+        max_tokens=_int(body, "max_tokens", None, 1, 1 << 30),
+        temperature=_float(body, "temperature", 1.0, 0.0, 1.0),
+        top_p=_float(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=_int(body, "top_k", 0, 0, 1 << 30) or 0,
+        stop=_stops(body, "stop_sequences", single_ok=False),
+    )
+    return TextRequest(model=_str(body, "model", required=True), sampling=sampling,
+                       messages=tuple(messages), stream=_bool(body, "stream"))  # fmt: skip

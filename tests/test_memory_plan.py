@@ -1,0 +1,164 @@
+"""The memory plan: made from headers before loading, parts that match memory, a hard promise."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlx.utils import tree_flatten
+from runtime_helpers import PROMPT, build_store
+
+from edge0.errors import ConfigError
+from edge0.runtime.engine import Engine
+from edge0.runtime.memory import Footprint, plan, with_ram
+from edge0.storage.spec import format_spec, parse_spec
+
+_MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_store(tmp_path_factory.mktemp("plan"), "qwen3_5_moe")
+
+
+def _fp(**kw: int) -> Footprint:
+    base = dict(resident=100 * _MIB, resident_experts=0, heads=10 * _MIB, slot=2 * _MIB,
+                record=_MIB, layers=10, top_k=4, kv=5 * _MIB, state=5 * _MIB,
+                working=20 * _MIB, overhead=80 * _MIB)  # fmt: skip
+    return Footprint(**{**base, **kw})
+
+
+def test_a_remainder_smaller_than_one_step_buys_slots_a_larger_one_is_the_ram_cache() -> None:
+    fp = _fp()
+    fixed = 100 + 10 + 4 * 12 * 2 + 10 + 20 + 80  # MiB; the pool: K x (L + 2) slots of 2 MiB
+    align = 4096  # the pool's buffer is over-allocated to start 4 KiB-aligned
+    small = plan((fixed + 30) * _MIB + align, fp)  # one step reads 10 x 4 x 1 MiB = 40 MiB
+    assert small.cache == 0 and small.extra_slots == 15 and small.n_slots == 48 + 15
+    assert "more slots" in small.line()
+    big = plan((fixed + 300) * _MIB + align, fp)
+    assert big.cache == 300 * _MIB and big.extra_slots == 0 and "RAM cache" in big.choice
+    with pytest.raises(ConfigError, match="below the .* MiB that resident weights"):
+        plan(fixed * _MIB, fp)
+
+
+def test_ram_stage_of_the_spec_is_sized_added_or_dropped() -> None:
+    assert with_ram("ram:1GiB,policy=lfuda>pread", 1000) == "ram:1000,policy=lfuda>pread"
+    assert with_ram("throttle:bw=1GB/s>direct", 1000) == "ram:1000>throttle:bw=1GB/s>direct"
+    assert with_ram("ram:1GiB>pread", 0) == "pread"
+    assert with_ram("pread", 0) == "pread"
+    spec = "ram:1GiB,policy=lru>throttle:preset=sata>direct"
+    assert format_spec(parse_spec(spec)) == spec
+
+
+def test_budget_is_refused_before_anything_is_loaded(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edge0.layout.load as load
+
+    def no_load(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("loaded weights before checking the budget")
+
+    monkeypatch.setattr(load, "load_layout", no_load)
+
+    async def main() -> None:
+        async with Engine.open(store, mode="route", tiers="pread", memory_budget="20MiB"):
+            pass
+
+    with pytest.raises(ConfigError, match="memory-budget 20 MiB is below"):
+        asyncio.run(main())
+
+
+def test_planned_parts_are_what_the_engine_holds(store: Path) -> None:
+    async def main() -> tuple[Any, dict[str, int], int]:
+        async with Engine.open(store, mode="route", predictor="init", tiers="ram>pread",
+                               memory_budget="1GiB", context=100) as eng:  # fmt: skip
+            setup = eng.setup
+            held = {
+                "resident": sum(int(v.nbytes) for _, v in tree_flatten(setup.model.parameters()))
+                + sum(int(a.nbytes) for d in setup.ctx.resident_experts.values()
+                      for a in d.values()),  # fmt: skip  # the first MoE layer's experts
+                "heads": sum(int(v.nbytes) for h in setup.ctx.predictor.heads.heads.values()
+                             for _, v in tree_flatten(h.parameters())),  # fmt: skip
+                "slots": setup.scheduler.memory.nbytes,
+                "n_slots": setup.scheduler.table.n_slots,
+            }
+            toks = [t async for t in eng.tokens(PROMPT * 4, max_tokens=400, stop=False)]
+            return setup.memory_plan, held, len(toks)
+
+    p, held, n = asyncio.run(main())
+    assert p.resident == held["resident"] and p.heads == held["heads"]
+    assert p.n_slots == held["n_slots"] and p.slots == held["slots"]
+    assert n == 100 - len(PROMPT * 4)  # the request stops at the planned context
+
+
+SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    from edge0.runtime.engine import Engine
+
+    async def main():
+        path, mode, k, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+        async with Engine.open(path, mode=mode, top_k=k, first_layer="wrap", tiers="ram>pread",
+                               memory_budget=budget, context=256) as eng:
+            print(eng.setup.memory_plan.line(), flush=True)
+            async for _ in eng.tokens(list(range(3, 40)), max_tokens=12, stop=False):
+                pass
+
+    asyncio.run(main())
+    print("done", flush=True)
+    sys.stdin.read()  # the parent reads our peak RSS, then closes stdin
+""")
+
+
+def _peak_rss_of(args: list[str]) -> tuple[int, str]:
+    """Run a child to its end; its peak RSS as the kernel counts it (VmHWM), and its output.
+
+    Read from /proc while the child waits at its end (ru_maxrss of a child would
+    include the forking parent's peak)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen([sys.executable, "-c", SCRIPT, *args], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                          text=True) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stdin is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == "done":
+                break
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        proc.stdin.close()
+        lines.append(proc.stdout.read())
+    out = "".join(lines)
+    if proc.returncode != 0:
+        raise ConfigError(out)
+    hwm = next(ln for ln in status.splitlines() if ln.startswith("VmHWM:"))
+    return int(hwm.split()[1]) * 1024, out
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edge0.synth.layout import synthesize
+
+    out = tmp_path_factory.mktemp("small") / "small"
+    synthesize("small", out)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in kB and VmHWM are Linux's")
+@pytest.mark.parametrize("mode, k", [("route", 8), ("hint", 4), ("reactive", 2)])
+def test_peak_rss_stays_within_a_tight_budget(small: Path, mode: str, k: int) -> None:
+    """The smallest budget the plan accepts, plus 4 MiB: the child's real peak RSS fits."""
+    with pytest.raises(ConfigError) as refused:  # ask for 1 MiB to learn the minimum
+        _peak_rss_of([str(small), mode, str(k), "1MiB"])
+    need = int(str(refused.value).split(" MiB that ")[0].split("is below the ")[-1])
+    budget = (need + 4) * _MIB
+    peak, out = _peak_rss_of([str(small), mode, str(k), str(budget)])
+    assert "memory budget" in out
+    assert peak <= budget, f"peak RSS {peak / _MIB:.1f} MiB over the {budget / _MIB:.0f} MiB budget"

@@ -1,0 +1,92 @@
+"""`edge0 serve` as a command: listens on a free loopback port, takes EDGE0_API_KEY, answers,
+stops cleanly on Ctrl-C; a bad model or a busy port is a one-line error with exit code 2."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from server_helpers import demo_model
+
+from edge0.cli.main import main
+
+EDGE0 = [sys.executable, "-c", "from edge0.cli.main import main; main()"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return demo_model(tmp_path_factory)
+
+
+def test_serve_command_listens_checks_the_key_and_stops_on_ctrl_c(model: Path) -> None:
+    env = {**os.environ, "EDGE0_API_KEY": "k-123"}
+    proc = subprocess.Popen(
+        [
+            *EDGE0,
+            "serve",
+            str(model),
+            "--port",
+            "0",
+            "--model-name",
+            "demo",
+            "--tiers",
+            "ram:16MiB>pread",
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            assert line, f"edge0 serve exited: {''.join(lines)}"
+            lines.append(line)
+            if match := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line):
+                break
+        assert match, lines
+        url = match.group(1)
+        assert httpx.get(url + "/health").status_code == 401
+        r = httpx.post(
+            url + "/v1/completions",
+            headers={"Authorization": "Bearer k-123"},
+            json={"prompt": "def f(x):", "max_tokens": 3, "temperature": 0},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.json()["model"] == "demo"
+        assert r.json()["usage"]["completion_tokens"] <= 3
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "edge0 serve: stopped" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_errors_are_one_line(model: Path, tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["serve", str(tmp_path)])
+    assert r.exit_code == 2 and r.exception is None or isinstance(r.exception, SystemExit)
+    assert r.output.startswith("edge0: error: ") and "edge0 convert" in r.output
+    (tmp_path / "edge0.json").write_text('{"format_version": 1}')  # fails as the engine opens
+    r = CliRunner().invoke(main, ["serve", str(tmp_path), "--port", "0"])
+    assert r.exit_code == 2 and r.output.startswith("edge0: error: "), r.output
+    assert "edge0.json" in r.output and "Traceback" not in r.output
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = CliRunner().invoke(main, ["serve", str(model), "--port", str(port)])
+    assert r.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in r.output, r.output

@@ -1,0 +1,167 @@
+"""The runtime's own cost, interleaved: compute-thread CPU per layer, host syncs, loop lag, waste.
+
+Each variant runs in its own process (a fresh Engine, one warm-up request, then
+the measured requests), variants interleaved round by round (A B C A B C ...).
+A variant is `TREE:MODE[@G]`: TREE names a checkout given with `--tree
+NAME=PATH` (default `now` = this checkout), so an older checkout can run side by
+side with this one; `@G` sets `sync_every` (route; checkouts that have it).
+
+    .venv/bin/python tools/bench/runtime_cost.py MODEL --tree before=/tmp/old \\
+        --variants before:resident,before:route,now:resident,now:route --rounds 3
+    .venv/bin/python tools/bench/runtime_cost.py MODEL --variants now:route --clients 4
+
+Prints one row per variant (medians over every measured request) and, per tree,
+the per-round route / resident ratio of compute-thread CPU per layer; with
+`--json` also every request's stats and tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+PROMPTS = (
+    "def fibonacci(n):",
+    "The river carried small boats of grain down to the market town",
+    "class Cache:\n    def __init__(self, size):",
+    "To sort a list of records by date, first parse each timestamp",
+)
+WORKER = r"""
+import asyncio, json, sys
+from edge0.runtime.engine import Engine
+
+args = json.loads(sys.argv[1])
+
+async def main():
+    out = []
+    async with Engine.open(args["model"], **args["opts"]) as eng:
+        ids = [list(eng.tokenizer.encode(p))[: args["prompt_len"]] for p in args["prompts"]]
+        _ = [t async for t in eng.tokens(ids[0], max_tokens=4, stop=False)]  # warm-up
+
+        async def one(prompt):
+            toks = [t async for t in eng.tokens(prompt, max_tokens=args["tokens"], stop=False)]
+            out.append({"tokens": toks, "stats": eng.last_stats.to_dict()})
+
+        prof = None
+        if args["profile"]:  # cProfile of the compute thread only (profiling is per thread)
+            import cProfile
+            prof = cProfile.Profile()
+            await eng._compute.run(prof.enable)
+        if args["clients"] > 1:
+            await asyncio.gather(*(one(p) for p in ids[: args["clients"]]))
+        else:
+            for p in ids:
+                await one(p)
+        if prof is not None:
+            await eng._compute.run(prof.disable)
+            prof.dump_stats(args["profile"])
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+COLUMNS = (
+    ("decode tok/s", "decode_tps", "{:.1f}"),
+    ("CPU ms/layer", "overhead_cpu_ms_per_layer", "{:.3f}"),
+    ("host syncs/token", "syncs_per_token", "{:.1f}"),
+    ("compute ms/step", "compute_ms_per_step", "{:.1f}"),
+    ("blocked ms/step", "blocked_ms_per_step", "{:.2f}"),
+    ("loop lag max ms", "loop_max_lag_ms", "{:.1f}"),
+    ("loop lag p99 ms", "loop_p99_lag_ms", "{:.1f}"),
+)
+
+
+def run_variant(tree: Path, model: str, mode: str, group: int | None, tiers: str,
+                tokens: int, prompt_len: int, clients: int, prompts: int = 4,
+                profile: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    opts: dict[str, Any] = {"mode": mode, "tiers": tiers}
+    if group is not None:
+        opts["sync_every"] = group
+    args = {"model": model, "opts": opts, "prompts": list(PROMPTS[:prompts]), "tokens": tokens,
+            "prompt_len": prompt_len, "clients": clients, "profile": profile}  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if proc.returncode != 0:
+        raise click.ClickException(f"{tree} {mode}: {proc.stderr.strip()[-2000:]}")
+    result: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def parse_variant(text: str, trees: dict[str, Path]) -> tuple[str, Path, str, int | None]:
+    tree, _, rest = text.partition(":")
+    mode, _, group = rest.partition("@")
+    if tree not in trees or not mode:
+        raise click.BadParameter(f"{text!r}: want TREE:MODE[@G] with TREE in {sorted(trees)}")
+    return text, trees[tree], mode, int(group) if group else None
+
+
+@click.command()
+@click.argument("model", type=click.Path(exists=True, file_okay=False))
+@click.option("--tree", "tree_specs", multiple=True, help="NAME=PATH of a checkout to run.")
+@click.option("--variants", default="now:resident,now:route", show_default=True)
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--tokens", default=24, show_default=True, help="Decode tokens per request.")
+@click.option("--prompt-len", default=8, show_default=True)
+@click.option("--clients", default=1, show_default=True, help="Concurrent requests (<= 4).")
+@click.option("--prompts", default=4, show_default=True, help="Measured requests (<= 4).")
+@click.option("--tiers", default="ram:1GiB>pread", show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
+@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a cProfile of each variant's compute thread (last round) here.")
+def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, tokens: int,
+         prompt_len: int, clients: int, prompts: int, tiers: str, json_out: str | None,
+         profile_dir: str | None) -> None:  # fmt: skip
+    trees = {"now": Path(__file__).resolve().parents[2]}
+    for spec in tree_specs:
+        name, _, path = spec.partition("=")
+        trees[name] = Path(path).resolve()
+    chosen = [parse_variant(v, trees) for v in variants.split(",")]
+    runs: dict[str, list[list[dict[str, Any]]]] = {v[0]: [] for v in chosen}
+    load = []
+    for r in range(rounds):
+        for label, tree, mode, group in chosen:
+            prof = None
+            if profile_dir and r == rounds - 1:
+                Path(profile_dir).mkdir(parents=True, exist_ok=True)
+                prof = str(Path(profile_dir, label.replace(":", "-") + ".prof").resolve())
+            runs[label].append(run_variant(tree, model, mode, group, tiers, tokens, prompt_len,
+                                           clients, prompts, prof))  # fmt: skip
+            load.append(os.getloadavg()[0])
+            click.echo(f"round {r + 1} {label}: done (load {load[-1]:.1f})", err=True)
+    header = ["variant", "requests", *[c[0] for c in COLUMNS], "wasted / issued tickets"]
+    click.echo("| " + " | ".join(header) + " |")
+    click.echo("|" + "---|" * len(header))
+    for label, rounds_ in runs.items():
+        stats = [req["stats"] for rnd in rounds_ for req in rnd]
+        cells = [fmt.format(statistics.median(s.get(key, float("nan")) for s in stats))
+                 for _, key, fmt in COLUMNS]  # fmt: skip
+        wasted, issued = (sum(s[f"tickets_{k}"] for s in stats) for k in ("wasted", "issued"))
+        waste = f"{wasted} / {issued}"
+        click.echo(f"| {label} | {len(stats)} | " + " | ".join(cells) + f" | {waste} |")
+    for name in trees:
+        res = f"{name}:resident"
+        route = next((v for v in runs if v.startswith(f"{name}:route")), None)
+        if res in runs and route is not None:
+            ratios = []
+            for a, b in zip(runs[route], runs[res], strict=True):
+                cpu = [statistics.median(q["stats"]["overhead_cpu_ms_per_layer"] for q in x)
+                       for x in (a, b)]  # fmt: skip
+                ratios.append(cpu[0] - cpu[1])
+            click.echo(f"{name}: {route} minus resident, CPU ms/layer per round: "
+                       + ", ".join(f"{x:.3f}" for x in ratios)
+                       + f" (median {statistics.median(ratios):.3f})")  # fmt: skip
+    click.echo(f"load average during the runs: {min(load):.1f}-{max(load):.1f}")
+    if json_out:
+        Path(json_out).write_text(json.dumps({"variants": variants, "runs": runs,
+                                              "load": load}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
