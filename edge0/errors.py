@@ -77,3 +77,7 @@ class TierReadError(Edge0Error):
             f"reading {', '.join(where) or 'an expert record'} failed: {reason}; "
             "run `edge0 verify` on the model directory, or re-convert it"
         )
+
+
+class RankError(Edge0Error):
+    """A rank of a multi-machine pipeline failed, hung or could not start."""

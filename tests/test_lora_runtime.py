@@ -102,7 +102,8 @@ def test_run_applies_adapters_unless_disabled(tmp_path: Path):
     outs = {}
     for mode in ("route", "resident"):
         for flag in ([], ["--no-adapter"]):
-            r = runner.invoke(main, [*base, "--mode", mode, "--top-k", "1", *flag])
+            top_k = ["--top-k", "1"] if mode == "route" else []  # a streaming-only flag
+            r = runner.invoke(main, [*base, "--mode", mode, *top_k, *flag])
             assert r.exit_code == 0, r.output
             outs[mode, bool(flag)] = r.stdout
     assert outs["route", False] != outs["route", True]

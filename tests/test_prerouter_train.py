@@ -87,7 +87,7 @@ def test_eval_routing_scores_every_predictor(tiny: Path) -> None:
     model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model)
     result = evaluate_routing(model, _windows(2, 12), [2, 1], trained=heads, progress=False)
-    assert result["predictors"] == ["shuffle", "temporal", "init", "trained"]
+    assert result["predictors"] == ["shuffle", "temporal", "init", "trained", "layer-init"]
     assert result["rows_per_head"] == 2 * 11
     for p in result["predictors"]:
         for k in ("2", "1"):

@@ -40,9 +40,9 @@ def make_store(root: Path) -> Path:
     return root / "e0"
 
 
-def one(store: Path, i: int) -> tuple[int, str]:
+def one(store: Path, i: int, code_dir: str | None) -> tuple[int, str]:
     mode = MODES[i % len(MODES)]
-    proc = subprocess.run([sys.executable, "-c", CYCLE, str(store), mode],
+    proc = subprocess.run([sys.executable, "-c", CYCLE, str(store), mode], cwd=code_dir,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     return proc.returncode, proc.stderr[-400:]
 
@@ -52,12 +52,14 @@ def one(store: Path, i: int) -> tuple[int, str]:
 @click.option("--jobs", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--store", type=click.Path(path_type=Path), default=None,
               help="An edge0-layout dir [default: a tiny one built in a temp dir].")  # fmt: skip
-def main(cycles: int, jobs: int, store: Path | None) -> None:
+@click.option("--code-dir", default=None,
+              help="Run the cycles with the edge0 found in this dir.")  # fmt: skip
+def main(cycles: int, jobs: int, store: Path | None, code_dir: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = store or make_store(Path(tmp))
         t0 = time.perf_counter()
         with ThreadPoolExecutor(jobs) as pool:
-            results = list(pool.map(lambda i: one(store, i), range(cycles)))
+            results = list(pool.map(lambda i: one(store, i, code_dir), range(cycles)))
         codes = collections.Counter(rc for rc, _ in results)
         aborts = [err for rc, err in results if rc in (134, -6) or "terminate called" in err]
         failures = [err for rc, err in results if rc != 0]
@@ -67,7 +69,7 @@ def main(cycles: int, jobs: int, store: Path | None) -> None:
             "nonzero_exits": len(failures),
             "exit_codes": {str(k): v for k, v in sorted(codes.items())},
             "seconds": round(time.perf_counter() - t0, 1),
-            "python": sys.executable,
+            "code": code_dir or "installed",
         }))  # fmt: skip
         for err in failures[:3]:
             print("---", err, file=sys.stderr)

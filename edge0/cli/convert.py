@@ -28,6 +28,18 @@ import click
     default=None,
     help="Also write experts.zst (one zstd frame per record) for the zstd tier.",
 )
+@click.option(
+    "--embed-bits",
+    type=click.Choice(["4", "8"]),
+    default=None,
+    help="Bits of the token embedding and LM head [default: the expert bits].",
+)
+@click.option(
+    "--attn-bits",
+    type=click.Choice(["4", "8"]),
+    default=None,
+    help="Bits of the attention projections [default: the expert bits].",
+)
 @click.option("--zstd-level", type=int, default=3, show_default=True)
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 def command(
@@ -35,6 +47,8 @@ def command(
     dst: str,
     bits: int | None,
     group_size: int | None,
+    embed_bits: str | None,
+    attn_bits: str | None,
     compress: str | None,
     zstd_level: int,
     force: bool,
@@ -44,7 +58,13 @@ def command(
 
     start = time.perf_counter()
     opts = ConvertOptions(
-        bits=bits, group_size=group_size, compress=compress, zstd_level=zstd_level, force=force
+        bits=bits,
+        group_size=group_size,
+        embed_bits=int(embed_bits) if embed_bits else None,
+        attn_bits=int(attn_bits) if attn_bits else None,
+        compress=compress,
+        zstd_level=zstd_level,
+        force=force,
     )
     m = convert(src, dst, opts)
     size = m.experts_file_size

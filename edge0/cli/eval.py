@@ -59,7 +59,9 @@ def routing(
     json_out: str | None,
     seed: int,
 ) -> None:
-    """Recall@K, exact set, F1 and mass of shuffle/temporal/init/trained on held-out text."""
+    """Recall@K, exact set, F1 and mass of shuffle/temporal/init/trained on held-out text,
+    and of the same-token next-layer predictors layer-init/layer-trained (--heads DIR's
+    prerouter-layer.safetensors, from `edge0 train heads --horizon layer`)."""
     from edge0.cli.fp32 import blas_hint, load_fp32
     from edge0.eval.routing import evaluate_routing, markdown
     from edge0.routing.prerouter import PrerouterSet
@@ -71,6 +73,7 @@ def routing(
     trained = PrerouterSet.load(src) if PrerouterSet.exists(src) else None
     if trained is None:
         click.echo(f"no prerouter heads in {src}: scoring shuffle/temporal/init only", err=True)
+    layer = PrerouterSet.load(src, "layer") if PrerouterSet.exists(src, "layer") else None
     windows = sample_windows(
         corpus_text(corpus, split),
         text_encoder(loaded.tokenizer),
@@ -79,13 +82,16 @@ def routing(
     )
     top_k = PrerouterSet.from_model(loaded.model).config.top_k
     k_list = list(ks) or sorted({top_k, max(1, top_k // 2)}, reverse=True)
-    result = evaluate_routing(loaded.model, windows, k_list, trained=trained, seed=seed)
+    result = evaluate_routing(
+        loaded.model, windows, k_list, trained=trained, seed=seed, layer_trained=layer
+    )
     result.update(
         model=str(model),
         corpus=str(corpus),
         split=split,
         int4=int4,
         heads=str(src) if trained else None,
+        layer_heads=str(src) if layer else None,
     )
     click.echo(markdown(result))
     if json_out:

@@ -35,7 +35,10 @@ class Edge0Group(click.Group):
 @click.pass_context
 def main(ctx: click.Context, debug: bool, log_json: str | None, log_level: str) -> None:
     """Edge0: run Mixture-of-Experts models larger than memory by streaming experts."""
+    from edge0.cli.checks import output_file
+
     ctx.meta["edge0.debug"] = debug
+    output_file(log_json, "--log-json")
     log.configure(level=log_level, json_file=log_json)
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from edge0.cli.checks import output_file, read_stdin_text, streaming_only_flags
+from edge0.cli.dist_flags import DIST_KEYS, dist_options, resolve
 from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options
 from edge0.cli.stream import is_layout, run_streaming
 from edge0.errors import ConfigError, PromptError
@@ -16,7 +18,7 @@ from edge0.errors import ConfigError, PromptError
 def read_prompt(prompt: str) -> str:
     """The prompt text; "-" reads all of stdin."""
     if prompt == "-":
-        text = sys.stdin.read()
+        text = read_stdin_text()
         if not text.strip():
             raise PromptError("`-p -` read an empty prompt from stdin; pipe some text in")
         return text
@@ -34,6 +36,7 @@ def read_prompt(prompt: str) -> str:
     help="Wrap the prompt in the tokenizer's chat template (if it has one).",
 )
 @runtime_options
+@dist_options
 def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
     """Generate text with MODEL (a model directory; default: the demo model).
 
@@ -45,10 +48,19 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
     from edge0.model.loader import load
     from edge0.model.lora import maybe_apply_adapters
 
-    text = read_prompt(prompt)
     runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
+    runtime["dist"] = resolve({k: sampling.pop(k) for k in DIST_KEYS})
+    SamplingSettings(**sampling)  # bad values (NaN, inf) fail before any work
+    output_file(runtime["trace_file"], "--trace")
+    output_file(runtime["run_log_json"], "--log-json")
+    text = read_prompt(prompt)
     path = model if model is not None else default_model_path()
-    if is_layout(path) and runtime["mode"] != "resident":
+    ctx = click.get_current_context()
+    if not is_layout(path):
+        streaming_only_flags(ctx, f"{path} is not an edge0-layout directory")
+    elif runtime["mode"] == "resident" and not runtime["dist"]:
+        streaming_only_flags(ctx, "--mode resident runs the resident loop")
+    if is_layout(path) and (runtime["mode"] != "resident" or runtime["dist"]):
         run_streaming(path, text, chat, sampling, runtime)  # the streaming engine (docs/runtime.md)
         return
     if runtime["mode"] not in (None, "resident"):

@@ -33,6 +33,12 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
     max_tokens = sampling.pop("max_tokens")
     settings = SamplingSettings(max_tokens=max_tokens, **sampling)
     holder: dict[str, Any] = {}
+    dist = runtime.pop("dist", None) or {}
+    if dist:
+        from edge0.dist.worker import worker_from_cli
+
+        if worker_from_cli(path, runtime, predictor, dist):  # a rank > 0 under mlx.launch
+            return
 
     async def main() -> None:
         async with Engine.open(
@@ -41,7 +47,7 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
             adapter=runtime["adapter"], sync_every=runtime["sync_every"],
-            context=runtime["context"], **prefill_kwargs(runtime),
+            context=runtime["context"], **prefill_kwargs(runtime), **dist,
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

@@ -102,6 +102,14 @@ def traces(
 )
 @click.option("--max-minutes", type=float, default=None, help="Stop after this long.")
 @click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--horizon",
+    type=click.Choice(["token", "layer"]),
+    default="token",
+    show_default=True,
+    help="token: next MoE layer at t+1 (route mode); layer: next MoE layer at the same token "
+    "(written to prerouter-layer.safetensors/json).",
+)
 def heads(
     traces: str,
     model: str,
@@ -116,6 +124,7 @@ def heads(
     patience: int,
     max_minutes: float | None,
     seed: int,
+    horizon: str,
 ) -> None:
     """Distil prerouter heads for MODEL from TRACES; write them into MODEL (or --out)."""
     from edge0.routing.prerouter import PrerouterSet
@@ -124,7 +133,7 @@ def heads(
 
     blas_hint()
     loaded = load_fp32(model)
-    init = PrerouterSet.from_model(loaded.model, hidden=hidden)
+    init = PrerouterSet.from_model(loaded.model, hidden=hidden, horizon=horizon)
     ts = TraceSet.load(traces)
     cfg = HeadTrainConfig(
         k=k or init.config.top_k,
@@ -142,7 +151,8 @@ def heads(
     path = trained.save(out or model)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "hparams"}, indent=2))
     click.echo(
-        f"held-out recall@{cfg.k}: {summary['heldout_recall_init']:.3f} (init) -> "
+        f"{horizon}-horizon held-out recall@{cfg.k}: "
+        f"{summary['heldout_recall_init']:.3f} (init) -> "
         f"{summary['heldout_recall']:.3f} (trained); wrote {path}"
     )
 

@@ -6,6 +6,10 @@ token t+1 (the last layer's wrap-around head predicts the first MoE layer). Pred
   temporal  the target layer's own top-K at token t ("same experts as last token")
   init      the untrained head: the target layer's router on layer N's hidden
   trained   the trained heads (prerouter.safetensors), when given
+Second horizon (issue 19): the same inputs at token t, scored against the next MoE layer's
+routing at the same token t (one layer of lead time instead of one token; no wrap head):
+  layer-init     the training-free next-router rule (the untrained layer head)
+  layer-trained  the trained layer-horizon heads (prerouter-layer.safetensors), when given
 Per row, with P = predicted top-K, T_K = the true top-K, T_k = the executed top-k (k = the
 model's top-k): recall = |P ∩ T_K| / K, exact = [P == T_K], f1 = 2|P ∩ T_k| / (K + k),
 mass = the true router's softmax probability that P covers. The head inputs use the
@@ -53,18 +57,29 @@ def evaluate_routing(
     ks: list[int],
     trained: PrerouterSet | None = None,
     batch: int = 4,
+    layer_trained: PrerouterSet | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run `model` over (n, S) token windows and score every predictor at each K."""
     init = PrerouterSet.from_model(model, wrap=True)
-    if trained is not None:
-        trained.check_model(model)
+    for heads, horizon in ((trained, "token"), (layer_trained, "layer")):
+        if heads is not None:
+            heads.check_model(model)
+            if heads.config.horizon != horizon:
+                raise ValueError(f"expected {horizon}-horizon heads, got {heads.config.horizon}")
     cfg = init.config
     preds = ["shuffle", "temporal", "init"] + (["trained"] if trained is not None else [])
+    layer_preds = ["layer-init"] + (["layer-trained"] if layer_trained is not None else [])
     pairs = list(enumerate(cfg.heads()))  # (pair index, (owner layer, target layer))
     pos = {layer: i for i, layer in enumerate(cfg.moe_layers)}
-    sums = {(p, k, j, m): 0.0 for p in preds for k in ks for j, _ in pairs for m in METRICS}
+
+    def scored(owner: int, target: int) -> list[str]:  # layer horizon: forward heads only
+        return preds + (layer_preds if target > owner else [])
+
+    sums = {
+        (p, k, j, m): 0.0 for j, (o, t) in pairs for p in scored(o, t) for k in ks for m in METRICS
+    }
     rows = 0
     rng = np.random.default_rng(seed)
     bar = tqdm(total=windows.size, unit="tok", desc="eval routing", disable=not progress)
@@ -86,9 +101,19 @@ def evaluate_routing(
             }
             if trained is not None:
                 scores["trained"] = trained.predict(owner, hidden, topk_t, mx.array(prev))
-            for p in preds:
+            truths = dict.fromkeys(preds, truth)
+            if target > owner:
+                same = mx.array(r.logits[:, b, :-1])  # target layer at the same token t
+                scores["layer-init"] = scores["init"]  # the same next router, other target
+                truths["layer-init"] = same
+                if layer_trained is not None:
+                    scores["layer-trained"] = layer_trained.predict(
+                        owner, hidden, topk_t, mx.array(prev)
+                    )
+                    truths["layer-trained"] = same
+            for p in scored(owner, target):
                 for k in ks:
-                    got = _row_metrics(scores[p], truth, cfg.top_k, k)
+                    got = _row_metrics(scores[p], truths[p], cfg.top_k, k)
                     mx.eval(got)
                     for m, v in got.items():
                         sums[(p, k, j, m)] += float(v)
@@ -96,7 +121,8 @@ def evaluate_routing(
     bar.close()
     per_head = {
         f"{owner}->{target}": {
-            p: {str(k): {m: sums[(p, k, j, m)] / rows for m in METRICS} for k in ks} for p in preds
+            p: {str(k): {m: sums[(p, k, j, m)] / rows for m in METRICS} for k in ks}
+            for p in scored(owner, target)
         }
         for j, (owner, target) in pairs
     }
@@ -108,14 +134,14 @@ def evaluate_routing(
             }
             for k in ks
         }
-        for p in preds
+        for p in preds + layer_preds
     }
     return {
         "top_k": cfg.top_k,
         "num_experts": cfg.num_experts,
         "ks": ks,
         "rows_per_head": rows,
-        "predictors": preds,
+        "predictors": preds + layer_preds,
         "mean": mean,
         "per_head": per_head,
     }
@@ -137,6 +163,11 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for k in ks:
         for p in result["predictors"]:
-            cells = [f"{result['per_head'][h][p][k]['recall']:.3f}" for h in heads]
+            cells = [
+                f"{result['per_head'][h][p][k]['recall']:.3f}"
+                if p in result["per_head"][h]
+                else "-"
+                for h in heads
+            ]
             lines.append(f"| {p} @{k} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

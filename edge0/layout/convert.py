@@ -28,6 +28,7 @@ from edge0.layout.manifest import (
     RESIDENT_FILE,
     Manifest,
 )
+from edge0.layout.manifest_checks import SUPPORTED_BITS, SUPPORTED_GROUPS
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import conversion_dtype, quantize, switch_modules
 from edge0.layout.records import PROJECTIONS, RecordSpec, pack_record, record_layout
@@ -57,9 +58,15 @@ TOKENIZER_FILES = (
 
 @attrs.frozen
 class ConvertOptions:
-    """Options of `edge0 convert` (None: 4 bits / group 64 for HF, the source's for MLX)."""
+    """Options of `edge0 convert` (None: 4 bits / group 64 for HF, the source's for MLX).
+
+    embed_bits / attn_bits: bits of the token embedding + LM head / of the attention
+    projections (None: the expert bits). HF sources only: MLX sources are never requantized.
+    """
 
     bits: int | None = None
+    embed_bits: int | None = None
+    attn_bits: int | None = None
     group_size: int | None = None
     compress: str | None = None  # None or "zstd"
     zstd_level: int = 3
@@ -118,6 +125,64 @@ def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) ->
     return found
 
 
+def _expert_params(source: Source, shape: ExpertShape, params: dict[str, Any]) -> dict[str, Any]:
+    """The experts' quantization: `params`, or a smaller group when the widths need one.
+
+    mlx-lm leaves a module whose width is not a multiple of the group size in float;
+    an expert record must be quantized, so the experts get the largest supported group
+    that divides both widths (the resident modules keep `params`, as mlx-lm would).
+    """
+    group, bits = params["group_size"], params["bits"]
+    dims = (shape.d_model, shape.d_ff)
+    if source.quantized or all(d % group == 0 and d * bits % 32 == 0 for d in dims):
+        return params
+    fits = [g for g in SUPPORTED_GROUPS if g < group and all(d % g == 0 for d in dims)]
+    if not fits or any(d * bits % 32 for d in dims):
+        raise ConversionError(
+            f"{source.path}: expert widths {shape.d_model} x {shape.d_ff} are not a multiple of "
+            f"any supported group size ({', '.join(map(str, SUPPORTED_GROUPS))}) at {bits} bits; "
+            "this model cannot be stored in the edge0 layout"
+        )
+    log.warning("convert.expert_group_reduced", requested=group, used=max(fits),
+                d_model=shape.d_model, d_ff=shape.d_ff)  # fmt: skip
+    return {**params, "group_size": max(fits)}
+
+
+def _check_options(opts: ConvertOptions) -> None:
+    if opts.compress not in (None, "zstd"):
+        raise ConversionError(f"unknown --compress {opts.compress!r}; the choice is zstd")
+    if opts.bits is not None and opts.bits not in SUPPORTED_BITS:
+        raise ConversionError(
+            f"--bits {opts.bits} is not supported; choose one of "
+            f"{', '.join(map(str, SUPPORTED_BITS))} (4 is the default)"
+        )
+    if opts.group_size is not None and opts.group_size not in SUPPORTED_GROUPS:
+        raise ConversionError(
+            f"--group-size {opts.group_size} is not supported; choose one of "
+            f"{', '.join(map(str, SUPPORTED_GROUPS))} (64 is the default)"
+        )
+    if not -7 <= opts.zstd_level <= 22:
+        raise ConversionError(f"--zstd-level {opts.zstd_level} is outside zstd's -7..22")
+
+
+RESIDENT_BITS = (4, 8)
+
+
+def _resident_bits(source: Source, opts: ConvertOptions) -> dict[str, int]:
+    chosen = {"embed": opts.embed_bits, "attn": opts.attn_bits}
+    out = {kind: b for kind, b in chosen.items() if b is not None}
+    for kind, b in out.items():
+        if b not in RESIDENT_BITS:
+            raise ConversionError(f"--{kind}-bits {b} is not one of {list(RESIDENT_BITS)}")
+    if out and source.quantized:
+        raise ConversionError(
+            f"{source.path} is already quantized; Edge0 repacks MLX checkpoints without "
+            "requantizing: drop --embed-bits/--attn-bits or convert from the full-precision "
+            "checkpoint"
+        )
+    return out
+
+
 def _scale_dtype(source: Source) -> str:
     le = next(iter(source.experts.values()))
     if source.quantized:
@@ -172,7 +237,12 @@ def _write_experts(
 
 
 # Quality artifacts trained for this model travel with it (docs/prerouter.md, docs/lora.md).
-ARTIFACT_FILES = ("prerouter.safetensors", "prerouter.json")
+ARTIFACT_FILES = (
+    "prerouter.safetensors",
+    "prerouter.json",
+    "prerouter-layer.safetensors",
+    "prerouter-layer.json",
+)
 ARTIFACT_DIRS = ("adapters",)
 
 
@@ -195,33 +265,35 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     """
     opts = opts or ConvertOptions()
     src, dst = Path(src), Path(dst)
-    if opts.compress not in (None, "zstd"):
-        raise ConversionError(f"unknown --compress {opts.compress!r}; the choice is zstd")
+    _check_options(opts)
     check_destination(dst, opts.force, src)
     start = time.perf_counter()
     source = open_source(src)
     model = build_float_model(source.config)
     shape = _expert_shape(source, model)
     params = _quant_defaults(source, shape, opts)
+    expert_params = _expert_params(source, shape, params)
+    resident_bits = _resident_bits(source, opts)
     spec = record_layout(
-        shape.d_model, shape.d_ff, params["bits"], params["group_size"], _scale_dtype(source)
-    )
+        shape.d_model, shape.d_ff, expert_params["bits"], expert_params["group_size"],
+        _scale_dtype(source),
+    )  # fmt: skip
     experts_bytes = len(shape.layers) * shape.n_experts * spec.record_size
     resident_bytes = sum(source.tensors[k].nbytes for k in source.resident_keys)  # upper bound
     need = experts_bytes * (2 if opts.compress else 1) + resident_bytes
     check_free_space(dst, need, f"converting {src}")
     with atomic_directory(dst, opts.force, src) as tmp:
-        config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE)
+        config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE, resident_bits)
         resident_crc = {
             "header": zlib.crc32(header_bytes(tmp / RESIDENT_FILE)),
             "file": file_crc32(tmp / RESIDENT_FILE),
         }
-        writer = _write_experts(source, shape, spec, params, tmp, opts)
+        writer = _write_experts(source, shape, spec, expert_params, tmp, opts)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             model_type=config["model_type"],
             config=config,
-            quantization=dict(params),
+            quantization=dict(expert_params),
             moe_layers=shape.layers,
             n_experts=shape.n_experts,
             record_size=spec.record_size,

@@ -149,8 +149,9 @@ def _build(path: Path, manifest: Manifest) -> nn.Module:
     try:
         model = build_float_model(manifest.config)
         switch = switch_modules(model)
-    except Edge0Error:
-        raise
+    except Edge0Error as exc:  # one line, whatever the model code's message holds
+        line = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"{path / MANIFEST_FILE}: {line}") from None
     except Exception as exc:  # noqa: BLE001 - mlx-lm rejects a bad config in many ways
         raise CheckpointError(
             f"{path / MANIFEST_FILE}: its config does not build a model "

@@ -51,8 +51,12 @@ def _fields(raw: Any) -> tuple[RecordField, ...]:
         name, dtype, shape = f.get("name"), f.get("dtype"), f.get("shape")
         if not isinstance(name, str) or not isinstance(dtype, str):
             raise _Bad(f"fields[{i}] needs string 'name' and 'dtype'")
-        if not isinstance(shape, list) or not shape or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 0 < n < MAX_INT for n in shape
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 < n < MAX_INT for n in shape
+            )
         ):
             raise _Bad(f"fields[{i}] ({name}) 'shape' must be a list of positive integers")
         out.append(RecordField(name, dtype, tuple(shape), _int(f, "offset"), _int(f, "nbytes")))
@@ -196,4 +200,3 @@ def check_model(manifest: Manifest, switch: dict[int, Any], path: Path) -> None:
             f"{path}: the config builds {n} experts of {d_model}x{d_ff}, edge0.json records "
             f"{manifest.n_experts} of {want_d}x{want_ff}; {_FIX}"
         )
-

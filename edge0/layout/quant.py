@@ -71,6 +71,29 @@ def quant_params(
     return dict(defaults) if decision else None
 
 
+RESIDENT_KINDS = ("embed", "attn")  # what `edge0 convert --embed-bits/--attn-bits` select
+
+
+def resident_kind(path: str) -> str | None:
+    """ "embed" for the token embedding and the LM head, "attn" for attention projections."""
+    leaf = path.rpartition(".")[2]
+    if leaf in ("embed_tokens", "lm_head"):
+        return "embed"
+    if ".self_attn." in path or ".linear_attn." in path:
+        return "attn"
+    return None
+
+
+def with_resident_bits(
+    path: str, params: dict[str, Any] | None, bits: dict[str, int]
+) -> dict[str, Any] | None:
+    """`params` with the bits `bits` gives this module's kind (RESIDENT_KINDS), if any."""
+    kind = resident_kind(path)
+    if params is None or kind not in bits:
+        return params
+    return {**params, "bits": bits[kind]}
+
+
 def quantized_shapes(
     shape: tuple[int, ...], params: dict[str, Any]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -26,6 +26,7 @@ from edge0.layout.quant import (
     quant_params,
     quantize,
     quantized_shapes,
+    with_resident_bits,
 )
 from edge0.layout.safetensors_io import (
     SafetensorsWriter,
@@ -66,7 +67,7 @@ def _lazy_tensors(source: Source) -> tuple[dict[str, mx.array], dict[int, Tensor
 
 
 def _plan(
-    source: Source, model: nn.Module, defaults: dict[str, Any]
+    source: Source, model: nn.Module, defaults: dict[str, Any], bits: dict[str, int]
 ) -> tuple[list[_Entry], dict[str, Any]]:
     lazy, origin = _lazy_tensors(source)
     tc = source.config.get("text_config") or source.config
@@ -92,6 +93,7 @@ def _plan(
         params = None
         if not source.quantized and leaf == "weight" and path in modules:
             params = quant_params(model, path, modules[path], defaults)
+            params = with_resident_bits(path, params, bits)
             if params is not None and params != defaults:
                 overrides[path] = {k: params[k] for k in ("group_size", "bits")}
         entries.append(_entry(key, value, info, target, params))
@@ -138,13 +140,19 @@ def _entry(
 
 
 def write_resident(
-    source: Source, model: nn.Module, defaults: dict[str, Any], path: Path
+    source: Source,
+    model: nn.Module,
+    defaults: dict[str, Any],
+    path: Path,
+    bits: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Write resident.safetensors for `source`; returns (output config, bytes written).
 
-    `model` is the float-shaped mlx-lm model of the source (never evaluated).
+    `model` is the float-shaped mlx-lm model of the source (never evaluated). `bits` maps
+    a resident kind (quant.RESIDENT_KINDS) to its bits, overriding the defaults' (recorded
+    per layer in the config's quantization dict, as the 8-bit routers are).
     """
-    entries, config = _plan(source, model, defaults)
+    entries, config = _plan(source, model, defaults, bits or {})
     plan = [o for e in entries for o in e.outputs]
     writer = SafetensorsWriter(path, plan)
     total = 0

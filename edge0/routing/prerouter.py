@@ -16,6 +16,14 @@ from edge0.errors import CheckpointError, ModelLoadError
 WEIGHTS_FILE = "prerouter.safetensors"
 CONFIG_FILE = "prerouter.json"
 FORMAT_VERSION = 1
+# Horizon of a set of heads: "token" (the next MoE layer at token t+1, what route mode runs
+# on) or "layer" (the next MoE layer at the same token t: one layer of lead time). Each
+# horizon has its own files, so layer heads never replace the shipped token heads.
+HORIZONS = ("token", "layer")
+FILES = {
+    "token": (WEIGHTS_FILE, CONFIG_FILE),
+    "layer": ("prerouter-layer.safetensors", "prerouter-layer.json"),
+}
 
 
 @attrs.frozen
@@ -29,10 +37,12 @@ class PrerouterConfig:
     moe_layers: tuple[int, ...]  # model layer indices with a sparse block, ascending
     wrap: bool = True  # the last MoE layer's head predicts the first MoE layer at t+1
     trained: bool = False
+    horizon: str = "token"  # one of HORIZONS; "layer" heads never wrap
     info: dict[str, Any] = attrs.field(factory=dict)  # training provenance and figures
 
     def heads(self) -> list[tuple[int, int]]:
-        """(owner layer N, target layer) pairs; the target is routed at token t+1."""
+        """(owner layer N, target layer) pairs; the target is routed at token t+1 (horizon
+        "token") or at the same token t (horizon "layer")."""
         pairs = list(zip(self.moe_layers[:-1], self.moe_layers[1:], strict=True))
         if self.wrap and self.moe_layers:
             pairs.append((self.moe_layers[-1], self.moe_layers[0]))
@@ -54,6 +64,12 @@ class PrerouterConfig:
                 "retrain the heads with `edge0 train heads`"
             )
         d["moe_layers"] = tuple(d["moe_layers"])
+        horizon = d.get("horizon", "token")
+        if horizon not in HORIZONS or (horizon == "layer" and d.get("wrap", True)):
+            raise CheckpointError(
+                f"{CONFIG_FILE}: horizon {horizon!r} (wrap {d.get('wrap', True)}) is not one of "
+                f"{list(HORIZONS)} (layer heads do not wrap); retrain the heads"
+            )
         return cls(**d)
 
 
@@ -166,12 +182,21 @@ class PrerouterSet:
 
     @classmethod
     def from_model(
-        cls, model: nn.Module, hidden: int | None = None, wrap: bool = True, lean: bool = False
+        cls,
+        model: nn.Module,
+        hidden: int | None = None,
+        wrap: bool = True,
+        lean: bool = False,
+        horizon: str = "token",
     ) -> PrerouterSet:
         """Untrained heads: `l` copies the next MoE layer's router, fc2 is zero.
 
         `lean`: `RouterCopyHead`s (same logits, no zero parts) for inference only.
+        horizon "layer": the same heads, targeting the next MoE layer at the same token (no
+        wrap-around head); untrained, each is that next router on this layer's hidden.
         """
+        if horizon not in HORIZONS:
+            raise ValueError(f"horizon {horizon!r} is not one of {list(HORIZONS)}")
         blocks = moe_blocks(model)
         w0 = router_weight(blocks[0][1])
         num_experts, d_model = w0.shape
@@ -181,7 +206,8 @@ class PrerouterSet:
             top_k=block_top_k(blocks[0][1]),
             hidden=hidden or default_hidden(d_model),
             moe_layers=tuple(i for i, _ in blocks),
-            wrap=wrap,
+            wrap=wrap and horizon == "token",
+            horizon=horizon,
         )
         by_layer = dict(blocks)
         heads: dict[int, Any] = {}
@@ -204,7 +230,7 @@ class PrerouterSet:
         topk_t: mx.array | None,
         topk_prev: mx.array | None,
     ) -> mx.array:
-        """Logits (..., E) for layer `self.target[layer]` at token t+1.
+        """Logits (..., E) for layer `self.target[layer]` at token t+1 (t for horizon "layer").
 
         Args:
             layer: the owner layer N (a model layer index).
@@ -243,33 +269,41 @@ class PrerouterSet:
         return flat
 
     def save(self, model_dir: str | Path) -> Path:
-        """Write prerouter.safetensors and prerouter.json into `model_dir`."""
+        """Write the heads' two files into `model_dir` (FILES[horizon]); returns the weights."""
         d = Path(model_dir)
         d.mkdir(parents=True, exist_ok=True)
-        mx.save_safetensors(
-            str(d / WEIGHTS_FILE), self.parameters_flat(), metadata={"format": "mlx"}
-        )
-        (d / CONFIG_FILE).write_text(json.dumps(self.config.to_json(), indent=2) + "\n")
-        return d / WEIGHTS_FILE
+        wname, cname = FILES[self.config.horizon]
+        mx.save_safetensors(str(d / wname), self.parameters_flat(), metadata={"format": "mlx"})
+        (d / cname).write_text(json.dumps(self.config.to_json(), indent=2) + "\n")
+        return d / wname
 
     @staticmethod
-    def exists(model_dir: str | Path) -> bool:
+    def exists(model_dir: str | Path, horizon: str = "token") -> bool:
         d = Path(model_dir)
-        return (d / WEIGHTS_FILE).is_file() and (d / CONFIG_FILE).is_file()
+        wname, cname = FILES[horizon]
+        return (d / wname).is_file() and (d / cname).is_file()
 
     @classmethod
-    def load(cls, model_dir: str | Path) -> PrerouterSet:
-        """Read the heads from `model_dir`; CheckpointError naming the file on any mismatch."""
+    def load(cls, model_dir: str | Path, horizon: str = "token") -> PrerouterSet:
+        """Read the heads of `horizon` from `model_dir`; CheckpointError naming the file on
+        any mismatch."""
         d = Path(model_dir)
-        wpath, cpath = d / WEIGHTS_FILE, d / CONFIG_FILE
-        if not cls.exists(d):
+        wname, cname = FILES[horizon]
+        wpath, cpath = d / wname, d / cname
+        if not cls.exists(d, horizon):
+            flag = "" if horizon == "token" else f" --horizon {horizon}"
             raise CheckpointError(
-                f"{d}: no {WEIGHTS_FILE} + {CONFIG_FILE}; train heads with `edge0 train heads`"
+                f"{d}: no {wname} + {cname}; train heads with `edge0 train heads{flag}`"
             )
         try:
             config = PrerouterConfig.from_json(json.loads(cpath.read_text()))
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{cpath}: malformed ({exc}); retrain the heads") from exc
+        if config.horizon != horizon:
+            raise CheckpointError(
+                f"{cpath}: holds {config.horizon!r}-horizon heads, expected {horizon!r}; "
+                f"retrain with `edge0 train heads --horizon {horizon}`"
+            )
         try:
             flat = mx.load(str(wpath))
             assert isinstance(flat, dict)

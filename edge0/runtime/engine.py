@@ -101,6 +101,8 @@ class Engine:
             await self.setup.scheduler.aclose()
         if self.setup.tier is not None:
             await self.setup.tier.aclose()
+        for close in self.setup.on_close:  # e.g. stopping the other ranks of a pipeline
+            await close()
         if self.options.trace:
             self.setup.tracer.write_chrome(self.options.trace)
         self._compute.close()
@@ -217,9 +219,9 @@ class Engine:
     async def _run(self, req: Request) -> None:
         """One request's steps on the compute thread; tokens go to its queue as they come."""
         ctx, sched = self.setup.ctx, self.setup.scheduler
-        model, settings = self.setup.model, req.settings
-        runner = await self._compute.run(
-            lambda: Runner(model, ctx, req.id, settings.sampler())  # seeded on this thread
+        settings = req.settings
+        runner = await self._compute.run(  # the sampler is seeded on this thread
+            lambda: self.setup.make_runner(req.id, settings.sampler(), settings)
         )
         first_record = len(ctx.records)
         reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
@@ -227,7 +229,7 @@ class Engine:
         self._lags = []
         stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
                          predictor=getattr(ctx.predictor, "name", ""),
-                         prefill_chunk=ctx.prefill_chunk)  # fmt: skip
+                         prefill_chunk=_chunk(runner))  # fmt: skip
         stats.finish_reason = "cancelled"
         t0 = time.perf_counter()
         io_at_decode: float | None = None
@@ -285,10 +287,15 @@ class Engine:
         log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
 
 
+def _chunk(runner: Any) -> int:
+    """Prompt tokens per forward: a pipeline's rank 0 (edge0.dist) feeds one token per step."""
+    return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
+
+
 def _prefill(runner: Runner, ids: list[int], decode: bool) -> int:
     """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
     and, when a decode step follows (`decode`), prefetches."""
-    if runner.steps.prefill_chunk > 1 and len(ids) > 1:  # chunked: only the last chunk draws
+    if _chunk(runner) > 1 and len(ids) > 1:  # chunked: only the last chunk draws
         return runner.prefill(ids, decode=decode)
     sampler, runner.sampler = runner.sampler, greedy
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from edge0.runtime.memory import (
     working_bytes,
 )
 from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
+from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import ALIGN, SlotMemory, slot_bytes
 from edge0.runtime.slots import SlotPool, pool_size
@@ -69,6 +71,10 @@ class EngineOptions:
     # prompt tokens per forward; 1: one token per step; None: DEFAULT_CHUNK, or 1 under a
     # memory budget (the plan holds decode's working memory, not a chunk's)
     prefill_chunk: int | None = None
+    # several ranks (edge0.dist): hosts "2", "ip,ip" or hosts.json; layers per rank "4,4"
+    hosts: str | int | None = None
+    layers: str | None = None
+    rank_timeout: float = 120.0  # seconds a rank may take for one step before rank 0 gives up
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -107,6 +113,15 @@ class Setup:
     scheduler: Scheduler | None = None
     tier: Tier | None = None
     memory_plan: MemoryPlan | None = None
+    # edge0.dist replaces how a request runs (rank 0 of a pipeline) and adds its own shutdown
+    runner: Callable[..., Any] | None = None  # (request, sampler, settings) -> a Runner
+    on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
+    dist: Any = None  # the pipeline node (edge0.dist.build.Node) of rank 0
+
+    def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:
+        if self.runner is not None:
+            return self.runner(request, sampler, settings)
+        return Runner(self.model, self.ctx, request, sampler)
 
 
 def model_top_k(block: nn.Module) -> int:
@@ -183,6 +198,10 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     from edge0.model.loader import LoadedModel
 
     opts.check()
+    if opts.hosts is not None:
+        from edge0.dist.launch import build_pipeline
+
+        return await build_pipeline(path, opts, compute)
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     spec = opts.tiers

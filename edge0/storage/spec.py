@@ -48,7 +48,10 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(_NUMBER + r"([a-z]*)\s*", text.strip().lower())
     if not m or m.group(2) not in _UNITS:
         raise ValueError(f"{text!r} is not a size; write e.g. 1GiB, 512MiB, 400MB or 4096")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if not value < 2**63:  # 1e400 is inf: no size is that large
+        raise ValueError(f"{text!r} is too large a size; write e.g. 1GiB, 512MiB or 4096")
+    return int(value)
 
 
 def parse_rate(text: str) -> float:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterHead, PrerouterSet, multi_hot
-from edge0.train.traces import TraceSet, head_rows
+from edge0.train.traces import TraceSet, head_rows, horizon_lead
 
 log = get_logger(__name__)
 
@@ -51,18 +51,22 @@ Batch = list[
 
 
 def make_batch(
-    ts: TraceSet, seqs: np.ndarray, pos: np.ndarray, pairs: list[tuple[int, int]]
+    ts: TraceSet,
+    seqs: np.ndarray,
+    pos: np.ndarray,
+    pairs: list[tuple[int, int]],
+    lead: int = 1,
 ) -> Batch:
     e = ts.meta.num_experts
     out = []
     for a, b in pairs:
-        h, t, p, y = head_rows(ts, seqs, pos, a, b)
-        lead = (len(seqs),)
+        h, t, p, y = head_rows(ts, seqs, pos, a, b, lead)
+        rows = (len(seqs),)
         out.append(
             (
                 mx.array(h),
-                multi_hot(mx.array(t), e, lead),
-                multi_hot(mx.array(p), e, lead),
+                multi_hot(mx.array(t), e, rows),
+                multi_hot(mx.array(p), e, rows),
                 mx.array(y),
             )
         )
@@ -106,20 +110,26 @@ def _split(ts: TraceSet, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray
 def train_heads(
     ts: TraceSet, init: PrerouterSet, cfg: HeadTrainConfig, progress: bool = True
 ) -> tuple[PrerouterSet, dict[str, Any]]:
-    """Train `init`'s heads (in place) on `ts`; returns the best-on-held-out set and a summary."""
+    """Train `init`'s heads (in place) on `ts`; returns the best-on-held-out set and a summary.
+
+    The heads' horizon (init.config.horizon) picks the targets: the next MoE layer at t+1
+    ("token") or at t ("layer", no wrap-around head).
+    """
     if tuple(init.config.moe_layers) != ts.meta.moe_layers:
         raise ConfigError(
             f"traces are for MoE layers {list(ts.meta.moe_layers)}, the model has "
             f"{list(init.config.moe_layers)}; collect traces from this model"
         )
     pairs = ts.pairs(wrap=init.config.wrap)
+    lead = horizon_lead(init.config.horizon)
     owners = [init.config.moe_layers[a] for a, _ in pairs]
     module = _Heads([init.heads[o] for o in owners])
     rng = np.random.default_rng(cfg.seed)
     train_seqs, held_seqs = _split(ts, cfg.heldout_frac, cfg.seed)
     s = ts.meta.seq_len
-    n_held = min(cfg.heldout_rows, len(held_seqs) * (s - 1))
-    held = make_batch(ts, rng.choice(held_seqs, n_held), rng.integers(0, s - 1, n_held), pairs)
+    span = s - lead  # token positions with a target inside the window
+    n_held = min(cfg.heldout_rows, len(held_seqs) * span)
+    held = make_batch(ts, rng.choice(held_seqs, n_held), rng.integers(0, span, n_held), pairs, lead)
 
     def loss_fn(mod: _Heads, batch: Batch) -> mx.array:
         losses = [
@@ -148,7 +158,7 @@ def train_heads(
     bar.set_postfix(held_loss=f"{loss0:.3f}", recall=f"{rec0:.3f}")
     for step in range(1, cfg.max_steps + 1):
         seqs = rng.choice(train_seqs, cfg.batch)
-        batch = make_batch(ts, seqs, rng.integers(0, s - 1, cfg.batch), pairs)
+        batch = make_batch(ts, seqs, rng.integers(0, span, cfg.batch), pairs, lead)
         loss, grads = step_fn(module, batch)
         opt.update(module, grads)
         mx.eval(module.parameters(), opt.state, loss)
@@ -174,6 +184,7 @@ def train_heads(
     mx.eval(module.parameters())
     summary = {
         "k": cfg.k,
+        "horizon": init.config.horizon,
         "loss": f"KL(teacher||head) + {cfg.set_weight} * "
         f"sum_e BCE(sigmoid(z_e), top{cfg.k}_e) / {cfg.k}",
         "steps_run": step,

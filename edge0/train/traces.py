@@ -7,7 +7,9 @@ A shard holds whole windows (sequences of `seq_len` tokens), per MoE layer:
   tokens (n, S)       int32
 Training rows are derived, not duplicated: the head of MoE layer a at token t reads
 hidden[a, t], topk[a, t], topk[a, t-1] (none at t=0) and is trained towards logits[b, t+1],
-b = the next MoE layer (wrapping to the first for the last layer). See `head_rows`.
+b = the next MoE layer (wrapping to the first for the last layer). Layer-horizon heads
+(`lead=0`) read the same inputs and are trained towards logits[b, t], the same token's next
+MoE layer, without wrap-around. See `head_rows`.
 """
 
 from __future__ import annotations
@@ -181,16 +183,23 @@ class TraceSet:
         return out + [(n - 1, 0)] if wrap else out
 
 
+def horizon_lead(horizon: str) -> int:
+    """Tokens between a head's input and its target: 1 for "token", 0 for "layer"."""
+    return {"token": 1, "layer": 0}[horizon]
+
+
 def head_rows(
-    ts: TraceSet, seqs: np.ndarray, pos: np.ndarray, owner: int, target: int
+    ts: TraceSet, seqs: np.ndarray, pos: np.ndarray, owner: int, target: int, lead: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rows (window seqs[i], token pos[i]) for one head; pos in [0, seq_len - 2].
+    """Rows (window seqs[i], token pos[i]) for one head; pos in [0, seq_len - 1 - lead].
 
     Returns hidden (R, d) f32, topk_t (R, k), topk_prev (R, k) (NO_EXPERT at t=0),
-    target logits (R, E) = router logits of MoE layer `target` at token pos + 1.
+    target logits (R, E) = router logits of MoE layer `target` at token pos + lead.
     """
+    if lead not in (0, 1):
+        raise ValueError(f"lead {lead} is not 0 (layer horizon) or 1 (token horizon)")
     hidden = ts.hidden[seqs, owner, pos].astype(np.float32)
     topk_t = ts.topk[seqs, owner, pos].astype(np.int32)
     prev = ts.topk[seqs, owner, np.maximum(pos - 1, 0)].astype(np.int32)
     prev[pos == 0] = NO_EXPERT
-    return hidden, topk_t, prev, ts.logits[seqs, target, pos + 1]
+    return hidden, topk_t, prev, ts.logits[seqs, target, pos + lead]

@@ -1,0 +1,1 @@
+"""Pipeline parallel streaming over several processes or machines (mlx.core.distributed)."""

@@ -1,0 +1,178 @@
+"""Building one rank: its layers, predictor heads, slot table, tier stack and scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0.dist.link import Link
+from edge0.dist.pipeline import StageScheduler
+from edge0.dist.plan import Split
+from edge0.dist.stage import Stage, load_stage
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.log import get_logger
+from edge0.model.loaded import activation_dtype
+from edge0.model.sparse import sparse_blocks
+from edge0.routing.families import family_for
+from edge0.routing.predictors import Predictor, make_predictor
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.block import StreamingMoE
+from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
+from edge0.runtime.scheduler import ComputeThread
+from edge0.runtime.setup import EngineOptions, Setup, model_top_k, resident_stacks
+from edge0.runtime.slotmem import SlotMemory
+from edge0.runtime.slots import SlotPool, pool_size
+from edge0.runtime.steps import Steps
+from edge0.runtime.trace import Tracer
+from edge0.storage.spec import open_tiers
+
+log = get_logger("edge0.dist.build")
+
+
+@attrs.define
+class Node:
+    """One rank of the pipeline, as its compute thread sees it."""
+
+    rank: int
+    size: int
+    split: Split
+    stage: Stage
+    ctx: Steps
+    link: Link
+    d_model: int
+    dtype: mx.Dtype
+    entry: int | None = None  # own first streamed layer, predicted by the previous rank
+    exit_to: int | None = None  # the next rank's layer that this rank's last head predicts
+    wrap_to: int | None = None  # rank 0: own first layer, predicted by the last rank (wrap)
+    procs: list[Any] = attrs.Factory(list)  # rank 0: the processes of the ranks it spawned
+    part: Any = None  # rank 0: the StageRunner of the latest request (its stats)
+
+
+def _set_top_k(block: nn.Module, k: int) -> None:
+    for attr in ("top_k", "num_experts_per_tok"):
+        if isinstance(getattr(block, attr, None), int):
+            setattr(block, attr, k)
+
+
+def _predictor(model: nn.Module, opts: EngineOptions, path: Path) -> tuple[int, Predictor | None]:
+    """Before pruning: top-k and the predictor over all MoE layers (heads read the routers)."""
+    blocks = sparse_blocks(model)
+    k = opts.top_k or model_top_k(blocks[0][2])
+    if opts.mode not in ("hint", "route"):
+        return k, None
+    name = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
+    layers = [i for i, _, _ in blocks]
+    return k, make_predictor(name, model, layers, path, wrap=opts.first_layer == "wrap",
+                             recording=opts.recording)  # fmt: skip
+
+
+def load_node(
+    path: Path, manifest: Manifest, opts: EngineOptions, split: Split, rank: int, link: Link,
+    tracer: Tracer,
+) -> tuple[Node, Any, SlotMemory | None, SlotPool | None]:
+    """On the compute thread: load this rank's layers and install its streaming blocks."""
+    size = len(split.ranges)
+    own = split.ranges[rank]
+    experts = "resident" if opts.mode == "resident" else "none"
+    stage, (k, predictor), tokenizer = load_stage(
+        path, manifest, own, rank == 0, rank == size - 1, experts, opts.adapter,
+        lambda m: _predictor(m, opts, path),
+    )  # fmt: skip
+    if k > manifest.n_experts:
+        raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
+    config = manifest.config.get("text_config") or manifest.config
+    dtype = _float_dtype(stage)
+    node = Node(rank, size, split, stage, Steps(opts.mode, k, tracer), link,
+                int(config["hidden_size"]), dtype)  # fmt: skip
+    blocks = sparse_blocks(stage.model)
+    if opts.mode == "resident":
+        for _, _, block in blocks:
+            _set_top_k(block, k)
+        return node, tokenizer, None, None
+    all_moe = list(manifest.moe_layers)
+    keep = all_moe[:1] if opts.first_layer == "resident" and len(all_moe) > 1 else []
+    streamed = [i for i, _, _ in blocks if i not in keep]
+    n_slots = pool_size(k, len(streamed))  # one pool shared by this rank's streamed layers
+    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+    table = SlotPool(streamed, n_slots)
+    steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
+    node.ctx = steps
+    node.entry = streamed[0] if streamed else None
+    for i in keep:
+        if i in own:
+            steps.resident_experts[i] = resident_stacks(path, manifest, i)
+    if opts.record_routing:
+        steps.recording = {}
+    stream_cls = RoutedStream if opts.mode == "route" else LayerStream
+    quant = manifest.quantization
+    streams: dict[int, LayerStream] = {}
+    for i, _, _ in blocks:
+        where: ResidentExperts | SlotExperts = (
+            ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
+            else SlotExperts(i, memory.views[i], steps)
+        )  # fmt: skip
+        streams[i] = stream_cls(i, steps, where, quant)
+    if predictor is not None:
+        _wire_heads(node, predictor, streams, [i for i in all_moe if i not in keep], quant,
+                    opts.first_layer == "wrap")
+    steps.layers = dict(streams)
+    family = family_for(manifest.model_type)
+    for i, attr, block in blocks:
+        setattr(stage.model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
+    return node, tokenizer, memory, table
+
+
+def _wire_heads(node: Node, predictor: Predictor, streams: dict[int, LayerStream],
+                streamed: list[int], quant: dict[str, Any], wrap: bool) -> None:  # fmt: skip
+    """The heads this rank owns whose targets are streamed somewhere; a head whose target is
+    on another rank predicts into a stand-in stream (its prefetch goes to the outbox)."""
+    own, steps = node.split.ranges[node.rank], node.ctx
+    predictor.targets = {a: b for a, b in predictor.targets.items()
+                         if a in own and b in streamed}  # fmt: skip
+    heads = getattr(predictor, "heads", None)
+    if isinstance(heads, PrerouterSet):  # free the heads other ranks own
+        heads.heads = {a: h for a, h in heads.heads.items() if a in own}
+    remote = {b for b in predictor.targets.values() if b not in own}
+    if len(remote) > 1:
+        raise ConfigError(f"rank {node.rank}: heads predict layers {sorted(remote)} elsewhere")
+    node.exit_to = next(iter(remote), None)
+    for owner, target in predictor.targets.items():
+        stream = streams.get(target) or LayerStream(target, steps, ResidentExperts({}), quant)
+        streams[owner].head = Lookahead(owner, predictor, stream, steps)
+    if wrap and node.rank == 0 and streamed and streamed[0] in own:
+        node.wrap_to = streamed[0]  # predicted by the last rank's wrap-around head
+
+
+def _float_dtype(stage: Stage) -> mx.Dtype:
+    from mlx.utils import tree_flatten
+
+    flat: Any = tree_flatten(stage.inner.layers[stage.own[0]].parameters())
+    for _, v in flat:
+        if mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
+    return mx.float32
+
+
+async def build_node(path: Path, opts: EngineOptions, split: Split, rank: int, link: Link,
+                     compute: ComputeThread) -> tuple[Setup, Node]:  # fmt: skip
+    """Load rank `rank` and open its tier stack and scheduler (a memory budget is refused with --hosts)."""
+    manifest = Manifest.load(path)
+    tracer = Tracer(chrome=opts.trace is not None)
+    node, tokenizer, memory, table = await compute.run(
+        lambda: load_node(path, manifest, opts, split, rank, link, tracer)
+    )
+    setup = Setup(opts, path, node.stage.model, tokenizer, manifest, node.ctx, tracer)
+    if memory is None or table is None:
+        return setup, node
+    spec = opts.tiers
+    setup.tier = open_tiers(spec, path, manifest)
+    remote = set(manifest.moe_layers) - set(table.layers)
+    setup.scheduler = StageScheduler(setup.tier, memory, table, list(table.layers), tracer,
+                                     opts.io_workers, remote=remote)  # fmt: skip
+    node.ctx.attach(setup.scheduler)
+    return setup, node

@@ -1,0 +1,134 @@
+"""Pipeline parallel over real local ranks (mlx.distributed ring on 127.0.0.1): tokens equal to
+one process in every mode; a rank that dies or hangs ends the request with a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runtime_helpers import build_store
+
+from edge0.dist.hosts import parse_hosts
+from edge0.model.generate import SamplingSettings
+from edge0.runtime.engine import Engine
+
+DRIVER = Path(__file__).parent / "dist_driver.py"
+PROMPTS = [[5, 17, 42, 7, 99], [3, 1, 4, 1, 5, 9]]
+MODES = ("resident", "reactive", "hint", "route")
+
+
+def start(path: Path, **options: Any) -> subprocess.Popen[str]:
+    """The driver (rank 0, which spawns the other ranks) in its own process."""
+    options.setdefault("prompts", PROMPTS)
+    return subprocess.Popen([sys.executable, str(DRIVER), str(path), json.dumps(options)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def result(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return got
+
+
+def single(path: Path, max_tokens: int = 8, sampling: dict[str, Any] | None = None,
+           **options: Any) -> list[list[int]]:  # fmt: skip
+    settings = SamplingSettings(**(sampling or {}))
+
+    async def go() -> list[list[int]]:
+        async with Engine.open(path, **options) as eng:
+            return [[t async for t in eng.tokens(ids, max_tokens=max_tokens, sampling=settings,
+                                                 stop=False)]
+                    for ids in PROMPTS]  # fmt: skip
+
+    return asyncio.run(go())
+
+
+def mode_options(mode: str) -> dict[str, Any]:
+    return dict(mode=mode, tiers="pread", predictor="init" if mode in ("hint", "route") else None)
+
+
+@pytest.fixture(scope="module")
+def hybrid4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """qwen3_5_moe, 4 layers: Gated DeltaNet + full attention + shared expert."""
+    return build_store(tmp_path_factory.mktemp("dist"), "qwen3_5_moe")
+
+
+SEEDED = dict(temp=0.9, seed=7)  # the last rank draws, with the same seeded sampler
+
+
+def test_two_ranks_match_one_process_in_every_mode(hybrid4: Path) -> None:
+    runs = {m: mode_options(m) for m in MODES}
+    runs["route, sampled"] = dict(mode_options("route"), sampling=SEEDED)
+    procs = {name: start(hybrid4, hosts=2, rank_timeout=60, **o) for name, o in runs.items()}
+    want = {name: single(hybrid4, **o) for name, o in runs.items()}  # meanwhile, here
+    assert want["route, sampled"] != want["route"]  # the sampler matters
+    for mode, proc in procs.items():
+        got = result(proc)
+        assert got["tokens"] == want[mode], mode
+        stats = got["stats"]
+        assert [int(s["rank"]) for s in stats] == [0, 1]
+        assert all(s["steps"] == len(PROMPTS[1]) + 7 for s in stats)  # the last request's steps
+        if mode != "resident":  # each rank read only its own layers' experts (rank 0 keeps layer 0)
+            assert stats[0]["reads"] > 0 and stats[1]["reads"] > 0, mode
+
+
+@pytest.mark.slow
+def test_four_ranks_match_one_process_route_wrap(tmp_path: Path) -> None:
+    """8 layers over 4 ranks; the last rank's wrap-around head predicts rank 0's first layer."""
+    path = build_store(tmp_path, "qwen3_5_moe", layers=8)
+    opts = dict(mode="route", tiers="pread", predictor="init", first_layer="wrap")
+    proc = start(path, hosts="127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1", layers="2,2,2,2",
+                 rank_timeout=60, **opts)  # fmt: skip
+    want = single(path, **opts)
+    got = result(proc)
+    assert got["tokens"] == want
+    assert [int(s["rank"]) for s in got["stats"]] == [0, 1, 2, 3]
+
+
+def test_rank_that_dies_hangs_or_cannot_start_ends_the_request(hybrid4: Path) -> None:
+    common = dict(hosts=2, tiers="pread", max_tokens=50, prompts=PROMPTS[:1])
+    bad_start = start(hybrid4, mode="reactive", bad_rank_path=True, **common)
+    dies = start(hybrid4, mode="route", rank_timeout=30, fault={"after": 3, "signal": "KILL"},
+                 **common)  # fmt: skip
+    hangs = start(hybrid4, mode="reactive", rank_timeout=3, fault={"after": 2, "signal": "STOP"},
+                  **common)  # fmt: skip
+    got = result(dies)
+    assert got["type"] == "RankError", got
+    assert "a rank died" in got["error"] and len(got["partial"]) == 3, got
+    assert got["seconds"] < 20, got  # the lost connection, well before the 30 s timeout
+    assert "a rank died" in got["again"] and got["again_seconds"] < 1, got  # fails fast after
+    got = result(hangs)
+    assert got["type"] == "RankError", got
+    assert "no answer within 3 s" in got["error"] and len(got["partial"]) == 2, got
+    assert 2.5 < got["seconds"] < 20, got
+    assert "no answer" in got["again"] and got["again_seconds"] < 1, got
+    got = result(bad_start)
+    assert got["type"] == "RankError", got
+    assert "rank 1 exited with code 2" in got["error"], got
+    assert "/nonexistent/model/edge0.json not found" in got["error"], got
+
+
+@pytest.mark.slow
+def test_cli_hosts_and_mlx_launch_print_the_same_text(hybrid4: Path) -> None:
+    """`edge0 run --hosts 2` and `mlx.launch -n 2 ... -m edge0 run` vs one process."""
+    edge0 = [sys.executable, "-m", "edge0", "run", str(hybrid4), "-p", "def f(x):", "--max-tokens",
+             "12", "--mode", "route", "--predictor", "init", "--tiers", "pread"]  # fmt: skip
+    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", "127.0.0.1", "-n", "2",
+              "--starting-port", str(parse_hosts(2).ports[0]), "--python", sys.executable, "--",
+              *edge0[1:]]  # fmt: skip
+    runs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name, cmd in (("hosts", [*edge0, "--hosts", "2"]), ("launch", launch))}  # fmt: skip
+    want = subprocess.run(edge0, capture_output=True, text=True, timeout=120)
+    assert want.returncode == 0, want.stderr[-2000:]
+    assert want.stdout.strip()
+    for name, proc in runs.items():
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, (name, err[-2000:])
+        assert out == want.stdout, name
+        assert "decode:" in err, name  # rank 0's stats line
