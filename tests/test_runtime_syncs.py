@@ -65,16 +65,21 @@ def test_temporal_predictor_reads_the_true_routing_in_groups(store: Path) -> Non
     assert eng.last_stats.tickets_wasted == 0
 
 
-def test_prompt_steps_before_the_last_prefetch_nothing(store: Path) -> None:
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_prompt_steps_before_the_last_prefetch_nothing(store: Path, chunk: int) -> None:
     async def main() -> tuple[MockTier, Any]:
         tier = MockTier(store)
-        async with Engine.open(store, mode="hint", predictor="init", tiers=tier) as eng:
+        async with Engine.open(store, mode="hint", predictor="init", tiers=tier,
+                               prefill_chunk=chunk) as eng:  # fmt: skip
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
             return tier, eng.setup.scheduler.stats
 
     _, reads = asyncio.run(main())
-    # max_tokens=1: the last prompt step yields the only token: no step prefetches
-    assert reads.prefetch == 0 and reads.demand == reads.issued > 0
+    # max_tokens=1: the last prompt step yields the only token: no step prefetches for decode
+    if chunk == 1:
+        assert reads.prefetch == 0 and reads.demand == reads.issued > 0
+    else:  # a chunk prefetches a layer's next group only, for its next sub-step: all consumed
+        assert reads.issued > 0 and reads.consumed == reads.issued and reads.cancelled == 0
 
 
 def test_end_request_cancels_queued_prefetches(store: Path) -> None:

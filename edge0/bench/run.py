@@ -40,6 +40,9 @@ ISOLATION = ("subprocess", "process")
 COLUMNS = [
     ("decode_tps", "decode tok/s", "{:.2f}", 1.0),
     ("prefill_tps", "prefill tok/s", "{:.2f}", 1.0),
+    ("prefill_bytes_per_token", "prefill MiB/prompt tok", "{:.2f}", 1 / _MIB),
+    ("prefill_blocked_ms", "prefill blocked ms", "{:.0f}", 1.0),
+    ("first_decode_blocked_ms", "1st decode blocked ms", "{:.1f}", 1.0),
     ("blocked_ms_per_step", "blocked ms/step", "{:.1f}", 1.0),
     ("compute_ms_per_step", "compute ms/step", "{:.1f}", 1.0),
     ("bytes_per_token", "MiB/token", "{:.2f}", 1 / _MIB),
@@ -61,13 +64,15 @@ class Variant:
     k: int | None
     tiers: str  # ignored (and shown as "-") for resident
     predictor: str = "init"
+    prefill_chunk: int | None = None  # prompt tokens per forward; None: the engine's default
 
     @property
     def label(self) -> str:
         k = f"K={self.k}" if self.k is not None else "K=model"
         pred = f" ({self.predictor})" if self.mode in ("hint", "route") else ""
         tiers = "-" if self.mode == "resident" else self.tiers
-        return f"{self.mode}{pred} {k} @ {tiers}"
+        chunk = "" if self.prefill_chunk is None else f" chunk={self.prefill_chunk}"
+        return f"{self.mode}{pred} {k}{chunk} @ {tiers}"
 
 
 @attrs.frozen
@@ -97,9 +102,10 @@ class BenchOptions:
 
 
 def make_variants(
-    modes: Sequence[str], ks: Sequence[int | None], tiers: Sequence[str], predictor: str = "init"
-) -> list[Variant]:
-    """modes x K x tier stacks (resident once per K: it reads nothing)."""
+    modes: Sequence[str], ks: Sequence[int | None], tiers: Sequence[str], predictor: str = "init",
+    chunks: Sequence[int | None] = (None,),
+) -> list[Variant]:  # fmt: skip
+    """modes x K x tier stacks x prefill chunks (resident once per K: it reads nothing)."""
     from edge0.cli.stream import MODES
 
     out: list[Variant] = []
@@ -108,7 +114,7 @@ def make_variants(
             raise ConfigError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         for k in ks:
             for spec in tiers[:1] if mode == "resident" else tiers:
-                out.append(Variant(mode, k, spec, predictor))
+                out += [Variant(mode, k, spec, predictor, c) for c in chunks]
     return out
 
 
@@ -119,7 +125,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
         "prompt_len": opts.prompt_len, "tokens": opts.tokens,
         "warmup_tokens": opts.warmup_tokens, "cold": opts.cold,
         "memory_budget": opts.memory_budget, "first_layer": opts.first_layer,
-        "io_workers": opts.io_workers, "trace": trace,
+        "io_workers": opts.io_workers, "trace": trace, "prefill_chunk": v.prefill_chunk,
     }  # fmt: skip
 
 

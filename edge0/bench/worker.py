@@ -99,6 +99,9 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         / decode_s
         if decode_s > 0
         else 0.0,  # fmt: skip
+        "prefill_bytes_per_token": wmean("prefill_bytes_per_token", "prompt_tokens"),
+        "first_decode_blocked_ms": wmean("first_decode_blocked_ms", "prompt_tokens"),
+        "prefill_blocked_ms": wmean("prefill_blocked_ms", "prompt_tokens"),
         "slot_hit_rate": wmean("slot_hit_rate"),
         "cache_hit_rate": wmean("cache_hit_rate"),
         "tickets_wasted": float(sum(s["tickets_wasted"] for s in stats)),
@@ -138,6 +141,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     )
     if job["mode"] != "resident":
         opts["tiers"] = job["tiers"]
+    if job.get("prefill_chunk") is not None:
+        opts["prefill_chunk"] = job["prefill_chunk"]
 
     async def go() -> None:
         t0 = time.perf_counter()

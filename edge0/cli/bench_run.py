@@ -81,7 +81,8 @@ def _options(kw: dict[str, Any]) -> Any:
 
 def _progress(rnd: int, v: Any, res: dict[str, Any]) -> None:
     s = res.get("summary")
-    what = (f"{s['decode_tps']:.2f} tok/s, blocked {s['blocked_ms_per_step']:.1f} ms/step"
+    what = (f"{s['decode_tps']:.2f} tok/s, blocked {s['blocked_ms_per_step']:.1f} ms/step, "
+            f"prefill {s['prefill_tps']:.2f} tok/s"
             if s and not res.get("error") else f"failed: {res.get('error')}")  # fmt: skip
     click.echo(f"round {rnd + 1}  {v.label}: {what}", err=True)
 
@@ -150,8 +151,11 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
     help="Add a throttle>pread stack "
     "calibrated so reactive's reads per step take this many times its compute.",
 )
+@click.option("--prefill-chunk", "chunks", default="", help="Prefill chunk sizes to compare, "
+              "e.g. 1,64 (1: one token per step) [default: the engine's].")  # fmt: skip
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
+    from edge0.bench import prefill as bench_prefill
     from edge0.bench import run as bench_run
 
     opts = _options(kw)
@@ -171,11 +175,18 @@ def run_cmd(**kw: Any) -> None:
     for m in modes:
         if m not in MODES:
             raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
-    variants = bench_run.make_variants(modes, ks, specs, kw["predictor"])
+    try:
+        chunks = bench_prefill.parse_chunks(kw["chunks"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks)
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None
+    report["prefill_ratios"] = bench_prefill.prefill_ratios(variants, runs)
     body = report["table"] + "\n\n" + bench_run.ratio_lines(report["ratios"])
+    if report["prefill_ratios"]:
+        body += "\n" + bench_prefill.ratio_lines(report["prefill_ratios"])
     if extra:
         body = extra + "\n\n" + body
     plots: list[Path] = []

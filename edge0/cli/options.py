@@ -12,7 +12,7 @@ MODES = ("resident", "reactive", "hint", "route")
 # the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
                 "context", "trace_file", "run_log_json", "io_workers", "adapter",
-                "sync_every")  # fmt: skip
+                "sync_every", "prefill_chunk")  # fmt: skip
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,6 +96,10 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sync-every", type=click.IntRange(1), default=None,
                      help="Route mode: evaluate the layers' predictions every G layers "
                           "(host syncs per token ~ layers/G) [default: 4]."),
+        click.option("--prefill-chunk", type=click.IntRange(1), default=None,
+                     help="Prompt tokens per forward; each streamed layer reads its chunk's "
+                     "experts once; 1 feeds the prompt one token per step [default: 256; 1 under "
+                     "--memory-budget]."),
         click.option("--adapter/--no-adapter", default=True, show_default=True,
                      help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
     ]  # fmt: skip
@@ -111,5 +115,11 @@ def engine_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
         predictor=runtime["predictor"], first_layer=runtime["first_layer"],
         memory_budget=runtime["memory_budget"], trace=runtime["trace_file"],
         io_workers=runtime["io_workers"], adapter=runtime["adapter"], context=runtime["context"],
-        sync_every=runtime["sync_every"],
+        sync_every=runtime["sync_every"], **prefill_kwargs(runtime),
     )  # fmt: skip
+
+
+def prefill_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
+    """`prefill_chunk` when --prefill-chunk was given (else the engine's default applies)."""
+    chunk = runtime.get("prefill_chunk")
+    return {} if chunk is None else {"prefill_chunk": chunk}

@@ -48,6 +48,10 @@ class StreamingMoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         # x: (1, 1, d_model), the post-attention-norm hidden of one token
+        if x.shape[0] == 1 and x.shape[1] > 1 and self.stream.steps.chunk is not None:
+            from edge0.runtime.prefill import block_call
+
+            return block_call(self, x)  # a prompt chunk (edge0.runtime.prefill)
         if x.shape[0] * x.shape[1] != 1:
             raise Edge0Error(
                 f"the streaming block of layer {self.layer} runs one token per step, got input "

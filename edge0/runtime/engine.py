@@ -228,7 +228,8 @@ class Engine:
         await self._compute.run(mx.reset_peak_memory)
         self._lags = []
         stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
-                         predictor=getattr(ctx.predictor, "name", ""))  # fmt: skip
+                         predictor=getattr(ctx.predictor, "name", ""),
+                         prefill_chunk=_chunk(runner))  # fmt: skip
         stats.finish_reason = "cancelled"
         t0 = time.perf_counter()
         io_at_decode: float | None = None
@@ -237,8 +238,9 @@ class Engine:
             tok = await self._compute.run(lambda: _prefill(runner, req.ids, req.max_tokens > 1))
             t1 = time.perf_counter()
             stats.prefill_s = t1 - t0
-            if sched is not None:
+            if sched is not None and reads0 is not None:
                 io_at_decode, bytes_at_decode = t1, sched.stats.bytes
+                stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(req.ids)
             n = 0
             while True:
                 if tok in req.eos:
@@ -285,9 +287,16 @@ class Engine:
         log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
 
 
+def _chunk(runner: Any) -> int:
+    """Prompt tokens per forward: a pipeline's rank 0 (edge0.dist) feeds one token per step."""
+    return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
+
+
 def _prefill(runner: Runner, ids: list[int], decode: bool) -> int:
     """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
     and, when a decode step follows (`decode`), prefetches."""
+    if _chunk(runner) > 1 and len(ids) > 1:  # chunked: only the last chunk draws
+        return runner.prefill(ids, decode=decode)
     sampler, runner.sampler = runner.sampler, greedy
     try:
         runner.prefill(ids[:-1], decode=False)

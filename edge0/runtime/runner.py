@@ -1,8 +1,8 @@
-"""One request on the compute thread: a fresh KV cache, tokens fed through the model one step each.
+"""One request on the compute thread: a fresh KV cache, the prompt in chunks, then a token a step.
 
-Prompt tokens are fed one step each too, so every step has the same one-token
-shape; the step clock is edge0.runtime.steps, the per-layer work
-edge0.runtime.layers.
+The prompt runs in chunks of `prefill_chunk` tokens per forward
+(edge0.runtime.prefill) or one step per token; the step clock is
+edge0.runtime.steps, the per-layer work edge0.runtime.layers.
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ class Runner:
     def prefill(self, tokens: list[int], decode: bool = True) -> int:
         """Feed the prompt; return the first generated token. Only the last prompt step
         prefetches (the others are followed by prompt steps, routed by the true router),
-        and only when a decode step follows (`decode`)."""
+        and only when a decode step follows (`decode`). With `prefill_chunk` > 1 the
+        prompt runs in chunks (edge0.runtime.prefill)."""
+        if self.steps.prefill_chunk > 1 and len(tokens) > 1:
+            from edge0.runtime.prefill import chunked_prefill
+
+            return chunked_prefill(self, tokens, self.steps.prefill_chunk, decode)
         nxt = -1
         for i, tok in enumerate(tokens):
             nxt = self.feed(tok, prefill=True, prefetch=decode and i == len(tokens) - 1)

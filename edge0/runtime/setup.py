@@ -31,6 +31,7 @@ from edge0.runtime.memory import (
     with_ram,
     working_bytes,
 )
+from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
 from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import ALIGN, SlotMemory, slot_bytes
@@ -67,6 +68,9 @@ class EngineOptions:
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
     context: int = KV_CONTEXT  # tokens of context a memory budget plans for (prompt + output)
+    # prompt tokens per forward; 1: one token per step; None: DEFAULT_CHUNK, or 1 under a
+    # memory budget (the plan holds decode's working memory, not a chunk's)
+    prefill_chunk: int | None = None
     # several ranks (edge0.dist): hosts "2", "ip,ip" or hosts.json; layers per rank "4,4"
     hosts: str | int | None = None
     layers: str | None = None
@@ -89,6 +93,8 @@ class EngineOptions:
             raise ConfigError(f"--sync-every must be at least 1, got {self.sync_every}")
         if self.context < 1:
             raise ConfigError(f"context must be at least 1 token, got {self.context}")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ConfigError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
 
@@ -219,10 +225,16 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     ctx, memory, table = await compute.run(
         lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots)
     )
+    ctx.prefill_chunk = opts.prefill_chunk or (DEFAULT_CHUNK if memory_plan is None else 1)
     setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
     setup.memory_plan = memory_plan
     if memory is None or table is None:
         return setup
+    if memory_plan is not None and opts.prefill_chunk is not None:
+        # an asked-for chunk's estimated peak must fit its share of the working reserve
+        per_token = chunk_bytes_per_token(manifest.config, ctx.top_k)
+        ctx.prefill_chunk = chunk_for_budget(opts.prefill_chunk, per_token, memory_plan.working)
+        log.info("prefill_chunk", chunk=ctx.prefill_chunk, asked=opts.prefill_chunk)
     setup.tier = open_tiers(spec, path, manifest)
     layers = list(table.order)
     if not layers:

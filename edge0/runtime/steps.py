@@ -9,7 +9,7 @@ compute thread; the per-layer work is in edge0.runtime.layers.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import mlx.core as mx
@@ -19,6 +19,9 @@ from edge0.runtime.scheduler import Scheduler
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
+
+if TYPE_CHECKING:
+    from edge0.runtime.prefill import ChunkState
 
 MODES = ("resident", "reactive", "hint", "route")
 
@@ -80,6 +83,8 @@ class Steps:
         self.resident_experts: dict[int, dict[str, mx.array]] = {}
         self.records: list[StepRecord] = []
         self.cur = StepRecord(-1, True)
+        self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
+        self.chunk: ChunkState | None = None  # the prompt chunk being computed
 
     def attach(self, scheduler: Scheduler) -> None:
         """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""

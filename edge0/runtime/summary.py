@@ -32,6 +32,10 @@ class RunStats:
     syncs_per_token: float = 0.0  # decode steps: host syncs (evaluations compute waited for)
     bytes_per_token: float = 0.0
     decode_bytes_per_step: float = 0.0  # read during decode steps only
+    prefill_chunk: int = 1  # prompt tokens per forward
+    prefill_bytes_per_token: float = 0.0  # read during prefill / prompt tokens
+    first_decode_blocked_ms: float = 0.0  # the first decode step waiting on reads
+    prefill_blocked_ms: float = 0.0  # the whole prefill waiting on reads
     slot_hit_rate: float = 0.0  # experts found staged (or in flight) when compute asked
     rewrites_per_step: float = 0.0  # slots written per step (incremental table: misses only)
     tier_reads: dict[str, int] = attrs.field(factory=dict)  # serving tier -> reads
@@ -74,6 +78,10 @@ class RunStats:
             f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
             f"CPU) | host syncs {self.syncs_per_token:.1f}/token | overlap efficiency "
             f"{self.overlap_efficiency:.2f}",
+            f"prefill: chunk {self.prefill_chunk}, reads "
+            f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token, blocked "
+            f"{self.prefill_blocked_ms:.0f} ms | first decode step "
+            f"blocked {self.first_decode_blocked_ms:.2f} ms",
             f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
             f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
             f"cache hit rate {self.cache_hit_rate:.2f} | "
@@ -104,6 +112,7 @@ def fill(
 ) -> None:  # fmt: skip
     """Derive the per-step figures from the decode steps and the read counters."""
     decode = [s for s in steps if not s.prefill]
+    stats.prefill_blocked_ms = sum(s.wait for s in steps if s.prefill) * 1e3
     n = len(decode)
     if n:
         stats.decode_bytes_per_step = decode_bytes / n
@@ -118,6 +127,7 @@ def fill(
         stats.overhead_cpu_ms_per_layer = cpu / layers * 1e3 if layers else 0.0
         stats.syncs_per_token = sum(s.syncs for s in decode) / n
         stats.overlap_efficiency = max(ev, decode_io_s) / wall if wall > 0 else 0.0
+        stats.first_decode_blocked_ms = decode[0].wait * 1e3
     tokens = stats.prompt_tokens + stats.generated_tokens
     stats.bytes_per_token = reads.bytes / tokens if tokens else 0.0
     asked = reads.staged_hits + reads.staged_misses

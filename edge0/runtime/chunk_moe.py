@@ -1,0 +1,114 @@
+"""Multi-token expert compute: a streamed MoE layer over a prompt chunk, its union staged in groups.
+
+A chunk of T tokens routes to T x K (token, expert) pairs. The union of their
+experts is staged G at a time (`group_size`), each group as its own scheduler
+sub-step, so the slot pool's fence rule holds unchanged: group j computes at
+sub-step s+j while group j+1 is read into other slots for s+j+1. Each group runs
+one sorted `gather_qmm` over the pairs routed to it and is evaluated before the
+next sub-step starts (begin_step moves the pool's fence past it: its slots may
+then be rewritten). The pair outputs are put back in (token, k) order and summed with
+the gate weights exactly as the one-token block sums them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import numpy as np
+
+from edge0.runtime.layers import ResidentExperts
+
+if TYPE_CHECKING:
+    from edge0.runtime.block import StreamingMoE
+
+
+def run_pairs(
+    block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array
+) -> mx.array:
+    """SwiGLU of each row of `h` (P, 1, d) with expert slot `idx` (P,) sorted; (P, 1, d)."""
+    q = block.stream.quant
+
+    def proj(name: str, inp: mx.array) -> Any:
+        return mx.gather_qmm(
+            inp,
+            views[f"{name}.weight"],
+            views[f"{name}.scales"],
+            views[f"{name}.biases"],
+            rhs_indices=idx,
+            transpose=True,
+            group_size=q["group_size"],
+            bits=q["bits"],
+            mode=q.get("mode", "affine"),
+            sorted_indices=True,
+        )
+
+    up = proj("up_proj", h)  # (P, 1, d_ff)
+    gate = proj("gate_proj", h)
+    return proj("down_proj", block.activation(up, gate))  # (P, 1, d_model)
+
+
+def stage_order(union: list[int], last: list[int] | None) -> list[int]:
+    """The union with the experts named in `last` moved to the end (they stay staged for decode)."""
+    if not last:
+        return union
+    tail = set(last)
+    return [e for e in union if e not in tail] + [e for e in union if e in tail]
+
+
+def group_size(n_slots: int, layers: int, top_k: int) -> int:
+    """Experts staged per sub-step: G with 2G + K x (layers - 1) <= n_slots, at least 1.
+
+    The slot pool is shared by all streamed layers. While one layer stages its
+    chunk, every other streamed layer may hold up to K slots (its experts staged
+    for a step ahead); this layer needs its current group and the next one's
+    prefetch at once. Within that bound a group can always be staged, so the
+    pool is never over capacity (K x (layers + 2) slots give G = 3K/2).
+    """
+    return max(1, (n_slots - top_k * (layers - 1)) // 2)
+
+
+def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.array:
+    """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d) for routing `inds` (T, K)."""
+    stream = block.stream
+    steps, layer = stream.steps, stream.layer
+    st = steps.chunk
+    assert st is not None
+    t, k = inds.shape
+    flat = inds.reshape(-1)  # (T*K,) pair p = (token p // K, slot p % K)
+    x2 = x.reshape(t, x.shape[-1])  # (T, d)
+    resident = isinstance(stream.experts, ResidentExperts)
+    if resident:  # every expert in memory: one sorted gather over all pairs
+        groups = [sorted(set(flat.tolist()))]
+    else:
+        union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer))
+        assert steps.memory is not None
+        g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
+        groups = [union[i : i + g] for i in range(0, len(union), g)]
+    pair_parts: list[np.ndarray] = []
+    out_parts: list[mx.array] = []
+    for j, group in enumerate(groups):
+        if resident:
+            slot_of = {e: e for e in group}
+        else:
+            if j > 0:
+                st.substep()  # group j-1 is evaluated: its slots may be rewritten from here on
+            if j + 1 < len(groups):
+                st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
+            slot_of = dict(zip(group, st.acquire(layer, group), strict=True))
+        pairs = np.nonzero(np.isin(flat, np.asarray(group)))[0]
+        slot_ids = np.asarray([slot_of[int(e)] for e in flat[pairs]], dtype=np.uint32)
+        order = np.argsort(slot_ids, kind="stable")  # sorted indices for gather_qmm
+        pairs, slot_ids = pairs[order], slot_ids[order]
+        h = x2[mx.array(pairs // k)][:, None, :]  # (P, 1, d)
+        out = run_pairs(block, stream.views, h, mx.array(slot_ids)).squeeze(1)  # (P, d)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval(out)  # before the next sub-step: nothing pending may read these slots
+        steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
+        pair_parts.append(pairs)
+        out_parts.append(out)
+    pairs_all = np.concatenate(pair_parts)
+    outs = mx.concatenate(out_parts, axis=0) if len(out_parts) > 1 else out_parts[0]
+    back = mx.array(np.argsort(pairs_all, kind="stable").astype(np.uint32))
+    return outs[back].reshape(1, t, k, x.shape[-1])  # (1, T, K, d) in (token, k) order

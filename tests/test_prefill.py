@@ -1,0 +1,291 @@
+"""Chunked prefill equals one-token prefill (logits, greedy tokens) in every mode; reads once."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import FIXTURES, MODEL_TYPES
+from runtime_helpers import MockTier, build_store
+
+from edge0.errors import ConfigError
+from edge0.layout.convert import ConvertOptions, convert
+from edge0.model.generate import SamplingSettings
+from edge0.runtime.chunk_moe import group_size
+from edge0.runtime.engine import Engine
+from edge0.runtime.slots import pool_size
+from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family
+
+PROMPT = [5, 17, 42, 7, 99, 3, 250, 31, 64, 12, 8, 77, 140, 9, 21, 33, 45, 101, 6, 88, 13, 2, 57]
+N = 6  # generated tokens: the first from prefill, then N - 1 decode steps
+OTHER_FAMILIES = tuple(mt for mt in CONFIGS if mt not in MODEL_TYPES)
+MODES = [
+    ("resident", None),
+    ("reactive", None),
+    ("hint", "init"),
+    ("route", "init"),
+    ("route", "temporal"),  # a host-side predictor (no MLX graph)
+    ("route", "heads"),  # random heads whose temporal inputs (multi-hot t, t-1) matter
+]
+
+
+def with_random_heads(store: Path, dest: Path) -> Path:
+    """A copy of `store` with prerouter heads whose every weight is random (seeded)."""
+    import shutil
+
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    from edge0.layout.load import load_layout
+    from edge0.routing.prerouter import PrerouterSet
+
+    shutil.copytree(store, dest)
+    heads = PrerouterSet.from_model(load_layout(dest, experts="none").model)
+    mx.random.seed(0)
+    for head in heads.heads.values():
+        flat: Any = tree_flatten(head.parameters())
+        # the multi-hot columns dominate: a wrong temporal input changes the prediction
+        scale = {"lin_m.weight": 10.0}
+        head.update(tree_unflatten([(n, scale.get(n, 0.1) * mx.random.normal(v.shape))
+                                    for n, v in flat]))  # fmt: skip
+    heads.save(dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("prefill-stores")
+    out = {mt: build_store(root, mt) for mt in MODEL_TYPES}
+    for mt in OTHER_FAMILIES:  # the committed tiny fixtures of every other supported family
+        hf = write_family(fixture_file(FIXTURES, mt), root / mt / "hf")
+        convert(hf, root / mt / "e0", ConvertOptions(group_size=32))
+        out[mt] = root / mt / "e0"
+    for mt in MODEL_TYPES:
+        out[f"{mt}+heads"] = with_random_heads(out[mt], root / f"{mt}-heads")
+    return out
+
+
+@attrs.frozen
+class Recording(SamplingSettings):
+    """Greedy sampling that keeps every logits row it is given (one per forward)."""
+
+    seen: list[mx.array] = attrs.field(factory=list)
+
+    def sampler(self) -> Any:
+        def pick(logits: mx.array) -> mx.array:
+            self.seen.append(logits)
+            return mx.argmax(logits, axis=-1)
+
+        return pick
+
+
+async def generate(path: Path, prompt: list[int], chunk: int, **opts: Any) -> dict[str, Any]:
+    if opts.get("mode") != "resident":
+        opts.setdefault("tiers", MockTier(path))
+    rec = Recording()
+    async with Engine.open(path, prefill_chunk=chunk, **opts) as eng:
+        toks = [t async for t in eng.tokens(prompt, max_tokens=N, stop=False, sampling=rec)]
+        # the logits of the prefill's last forward, then of every decode step
+        logits = np.stack([np.array(a.reshape(-1)) for a in rec.seen[-N:]])
+        return {"tokens": toks, "logits": logits, "engine": eng, "stats": eng.last_stats}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("family", MODEL_TYPES)
+@pytest.mark.parametrize(("mode", "predictor"), MODES)
+def test_chunked_prefill_equals_one_token(
+    stores: dict[str, Path], family: str, mode: str, predictor: str | None
+) -> None:
+    path = stores[f"{family}+heads" if predictor == "heads" else family]
+    one = run(generate(path, PROMPT, 1, mode=mode, predictor=predictor))
+    # 23 tokens in chunks of 8, 8, 7; and of 11, 11, 1 (a trailing one-token step)
+    for chunk in (8, 11):
+        got = run(generate(path, PROMPT, chunk, mode=mode, predictor=predictor))
+        assert got["tokens"] == one["tokens"], chunk
+        np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+        prefill_steps = [r for r in got["engine"].setup.ctx.records if r.prefill]
+        assert len(prefill_steps) == 3
+    if mode == "route":  # the first decode step is routed by the last prompt token's prediction
+        ctx = got["engine"].setup.ctx
+        assert ctx.routed_by_prediction == one["engine"].setup.ctx.routed_by_prediction > 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_chunked_prefill_other_capacities(stores: dict[str, Path], k: int) -> None:
+    """K=1 stages one expert per group (8 groups); K=3 groups of 3 over 8 experts."""
+    path = stores[MODEL_TYPES[0]]
+    one = run(generate(path, PROMPT, 1, mode="reactive", top_k=k))
+    got = run(generate(path, PROMPT, 23, mode="reactive", top_k=k))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("first", ["resident", "wrap", "reactive"])
+def test_chunked_prefill_first_layer_policies(stores: dict[str, Path], first: str) -> None:
+    path = stores["qwen3_5_moe"] if "qwen3_5_moe" in stores else stores[MODEL_TYPES[0]]
+    one = run(generate(path, PROMPT, 1, mode="route", predictor="init", first_layer=first))
+    got = run(generate(path, PROMPT, 8, mode="route", predictor="init", first_layer=first))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+def test_each_expert_read_once_per_chunk(stores: dict[str, Path]) -> None:
+    """Reactive, one chunk for the whole prompt: every layer reads exactly its prompt union."""
+    path = stores[MODEL_TYPES[0]]
+    tier = MockTier(path)
+
+    async def go() -> tuple[Any, int]:
+        async with Engine.open(path, tiers=tier, mode="reactive", prefill_chunk=len(PROMPT),
+                               record_routing=True) as eng:  # fmt: skip
+            got = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
+            assert len(got) == 1
+            return eng, len(tier.reads)
+
+    eng, n_reads = run(go())
+    rec = eng.setup.ctx.recording
+    streamed = sorted({layer for _, layer in rec} - set(eng.setup.ctx.resident_experts))
+    want = {
+        layer: {e for pos in range(len(PROMPT)) for e in rec[(pos, layer)]} for layer in streamed
+    }
+    reads: dict[int, list[int]] = {}
+    for key in tier.reads[:n_reads]:
+        reads.setdefault(key.layer, []).append(key.expert)
+    for layer in streamed:
+        assert sorted(reads[layer]) == sorted(want[layer]), layer  # each once, nothing else
+    # more than one group's worth: the union was staged in groups (sub-steps)
+    memory = eng.setup.ctx.memory
+    g = group_size(memory.n_slots, len(streamed), eng.setup.ctx.top_k)
+    assert max(len(u) for u in want.values()) > g
+
+
+@pytest.mark.parametrize("k", [1, 2, 8])
+@pytest.mark.parametrize("layers", [1, 2, 5, 40])
+def test_group_fits_the_shared_pool(k: int, layers: int) -> None:
+    """A group and the next one's prefetch fit while every other layer holds K slots."""
+    for extra in (0, 1, 7):
+        n = pool_size(k, layers, extra=extra)
+        g = group_size(n, layers, k)
+        assert g >= k and 2 * g + k * (layers - 1) <= n, (n, g)
+    assert group_size(pool_size(k, layers), layers, k) == 3 * k // 2  # the default pool
+
+
+def test_bad_chunk_is_a_config_error(stores: dict[str, Path]) -> None:
+    path = stores[MODEL_TYPES[0]]
+
+    async def go() -> None:
+        async with Engine.open(path, tiers=MockTier(path), prefill_chunk=0):
+            pass
+
+    with pytest.raises(ConfigError, match="--prefill-chunk must be at least 1"):
+        run(go())
+
+
+def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> None:
+    """Route, one chunk: the prompt reads each layer's union once; after it, the first decode
+    step's prefetch reads the predicted experts the prompt never used, and again only those
+    that later layers' groups rewrote in the shared pool (never the last layer's: its
+    predicted set is staged last and nothing stages after it)."""
+    path = stores[MODEL_TYPES[0]]
+    tier = MockTier(path)
+
+    async def go() -> tuple[Any, int, dict[int, tuple[int, list[int]]]]:
+        async with Engine.open(path, tiers=tier, mode="route", predictor="init",
+                               prefill_chunk=len(PROMPT), record_routing=True) as eng:  # fmt: skip
+            agen = eng.tokens(PROMPT, max_tokens=3, stop=False)
+            await agen.__anext__()  # the prefill is done, the first decode step not started
+            assert eng.setup.scheduler is not None
+            issued, plans = eng.setup.scheduler.stats.issued, eng.setup.ctx.predictions()
+            async for _ in agen:
+                pass
+            return eng, issued, plans
+
+    eng, issued, plans = run(go())
+    rec = eng.setup.ctx.recording
+    streamed = sorted({layer for _, layer in rec} - set(eng.setup.ctx.resident_experts))
+    union = {n: {e for p in range(len(PROMPT)) for e in rec[(p, n)]} for n in streamed}
+    assert set(plans) == set(streamed)  # every streamed layer is planned for the first step
+    reads: dict[tuple[int, int], int] = {}
+    for key in tier.reads[:issued]:
+        reads[(key.layer, key.expert)] = reads.get((key.layer, key.expert), 0) + 1
+    for layer in streamed:
+        planned = set(plans[layer][1])
+        for e in union[layer] | planned:
+            again = e in union[layer] and e in planned and layer != streamed[-1]
+            assert 1 <= reads.get((layer, e), 0) <= 1 + int(again), (layer, e)
+    assert sum(reads.values()) == issued  # nothing outside the unions and the plans
+    assert all(k[1] in union[k[0]] | set(plans[k[0]][1]) for k in reads)
+
+
+@pytest.mark.parametrize("family", MODEL_TYPES)
+def test_head_runs_on_the_last_position_only(loaded_model: Any, family: str) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from edge0.runtime.prefill import last_position_only
+
+    model = loaded_model(family).model
+    ids = mx.array([PROMPT[:9]])
+    full = model(ids, cache=make_prompt_cache(model))  # (1, 9, vocab)
+    with last_position_only(model):
+        last = model(ids, cache=make_prompt_cache(model))
+    assert last.shape == (1, 1, full.shape[-1])
+    np.testing.assert_allclose(np.array(last[0, -1]), np.array(full[0, -1]), atol=1e-5, rtol=0)
+    assert model(ids, cache=make_prompt_cache(model)).shape == full.shape  # restored
+
+
+def test_chunk_fits_the_working_reserve() -> None:
+    from edge0.runtime.prefill import chunk_bytes_per_token, chunk_for_budget
+
+    mib = 1 << 20
+    assert chunk_for_budget(256, 2 * mib, 406 * mib) == 50  # a quarter of the reserve
+    assert chunk_for_budget(256, 2 * mib, 1) == 1 and chunk_for_budget(256, 0, 1) == 256
+    text = {"hidden_size": 2048, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+            "linear_key_head_dim": 128}  # fmt: skip
+    hybrid = chunk_bytes_per_token({"text_config": text}, 8)
+    plain = chunk_bytes_per_token({"hidden_size": 2048}, 8)
+    assert hybrid - plain == 32 * 128 * 128 * 4 * 21 // 20  # one DeltaNet state per token
+
+
+def test_memory_budget_caps_the_chunk(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --memory-budget the chunk shrinks to fit its share of the plan's working reserve;
+    still exact."""
+    from edge0.layout.manifest import Manifest
+    from edge0.runtime import prefill
+    from edge0.runtime.memory import working_bytes
+
+    family = "qwen3_5_moe" if "qwen3_5_moe" in stores else MODEL_TYPES[0]
+    path = stores[family]
+    config = Manifest.load(path).config
+    per_token = prefill.chunk_bytes_per_token(config, 2)
+    # the tiny models' reserve holds hundreds of chunk tokens: a smaller share makes it bite
+    monkeypatch.setattr(prefill, "WORKING_SHARE", working_bytes(config, 4096) // (5 * per_token))
+    got = run(generate(path, PROMPT, 256, mode="reactive", memory_budget="4GiB",
+                       tiers="pread"))  # fmt: skip
+    setup = got["engine"].setup
+    assert setup.ctx.top_k == 2
+    want = prefill.chunk_for_budget(256, per_token, setup.memory_plan.working)
+    assert setup.ctx.prefill_chunk == want and 1 < want < len(PROMPT)
+    one = run(generate(path, PROMPT, 1, mode="reactive"))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+@pytest.mark.parametrize(("mode", "predictor"), [("reactive", None), ("route", "init")])
+def test_chunked_prefill_every_family(
+    stores: dict[str, Path], family: str, mode: str, predictor: str | None
+) -> None:
+    """Every other supported family (tiny fixtures): chunks of 8 equal one-token prefill."""
+    path = stores[family]
+    one = run(generate(path, PROMPT, 1, mode=mode, predictor=predictor))
+    got = run(generate(path, PROMPT, 8, mode=mode, predictor=predictor))
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)

@@ -1,0 +1,60 @@
+"""Prefill CPU cost, chunked vs one-token: process CPU time (all threads) per prompt token.
+
+Wall time on a loaded shared machine says little; the CPU time the whole
+process spends on a prompt (compute thread, tier workers, event loop) does not
+depend on how many other processes share the cores. Each variant opens its own
+Engine (route, K=4 by default), runs a 4-token warm-up request, then one prompt
+of `--prompt-len` tokens with `max_tokens=1`; variants are interleaved per round.
+
+Usage: .venv/bin/python tools/bench/prefill_cpu.py MODEL --prompt-len 96 --chunks 1,96,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+
+from edge0.bench.worker import encode_prompts
+from edge0.runtime.engine import Engine
+
+
+async def one(model: str, n: int, chunk: int, tiers: str, k: int) -> dict[str, float]:
+    async with Engine.open(model, mode="route", top_k=k, tiers=tiers, prefill_chunk=chunk) as eng:
+        ids = encode_prompts(eng.tokenizer, 1, n)[0]
+        async for _ in eng.tokens(ids[:4], max_tokens=1, stop=False):
+            pass
+        c0 = time.process_time()
+        async for _ in eng.tokens(ids, max_tokens=1, stop=False):
+            pass
+        cpu = time.process_time() - c0
+        s = eng.last_stats
+        assert s is not None
+        return {
+            "cpu": cpu / n * 1e3,
+            "wall": s.prefill_s / n * 1e3,
+            "blocked": s.prefill_blocked_ms / n,
+            "mib": s.prefill_bytes_per_token / 2**20,
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--prompt-len", type=int, default=96)
+    ap.add_argument("--chunks", default="1,96,32")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tiers", default="pread")
+    ap.add_argument("--k", type=int, default=4)
+    a = ap.parse_args()
+    for r in range(a.rounds):
+        for c in (int(x) for x in a.chunks.split(",")):
+            got = asyncio.run(one(a.model, a.prompt_len, c, a.tiers, a.k))
+            print(f"round {r + 1} chunk {c}: CPU {got['cpu']:.0f} ms/tok, wall {got['wall']:.0f} "
+                  f"ms/tok, blocked {got['blocked']:.0f} ms/tok, {got['mib']:.2f} MiB/tok, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
