@@ -86,10 +86,10 @@ class StageRunner:
         self.cache = stage.make_cache()
         # streaming layers count themselves; with none (resident mode) every sparse layer runs
         self.uncounted = 0 if ctx.layers else len(sparse_blocks(stage.model))
-        self.first_record = len(ctx.records)
         sched = ctx.scheduler
         self.reads0 = (sched.stats.bytes, sched.stats.issued) if sched is not None else (0, 0)
         ctx.begin_request(request)
+        self.first_record = len(ctx.records)
 
     def step(self, x: mx.array, prefill: bool, pred: list[int] | None,
              prefetch: bool = True) -> mx.array:  # fmt: skip

@@ -252,6 +252,7 @@ class Scheduler:
             self.request = request
             self.table.clear_failed()
             self._errors.clear()
+            self._intervals.clear()  # read spans of earlier requests: io_time never asks again
 
     def end_request(self) -> int:
         """The request ended: its prefetches still queued are cancelled, never read."""

@@ -99,6 +99,7 @@ class Steps:
     # --- request and step boundaries ----------------------------------------------------
     def begin_request(self, request: int) -> None:
         self.request, self.pos = request, -1
+        self.records.clear()  # only the running request's steps are kept (stats, benches)
         for stream in self.layers.values():
             stream.reset()
         if self.scheduler is not None:
