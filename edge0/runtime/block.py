@@ -70,23 +70,32 @@ class StreamingMoE(nn.Module):
         return fam.extra(self, x, y)
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
-        views, q = self.stream.views, self.stream.quant
         h = mx.expand_dims(x, (-2, -3))  # (1, 1, 1, 1, d_model)
-
-        def proj(name: str, inp: mx.array) -> Any:
-            return mx.gather_qmm(
-                inp,
-                views[f"{name}.weight"],
-                views[f"{name}.scales"],
-                views[f"{name}.biases"],
-                rhs_indices=idx,
-                transpose=True,
-                group_size=q["group_size"],
-                bits=q["bits"],
-                mode=q.get("mode", "affine"),
-            )
-
-        up = proj("up_proj", h)  # (1, 1, K, 1, d_ff)
-        gate = proj("gate_proj", h)
-        out = proj("down_proj", self.activation(up, gate))  # (1, 1, K, 1, d_model)
+        out = expert_ffn(self, self.stream.views, h, idx)  # (1, 1, K, 1, d_model)
         return out.squeeze(-2)
+
+
+def expert_ffn(
+    block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array,
+    sorted_indices: bool = False,
+) -> mx.array:  # fmt: skip
+    """The routed experts' gated FFN of `h` with the experts (slots) `idx`, via gather_qmm."""
+    q = block.stream.quant
+
+    def proj(name: str, inp: mx.array) -> Any:
+        return mx.gather_qmm(
+            inp,
+            views[f"{name}.weight"],
+            views[f"{name}.scales"],
+            views[f"{name}.biases"],
+            rhs_indices=idx,
+            transpose=True,
+            group_size=q["group_size"],
+            bits=q["bits"],
+            mode=q.get("mode", "affine"),
+            sorted_indices=sorted_indices,
+        )
+
+    up = proj("up_proj", h)  # (..., d_ff)
+    gate = proj("gate_proj", h)
+    return proj("down_proj", block.activation(up, gate))  # (..., d_model)

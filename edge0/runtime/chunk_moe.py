@@ -13,11 +13,12 @@ the gate weights exactly as the one-token block sums them.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
 
+from edge0.runtime.block import expert_ffn
 from edge0.runtime.layers import ResidentExperts
 
 if TYPE_CHECKING:
@@ -28,25 +29,7 @@ def run_pairs(
     block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array
 ) -> mx.array:
     """SwiGLU of each row of `h` (P, 1, d) with expert slot `idx` (P,) sorted; (P, 1, d)."""
-    q = block.stream.quant
-
-    def proj(name: str, inp: mx.array) -> Any:
-        return mx.gather_qmm(
-            inp,
-            views[f"{name}.weight"],
-            views[f"{name}.scales"],
-            views[f"{name}.biases"],
-            rhs_indices=idx,
-            transpose=True,
-            group_size=q["group_size"],
-            bits=q["bits"],
-            mode=q.get("mode", "affine"),
-            sorted_indices=True,
-        )
-
-    up = proj("up_proj", h)  # (P, 1, d_ff)
-    gate = proj("gate_proj", h)
-    return proj("down_proj", block.activation(up, gate))  # (P, 1, d_model)
+    return expert_ffn(block, views, h, idx, sorted_indices=True)
 
 
 def stage_order(union: list[int], last: list[int] | None) -> list[int]:
