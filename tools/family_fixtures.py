@@ -10,28 +10,17 @@ tensor layout its save_pretrained writes) and tests/fixtures/golden/<model_type>
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import click
 import numpy as np
+from teacher_golden import golden_tool  # tools/ is on sys.path when this script runs
 
 from edge0.synth.tiny_families import CONFIGS, write_family, write_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-
-
-def _golden() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "golden_logits", ROOT / "tools" / "golden_logits.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def report(model_types: tuple[str, ...]) -> None:
@@ -61,7 +50,7 @@ def main(model_types: tuple[str, ...], only_report: bool) -> None:
     if only_report:
         report(model_types)
         return
-    golden = _golden()
+    golden = golden_tool()
     for model_type in model_types or tuple(CONFIGS):
         fixture = write_fixture(FIXTURES, model_type)
         with tempfile.TemporaryDirectory() as tmp:
