@@ -128,3 +128,10 @@ def every_layer_sparse_unless(tc: dict[str, Any]) -> list[int]:
     step = int(tc.get("decoder_sparse_step") or 1)
     n = int(tc["num_hidden_layers"])
     return [i for i in range(n) if i not in only and (i + 1) % step == 0]
+
+
+def dense_first_then_sparse(tc: dict[str, Any]) -> list[int]:
+    """DeepSeek rule: dense below first_k_dense_replace, then sparse every moe_layer_freq."""
+    first = int(tc.get("first_k_dense_replace") or 0)
+    freq = int(tc.get("moe_layer_freq") or 1)
+    return [i for i in range(int(tc["num_hidden_layers"])) if i >= first and i % freq == 0]

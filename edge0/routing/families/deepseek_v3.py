@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.routing.families.base import Family
+from edge0.routing.families.base import Family, dense_first_then_sparse
 
 
 class DeepseekV3(Family):
@@ -25,9 +25,7 @@ class DeepseekV3(Family):
     shared = "ungated (n_shared_experts)"
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
-        first = int(tc.get("first_k_dense_replace") or 0)
-        freq = int(tc.get("moe_layer_freq") or 1)
-        return [i for i in range(int(tc["num_hidden_layers"])) if i >= first and i % freq == 0]
+        return dense_first_then_sparse(tc)
 
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         out: mx.array = x @ block.gate.weight.T
