@@ -7,7 +7,9 @@ Threads (FACTS.md: MLX streams are thread-affine, eval releases the GIL):
   each streamed layer it calls `acquire`, which reserves slots, issues tickets
   for misses and blocks that thread (a threading.Condition) until its slots are
   ready; `prefetch` issues tickets for the next step and returns at once.
-The slot table (edge0.runtime.slots) is changed only under `self._lock`.
+The slot pool (edge0.runtime.slots) is changed only under `self._lock`; its fence
+moves when compute has evaluated a layer's input (`acquire(fenced=True)`, or
+`evaluated` for route mode's deferred sync groups).
 """
 
 from __future__ import annotations
