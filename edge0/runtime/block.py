@@ -48,6 +48,9 @@ class StreamingMoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         # x: (1, 1, d_model), the post-attention-norm hidden of one token
+        batch = self.stream.steps.batch
+        if batch is not None:  # one row of a batched step waits for the batch's layer
+            return batch.join(self, x)
         if x.shape[0] == 1 and x.shape[1] > 1 and self.stream.steps.chunk is not None:
             from edge0.runtime.prefill import block_call
 
