@@ -42,7 +42,8 @@ class StepLog:
 
     rows: int
     wall: float
-    wait: float
+    wait: float  # blocked on reads
+    eval: float  # in mx.eval (MLX compute)
     bytes: int
 
 
@@ -199,7 +200,7 @@ class Batcher:
         self._last = runnable
         rec = ctx.records[-1]
         read = (sched.stats.bytes if sched is not None else 0) - bytes0
-        self.log.append(StepLog(len(runnable), rec.wall, rec.wait, read))
+        self.log.append(StepLog(len(runnable), rec.wall, rec.wait, rec.eval, read))
         for a, tok in zip(runnable, toks, strict=True):
             a.records.append(rec)
             a.stats.decode_steps += 1

@@ -156,13 +156,19 @@ class Engine:
 
     async def tokens(
         self, ids: list[int], *, max_tokens: int = 128, sampling: SamplingSettings | None = None,
-        stop: bool = True,
+        stop: bool = True, stats_to: list[RunStats] | None = None,
     ) -> AsyncIterator[int]:  # fmt: skip
-        """Stream generated token ids; the request's stats land in `last_stats`."""
+        """Stream generated token ids; the request's stats land in `last_stats` (and, when
+        the stream runs to its end, in `stats_to`: with batching, `last_stats` may be
+        another request's)."""
         req = self._submit(ids, max_tokens, sampling, stop)
-        async with contextlib.aclosing(req.stream()) as stream:
-            async for tok in stream:
-                yield tok
+        try:
+            async with contextlib.aclosing(req.stream()) as stream:
+                async for tok in stream:
+                    yield tok
+        finally:  # ended (or failed) by the engine: its stats are final
+            if stats_to is not None and req.state == "done" and req.stats is not None:
+                stats_to.append(req.stats)
 
     def _submit(
         self, ids: list[int], max_tokens: int, sampling: SamplingSettings | None, stop: bool
