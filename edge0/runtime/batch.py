@@ -143,6 +143,8 @@ class BatchStep:
                         self._advance(row, g, (y,), waiting, results)
         finally:
             steps.batch = None
+            for g, _, _ in waiting.values():  # a failed step: end the rows still waiting
+                g.throw(greenlet.GreenletExit)
         nxt = {r: r.runner.sampler(lg) for r, lg in results.items() if lg is not None}
         t1, c1 = time.perf_counter(), time.thread_time()
         mx.eval(list(nxt.values()))  # the step fence

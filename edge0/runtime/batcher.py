@@ -90,11 +90,13 @@ class Batcher:
                 if runnable:
                     await self._decode(runnable)
                     continue
+                # nothing to run (all paused, or none) and nobody can join: wait for a
+                # consumer to pull or go away, or for a request (no wake-up is lost: nothing
+                # else runs between these lines)
                 if not self.active and self.engine._pending.empty():
                     self.engine._idle.set()
                 self.wake.clear()
-                if self.engine._pending.empty():
-                    await self.wake.wait()
+                await self.wake.wait()
         except asyncio.CancelledError:
             for a in self.active:
                 a.req.finish(EngineClosedError("the engine closed during this request"))
@@ -177,6 +179,7 @@ class Batcher:
         rows = [a.row for a in runnable]
         bytes0 = sched.stats.bytes if sched is not None else 0
         toks: list[int | None]
+        ran = True  # the step reached its end (its record is the last one)
         if len(runnable) == 1:
             a = runnable[0]
             if self.solo is not a.row:
@@ -186,7 +189,7 @@ class Batcher:
             try:
                 toks = [await compute.run(lambda: a.row.runner.feed(a.tok, False, a.row.more))]
             except Exception as exc:  # noqa: BLE001 - this request's error
-                a.row.error, toks = exc, [None]
+                a.row.error, toks, ran = exc, [None], False
         else:
             await self._to_rows()
             replan = runnable != self._last
@@ -196,9 +199,14 @@ class Batcher:
                     prefetch_plans(ctx, rows)
                 return self._step.run(rows, [a.tok for a in runnable])
 
-            toks = await compute.run(step)
+            try:
+                toks = await compute.run(step)
+            except Exception as exc:  # noqa: BLE001 - the step's error ends its requests only
+                for row in rows:
+                    row.error = exc
+                toks, ran = [None] * len(rows), False
         self._last = runnable
-        rec = ctx.records[-1]
+        rec = ctx.records[-1] if ran and ctx.records else StepRecord(-1, False)
         read = (sched.stats.bytes if sched is not None else 0) - bytes0
         self.log.append(StepLog(len(runnable), rec.wall, rec.wait, rec.eval, read))
         for a, tok in zip(runnable, toks, strict=True):
