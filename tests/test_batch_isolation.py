@@ -148,3 +148,39 @@ def test_bad_batch_options_are_refused(store: Path) -> None:
         run(open_with(max_batch=2, token_buffer=0))
     with pytest.raises(ConfigError, match="--hosts"):
         run(open_with(max_batch=2, hosts=2))
+
+
+def test_a_failed_batched_step_ends_its_requests_and_the_engine_serves_on(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge0.runtime import batch
+
+    real, calls = batch.batched_layer, [0]
+
+    def once(*args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("injected batch failure")
+        return real(*args)
+
+    monkeypatch.setattr(batch, "batched_layer", once)
+    a_ref, _ = run(routing(store, PROMPT, 6))
+    b_ref, _ = run(routing(store, OTHER, 6))
+
+    async def main() -> tuple[list[Any], list[list[int]]]:
+        async with Engine.open(store, tiers=MockTier(store), mode="reactive",
+                               max_batch=2) as eng:  # fmt: skip
+
+            async def outcome(prompt: list[int]) -> Any:
+                try:
+                    return await _collect(eng, prompt, 6)
+                except RuntimeError as exc:
+                    return str(exc)
+
+            first = list(await asyncio.gather(outcome(PROMPT), outcome(OTHER)))
+            again = list(await asyncio.gather(_collect(eng, PROMPT, 6), _collect(eng, OTHER, 6)))
+            return first, again
+
+    first, again = run(main())
+    assert first == ["injected batch failure"] * 2
+    assert again == [a_ref, b_ref]
