@@ -17,6 +17,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,10 @@ def calibrated_throttle(page: dict[str, Any], io_ratio: float, lat: str = "100us
 def run_bench(
     path: Path, modes: list[str], batches: list[int], tiers: list[str], io_ratio: float | None,
     k: int | None, tokens: int, prompt_len: int, repeats: int,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every (tier, mode, batch) variant, `repeats` interleaved rounds; medians per variant."""
+    """Every (tier, mode, batch) variant, `repeats` interleaved rounds; medians per variant
+    (`on_run` sees each run's figures as it ends)."""
     from edge0.runtime.engine import run
 
     stacks = list(tiers)
@@ -99,6 +102,8 @@ def run_bench(
                 for b in batches:
                     res = run(measure(path, tier, mode, b, k, tokens, prompt_len, rnd + 1))
                     log.info("bench_batch_run", round=rnd, **res)
+                    if on_run is not None:
+                        on_run(res)
                     runs.setdefault((tier, mode, b), []).append(res)
     table = []
     for (tier, mode, b), rs in runs.items():

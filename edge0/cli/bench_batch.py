@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -47,10 +48,15 @@ def command(
     ms/step with 1, 2, 4, 8 requests decoded together (docs/benchmarks/batch.md)."""
     from edge0.bench.batch import markdown, run_bench
 
+    def progress(r: dict[str, Any]) -> None:
+        line = (f"{r['tiers']} {r['mode']} B={r['batch']}: {r['agg_tps']:.2f} tok/s, "
+                f"{r['mib_per_token']:.2f} MiB/token, {r['wall_s']:.0f} s")  # fmt: skip
+        click.echo(line, err=True)
+
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     result = run_bench(model_dir, mode_list, _ints(batches, "--batches"),
                        list(stacks) or ["pread"], io_ratio, k, tokens, prompt_len,
-                       repeats)  # fmt: skip
+                       repeats, progress)  # fmt: skip
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=1))
     cal = result["calibration"]
