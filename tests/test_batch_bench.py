@@ -39,9 +39,12 @@ def test_cli_prints_the_table_and_writes_json(store: Path, tmp_path: Path) -> No
     out = tmp_path / "b.json"
     r = CliRunner().invoke(main, ["bench", "batch", str(store), "--modes", "route",
                                   "--batches", "1,2", "--tokens", "3", "--prompt-len", "3",
-                                  "--json", str(out)])  # fmt: skip
+                                  "--same-prompt", "--json", str(out)])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "| pread | route | 2 |" in r.output
-    assert [row["batch"] for row in json.loads(out.read_text())["rows"]] == [1, 2]
+    got = json.loads(out.read_text())
+    assert [row["batch"] for row in got["rows"]] == [1, 2] and got["same_prompt"]
+    one, two = got["rows"]
+    assert two["mib_per_token"] <= one["mib_per_token"]  # the same experts, read once for two
     bad = CliRunner().invoke(main, ["bench", "batch", str(store), "--batches", "0,2"])
     assert bad.exit_code == 2 and "--batches must be positive integers" in bad.output

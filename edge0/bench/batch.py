@@ -29,9 +29,11 @@ _MIB = 1 << 20
 
 async def measure(
     path: Path, tiers: str, mode: str, batch: int, k: int | None, tokens: int, prompt_len: int,
-    seed: int,
+    seed: int, same: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """One engine, `batch` concurrent requests; the figures of its full-batch decode steps."""
+    """One engine, `batch` concurrent requests; the figures of its full-batch decode steps.
+    `same`: every request gets the same prompt (so the same greedy tokens and experts: the
+    most a batch can share); else each its own random prompt."""
     from edge0.runtime.engine import Engine
 
     rng = random.Random(seed)
@@ -43,6 +45,8 @@ async def measure(
         warm = [rng.randrange(3, vocab) for _ in range(prompt_len)]
         [t async for t in eng.tokens(warm, max_tokens=2, stop=False)]  # first-touch costs
         prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+        if same:
+            prompts = [prompts[0]] * batch
 
         async def one(p: list[int]) -> int:
             return len([t async for t in eng.tokens(p, max_tokens=tokens, stop=False)])
@@ -64,7 +68,7 @@ async def measure(
     n = sum(r[0] for r in rows)
     dec = sum(r[1] for r in rows)
     return {
-        "tiers": tiers, "mode": mode, "batch": batch, "k": k, "tokens": sum(got),
+        "tiers": tiers, "mode": mode, "batch": batch, "k": k, "tokens": sum(got), "same": same,
         "steps": len(rows), "agg_tps": n / dec if dec else 0.0,
         "per_request_tps": len(rows) / dec if dec else 0.0,
         "mib_per_token": sum(r[3] for r in rows) / n / _MIB if n else 0.0,
@@ -84,7 +88,7 @@ def calibrated_throttle(page: dict[str, Any], io_ratio: float, lat: str = "100us
 def run_bench(
     path: Path, modes: list[str], batches: list[int], tiers: list[str], io_ratio: float | None,
     k: int | None, tokens: int, prompt_len: int, repeats: int,
-    on_run: Callable[[dict[str, Any]], None] | None = None,
+    on_run: Callable[[dict[str, Any]], None] | None = None, same: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Every (tier, mode, batch) variant, `repeats` interleaved rounds; medians per variant
     (`on_run` sees each run's figures as it ends)."""
@@ -100,7 +104,8 @@ def run_bench(
         for tier in stacks:
             for mode in modes:
                 for b in batches:
-                    res = run(measure(path, tier, mode, b, k, tokens, prompt_len, rnd + 1))
+                    res = run(measure(path, tier, mode, b, k, tokens, prompt_len, rnd + 1,
+                                      same))  # fmt: skip
                     log.info("bench_batch_run", round=rnd, **res)
                     if on_run is not None:
                         on_run(res)
@@ -117,7 +122,7 @@ def run_bench(
             )
         table.append({"tiers": tier, "mode": mode, "batch": b, "rounds": len(rs), **row})
     return {"model": str(path), "k": k, "tokens": tokens, "prompt_len": prompt_len,
-            "repeats": repeats, "calibration": calibration, "rows": table,
+            "repeats": repeats, "same_prompt": same, "calibration": calibration, "rows": table,
             "load_avg": os.getloadavg()[0], "cpus": os.cpu_count()}  # fmt: skip
 
 

@@ -38,11 +38,15 @@ def _ints(text: str, what: str) -> list[int]:
 @click.option("--prompt-len", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True,
               help="Interleaved rounds (medians are reported).")  # fmt: skip
+@click.option("--same-prompt", is_flag=True,
+              help="Every request gets the same prompt (the most a batch can share); default: "
+              "each its own random prompt.")  # fmt: skip
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Write the result as JSON here.")  # fmt: skip
 def command(
     model_dir: Path, modes: str, batches: str, stacks: tuple[str, ...], io_ratio: float | None,
-    k: int | None, tokens: int, prompt_len: int, repeats: int, json_out: Path | None,
+    k: int | None, tokens: int, prompt_len: int, repeats: int, same_prompt: bool,
+    json_out: Path | None,
 ) -> None:  # fmt: skip
     """Aggregate and per-request decode tok/s, MiB read per generated token and blocked
     ms/step with 1, 2, 4, 8 requests decoded together (docs/benchmarks/batch.md)."""
@@ -56,7 +60,7 @@ def command(
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     result = run_bench(model_dir, mode_list, _ints(batches, "--batches"),
                        list(stacks) or ["pread"], io_ratio, k, tokens, prompt_len,
-                       repeats, progress)  # fmt: skip
+                       repeats, progress, same_prompt)  # fmt: skip
     if json_out is not None:
         json_out.write_text(json.dumps(result, indent=1))
     cal = result["calibration"]
