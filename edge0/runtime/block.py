@@ -14,6 +14,8 @@ thread:
   4. `stream.slots(...)`: blocks until this layer's experts are staged;
   5. gather_qmm over the slot views with an expert->slot index (same expert order
      as the resident block, so outputs are bit-identical for the same set).
+In a batched decode step (`steps.batch`, edge0.runtime.batch) the call hands its
+row's hidden state to the batch, which runs these steps once for all rows.
 """
 
 from __future__ import annotations
