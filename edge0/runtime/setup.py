@@ -166,16 +166,8 @@ def prepare(
         for _, _, block in blocks:
             family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
         return Steps("resident", k, tracer), None, None
-    predictor: Predictor | None = None
-    if opts.mode in ("hint", "route"):
-        name = opts.predictor or (
-            "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
-        )
-        predictor = make_predictor(
-            name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
-            recording=opts.recording,
-        )  # fmt: skip
-    keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+    predictor = choose_predictor(model, layers, opts, model_dir)
+    keep = kept_layers(layers, opts)
     streamed = [i for i in layers if i not in keep]
     n_slots = n_slots or pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
@@ -188,23 +180,53 @@ def prepare(
     sync_every = opts.sync_every or SYNC_EVERY
     if opts.mode == "route" and sync_every > 1:
         steps.groups = SyncGroups(sync_every, steps)
-    stream_cls = RoutedStream if opts.mode == "route" else LayerStream
-    quant = manifest.quantization
+    streams = make_streams(layers, steps, memory, manifest, opts.mode)
+    if predictor is not None:  # heads only for layers that are streamed
+        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
+        for owner, target in predictor.targets.items():
+            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+    install_streams(model, blocks, family, steps, streams)
+    return steps, memory, table
+
+
+def choose_predictor(model: nn.Module, layers: list[int], opts: EngineOptions,
+                     model_dir: Path | None) -> Predictor | None:  # fmt: skip
+    """hint/route: the asked-for predictor, else trained heads when the model has them, else
+    init; built over every MoE layer `layers` before the sparse blocks are replaced."""
+    if opts.mode not in ("hint", "route"):
+        return None
+    name = opts.predictor or (
+        "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
+    )
+    return make_predictor(name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
+                          recording=opts.recording)  # fmt: skip
+
+
+def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
+    """The MoE layers whose experts stay resident (not streamed) outside resident mode."""
+    return layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+
+
+def make_streams(layers: list[int], steps: Steps, memory: SlotMemory, manifest: Manifest,
+                 mode: str) -> dict[int, LayerStream]:  # fmt: skip
+    """One stream per MoE layer: over its resident experts when kept, else over its slots."""
+    stream_cls = RoutedStream if mode == "route" else LayerStream
     streams: dict[int, LayerStream] = {}
     for i in layers:
         where: ResidentExperts | SlotExperts = (
             ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
             else SlotExperts(i, memory.views[i], steps)
         )  # fmt: skip
-        streams[i] = stream_cls(i, steps, where, quant)
-    if predictor is not None:  # heads only for layers that are streamed
-        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
-        for owner, target in predictor.targets.items():
-            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+        streams[i] = stream_cls(i, steps, where, manifest.quantization)
+    return streams
+
+
+def install_streams(model: nn.Module, blocks: list[Any], family: Any, steps: Steps,
+                    streams: dict[int, LayerStream]) -> None:  # fmt: skip
+    """Replace each sparse block of `model` by its streaming block."""
     steps.layers = dict(streams)
     for i, attr, block in blocks:
         setattr(model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
-    return steps, memory, table
 
 
 async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
