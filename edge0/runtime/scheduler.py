@@ -260,6 +260,12 @@ class Scheduler:
             self._ahead.clear()
             self._intervals.clear()  # read spans of earlier requests: io_time never asks again
 
+    def forget_failures(self) -> None:
+        """Failed reads are forgotten (a batch ended the requests that needed them)."""
+        with self._lock:
+            self.table.clear_failed()
+            self._errors.clear()
+
     def end_request(self) -> int:
         """The request ended: its prefetches still queued are cancelled, never read."""
         n = 0
