@@ -8,7 +8,9 @@ when the engine is built). Per call (one token, one decode step) on the compute
 thread:
   1. router scores and the true top-K (family rule);
   2. `stream.planned()`: in route mode the set predicted one step earlier, which
-     is then the routing, with gate weights from the true scores (family rule);
+     is then the routing (or, under a route policy, `stream.choose` picks the set
+     from true scores and what is servable: edge0.runtime.policy), with gate
+     weights from the true scores (family rule);
   3. `stream.route(...)`: one eval of the routing and of the prediction this
      layer owns; that prediction is prefetched for the next step;
   4. `stream.slots(...)`: blocks until this layer's experts are staged;
@@ -61,9 +63,11 @@ class StreamingMoE(nn.Module):
         scores = fam.scores(self, x)  # (1, 1, E)
         true_inds, w = fam.select(self, scores, stream.top_k)  # (1, 1, K) each
         inds, planned = true_inds, stream.planned()
-        if planned is not None:  # route mode: the prediction is the routing
-            inds = mx.array(planned, dtype=mx.uint32).reshape(1, 1, len(planned))
-            w = fam.weights(self, scores, inds)
+        if planned is not None:  # route mode: the prediction (or the route policy's choice)
+            planned, exact = stream.choose(x, scores, true_inds, planned)
+            if not exact:  # else the true top-K: the router's own indices and weights
+                inds = mx.array(planned, dtype=mx.uint32).reshape(1, 1, len(planned))
+                w = fam.weights(self, scores, inds)
         experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
         y = self._experts(x, stream.slots(experts, inds))  # (1, 1, K, d_model)
         y = (y * w[..., None]).sum(axis=-2)

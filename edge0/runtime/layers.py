@@ -144,6 +144,16 @@ class LayerStream:
         """The expert set predicted for this step when it is the routing (only `RoutedStream`)."""
         return None
 
+    def choose(
+        self, x: mx.array, scores: mx.array, true_inds: mx.array, planned: list[int]
+    ) -> tuple[list[int], bool]:
+        """Route mode: the set this layer runs (the route policy's choice, else the
+        prediction) and whether it is the true top-K in the router's order."""
+        policy = self.steps.policy
+        if policy is None:
+            return planned, False
+        return policy.choose(self, x, scores, true_inds, planned)
+
     def route(
         self, x: mx.array, true_inds: mx.array, inds: mx.array, w: mx.array,
         planned: list[int] | None,
@@ -172,6 +182,8 @@ class LayerStream:
         assert experts is not None
         if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
+        if true is not None and work.experts is not None and steps.policy is None:
+            steps.count_recall(work.experts, true)  # the prediction was the routing
         self.prev_experts = experts
         if work.head is not None:
             work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)

@@ -321,6 +321,39 @@ class Scheduler:
             self._submit(new)
         return len(new)
 
+    def servable(self, layer: int, experts: list[int]) -> set[int]:
+        """Those of `experts` of `layer` compute can have without waiting on storage: ready in
+        a slot, or held by the outermost tier's RAM cache (a copy; route policies)."""
+        table = self.table
+        with self._lock:
+            where = table.where[layer]
+            out = {e for e in experts if e in where and table.state(where[e]) is SlotState.READY}
+        if hasattr(type(self.tier), "__contains__"):  # a cache tier (tiers/ram.py)
+            out |= {e for e in experts if e not in out and ExpertKey(layer, e) in self.tier}  # type: ignore[operator]
+        return out
+
+    def fetch_within(self, layer: int, step: int, experts: list[int], timeout_s: float) -> set[int]:
+        """Read `experts` of `layer` for `step` (demand) and wait at most `timeout_s`; return
+        those ready by then. The others go on loading (used later if still staged) or are
+        released by `acquire`; an expert without a free slot is not waited for."""
+        table, end = self.table, time.perf_counter() + timeout_s
+        with self._cond:
+            slots: dict[int, int] = {}
+            new: list[FetchTicket] = []
+            for e in experts:
+                got = self._issue(layer, step, e, DEMAND)
+                if got is not None:
+                    slots[e] = got[0]
+                    new += [got[1]] if got[1] is not None else []
+            self._submit(new)
+            while True:
+                loading = [s for s in slots.values() if table.state(s) is SlotState.LOADING]
+                left = end - time.perf_counter()
+                if not loading or left <= 0 or self._closed:
+                    break
+                self._cond.wait(left)
+            return {e for e, s in slots.items() if table.state(s) is SlotState.READY}
+
     def evaluated(self, step: int, layer: int) -> None:
         """Compute evaluated every graph of `step` before `layer` (their slots may be reused)."""
         order = self.order.get(layer)

@@ -31,6 +31,13 @@ from edge0.runtime.memory import (
     with_ram,
     working_bytes,
 )
+from edge0.runtime.policy import (
+    DEFAULT_DEADLINE_MS,
+    DEFAULT_POLICY,
+    RoutePolicy,
+    check_policy,
+    layer_heads_for,
+)
 from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
 from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, Scheduler
@@ -75,6 +82,9 @@ class EngineOptions:
     hosts: str | int | None = None
     layers: str | None = None
     rank_timeout: float = 120.0  # seconds a rank may take for one step before rank 0 gives up
+    # route mode: which experts a layer runs (edge0.runtime.policy); deadline None: the default
+    route_policy: str = DEFAULT_POLICY
+    route_deadline_ms: float | None = None
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +107,12 @@ class EngineOptions:
             raise ConfigError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
+        check_policy(self.route_policy, self.route_deadline_ms)
+        if self.route_policy != "predicted" and (self.mode != "route" or self.hosts is not None):
+            raise ConfigError(
+                f"--route-policy {self.route_policy} needs --mode route on one process "
+                f"(got mode {self.mode}{', --hosts' if self.hosts is not None else ''})"
+            )
 
 
 @attrs.define
@@ -160,6 +176,9 @@ def prepare(
             name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
             recording=opts.recording,
         )  # fmt: skip
+    layer_heads = (
+        layer_heads_for(model_dir, model) if opts.route_policy == "deadline" else None
+    )  # fmt: skip  # read from the routers before the blocks are replaced
     keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
     streamed = [i for i in layers if i not in keep]
     n_slots = n_slots or pool_size(k, len(streamed))
@@ -173,6 +192,9 @@ def prepare(
     sync_every = opts.sync_every or SYNC_EVERY
     if opts.mode == "route" and sync_every > 1:
         steps.groups = SyncGroups(sync_every, steps)
+    if opts.mode == "route" and opts.route_policy != "predicted":
+        deadline = DEFAULT_DEADLINE_MS if opts.route_deadline_ms is None else opts.route_deadline_ms
+        steps.policy = RoutePolicy(opts.route_policy, deadline, steps, layer_heads)
     stream_cls = RoutedStream if opts.mode == "route" else LayerStream
     quant = manifest.quantization
     streams: dict[int, LayerStream] = {}

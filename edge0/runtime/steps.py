@@ -21,6 +21,7 @@ from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
 
 if TYPE_CHECKING:
+    from edge0.runtime.policy import RoutePolicy
     from edge0.runtime.prefill import ChunkState
 
 MODES = ("resident", "reactive", "hint", "route")
@@ -51,6 +52,9 @@ class StepRecord:
     cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
     cpu_excluded: float = 0.0  # ... of it inside mx.eval and waiting on reads
     syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
+    recall_hits: int = 0  # routed layers: experts run that are in the true top-K (when known)
+    recall_slots: int = 0  # ... out of this many (K per layer whose true top-K was read back)
+    lead_reads: int = 0  # reads started one layer ahead by the deadline route policy
 
 
 class Steps:
@@ -85,6 +89,12 @@ class Steps:
         self.cur = StepRecord(-1, True)
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
         self.chunk: ChunkState | None = None  # the prompt chunk being computed
+        self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
+
+    def count_recall(self, used: list[int], true: list[int]) -> None:
+        """A routed layer ran `used` where the true top-K was `true` (recall of the true set)."""
+        self.cur.recall_hits += len(set(used) & set(true))
+        self.cur.recall_slots += len(true)
 
     def attach(self, scheduler: Scheduler) -> None:
         """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""
