@@ -78,7 +78,11 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
     steps = sum(s["decode_steps"] for s in stats)
     decode_s = sum(s["decode_s"] for s in stats)
     prefill_s = sum(s["prefill_s"] for s in stats)
+    recall_slots = sum(s.get("recall_slots", 0) for s in stats)
+    recall = {"route_recall": sum(s["recall_hits"] for s in stats) / recall_slots
+              } if recall_slots else {}  # fmt: skip  # only where the true sets were read
     return {
+        **recall,
         "decode_tps": steps / decode_s if decode_s > 0 else 0.0,
         "prefill_tps": prompt / prefill_s if prefill_s > 0 else 0.0,
         "blocked_ms_per_step": wmean("blocked_ms_per_step"),
@@ -141,8 +145,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     )
     if job["mode"] != "resident":
         opts["tiers"] = job["tiers"]
-    if job.get("prefill_chunk") is not None:
-        opts["prefill_chunk"] = job["prefill_chunk"]
+    for key in ("prefill_chunk", "route_policy", "route_deadline_ms"):
+        if job.get(key) is not None:
+            opts[key] = job[key]
 
     async def go() -> None:
         t0 = time.perf_counter()

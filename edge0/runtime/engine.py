@@ -15,9 +15,9 @@ import contextlib
 import functools
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import mlx.core as mx
@@ -33,6 +33,8 @@ from edge0.runtime.scheduler import ComputeThread, ReadStats
 from edge0.runtime.setup import EngineOptions, Setup, build
 from edge0.runtime.stats import peak_mlx_bytes, peak_rss_bytes
 from edge0.runtime.summary import RunStats, diff_reads, fill
+
+T = TypeVar("T")
 
 log = get_logger("edge0.runtime.engine")
 HEARTBEAT_S = 0.005
@@ -191,6 +193,12 @@ class Engine:
         self._idle.clear()
         return req
 
+    async def run_on_compute(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the compute thread once queued requests are done: for tools that drive
+        `setup.model` with their own Runner (edge0.eval.policy's teacher-forced decode)."""
+        await self.wait_idle()
+        return await self._compute.run(fn)
+
     async def wait_idle(self) -> None:
         """Until every submitted request has finished (a closed stream's ends one step later)."""
         await self._idle.wait()
@@ -229,7 +237,8 @@ class Engine:
         self._lags = []
         stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
                          predictor=getattr(ctx.predictor, "name", ""),
-                         prefill_chunk=_chunk(runner))  # fmt: skip
+                         prefill_chunk=_chunk(runner),
+                         route_policy=_policy(ctx.mode, self.options))  # fmt: skip
         stats.finish_reason = "cancelled"
         t0 = time.perf_counter()
         io_at_decode: float | None = None
@@ -285,6 +294,10 @@ class Engine:
         stats.loop_p99_lag_ms = lags[int(0.99 * (len(lags) - 1))] * 1e3
         self.last_stats = stats
         log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
+
+
+def _policy(mode: str, opts: Any) -> str:
+    return str(opts.route_policy) if mode == "route" else ""
 
 
 def _chunk(runner: Any) -> int:

@@ -105,6 +105,7 @@ class RoutePolicy:
             pos = {e: i for i, e in enumerate(rank)}
             chosen += sorted((e for e in planned if e not in chosen), key=pos.__getitem__)
             chosen = chosen[:k]
+        sched.keep(layer, steps.step, chosen)  # their slots held; RAM hits copied here
         return chosen
 
     def _lead_graph(
