@@ -45,6 +45,7 @@ COLUMNS = [
     ("first_decode_blocked_ms", "1st decode blocked ms", "{:.1f}", 1.0),
     ("blocked_ms_per_step", "blocked ms/step", "{:.1f}", 1.0),
     ("compute_ms_per_step", "compute ms/step", "{:.1f}", 1.0),
+    ("syncs_per_token", "host syncs/token", "{:.1f}", 1.0),
     ("bytes_per_token", "MiB/token", "{:.2f}", 1 / _MIB),
     ("route_recall", "true top-K recall", "{:.3f}", 1.0),
     ("read_bytes_per_s", "read MB/s", "{:.0f}", 1e-6),

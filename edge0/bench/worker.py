@@ -87,6 +87,7 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         "prefill_tps": prompt / prefill_s if prefill_s > 0 else 0.0,
         "blocked_ms_per_step": wmean("blocked_ms_per_step"),
         "compute_ms_per_step": wmean("compute_ms_per_step"),
+        "syncs_per_token": wmean("syncs_per_token"),
         "overhead_ms_per_layer": wmean("overhead_ms_per_layer"),
         "overlap_efficiency": wmean("overlap_efficiency"),
         "bytes_per_token": sum(

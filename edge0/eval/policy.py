@@ -11,6 +11,7 @@ and the speed of those decode steps (tok/s, blocked ms/step, bytes/token).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class PolicyVariant:
     def label(self) -> str:
         if self.mode != "route":
             return self.mode
+        if self.deadline_ms is not None and math.isinf(self.deadline_ms):
+            return "exact (deadline inf)"
         dl = "" if self.deadline_ms is None else f" {self.deadline_ms:g}ms"
         return f"{self.policy}{dl}"
 
@@ -149,9 +152,11 @@ def teacher_logits(teacher: nn.Module, windows: np.ndarray, batch: int = 4) -> n
 def variants_for(
     policies: list[str], ks: list[int], deadline_ms: float | None
 ) -> list[PolicyVariant]:
-    """The exact reference (resident, the model's top-k) then every policy at every K."""
+    """The resident reference (the model's top-k), then per K the exact routing (deadline
+    inf: the floor any policy can reach at that K) and every policy."""
     out = [PolicyVariant("resident", None)]
     for k in ks:
+        out.append(PolicyVariant("route", k, "available-first", math.inf))
         for p in policies:
             out.append(PolicyVariant("route", k, p, deadline_ms if p != "predicted" else None))
     return out
