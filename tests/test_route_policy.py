@@ -152,3 +152,27 @@ def test_cli_refuses_bad_policy_flags(
                                     "2", *flags])  # fmt: skip
     assert res.exit_code == 2, res.output
     assert res.output.startswith("edge0: error: ") and needle in res.output, res.output
+
+
+def test_teacher_forced_eval_of_exact_routing_matches_the_parallel_forward(
+    stores: dict[str, Path],
+) -> None:
+    """edge0.eval.policy: the engine's teacher-forced decode logits equal one parallel forward
+    of the same int4 model when the routing is exact (resident, or a policy at deadline inf)."""
+    import numpy as np
+
+    from edge0.eval.policy import PolicyVariant, evaluate_policy, teacher_logits, variants_for
+    from edge0.layout.load import load_layout
+
+    path = stores["qwen3_moe"]
+    windows = np.array([[5, 17, 42, 7, 99, 3, 8, 11, 12, 13, 14, 15]], dtype=np.int32)
+    logits = teacher_logits(load_layout(path, experts="resident").model, windows)
+    top_k = int(Manifest.load(path).config["num_experts_per_tok"])
+    rows = [asyncio.run(evaluate_policy(path, v, logits, windows, 4, "pread"))
+            for v in variants_for(["predicted"], [top_k], None)]  # fmt: skip
+    assert [r["variant"] for r in rows] == ["resident", "exact (deadline inf)", "predicted"]
+    for r in rows[:2]:
+        assert r["tokens"] == 7 and r["kl_mean"] < 1e-5 and r["top1_agree"] == 1.0, r
+    assert rows[1]["route_recall"] == 1.0
+    assert rows[2]["route_recall"] is not None and rows[2]["kl_mean"] >= 0
+    assert PolicyVariant("route", 2, "deadline", 3.0).label == "deadline 3ms"
