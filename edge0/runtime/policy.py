@@ -7,9 +7,9 @@ The other policies read the layer's true router scores back (one host sync per
 routed layer, which --sync-every cannot defer) and choose, per layer:
 
 - `available-first`: the K best experts by true routing (the family's true top-K
-  first, then by score) among those servable now: staged in a slot, or in the
-  outermost tier's RAM cache; missing true experts are demand-read and waited for
-  at most the deadline; the rest is filled from the predicted set;
+  first, then by score) among the predicted set (staged for this step) and those
+  servable now: ready in a slot, or in the outermost tier's RAM cache; missing
+  true experts are demand-read and waited for at most the deadline;
 - `deadline`: the same, plus a second horizon: after layer l's routing, a
   same-token head (prerouter-layer.*, or the training-free next-router rule)
   predicts layer l+1's experts; those not servable are fetched at once, with one
@@ -94,17 +94,15 @@ class RoutePolicy:
         s: list[float] = scores.reshape(-1).tolist()  # type: ignore[assignment]  # (E,)
         head = set(true)
         rank = true + sorted((e for e in range(len(s)) if e not in head), key=lambda e: -s[e])
-        now = sched.servable(layer, rank)
+        # the predicted set was staged for this step (compute waits for it as `predicted`
+        # does): never worse than the prediction, by true score
+        now = sched.servable(layer, rank) | set(planned)
         missing = [e for e in true if e not in now]
         if missing and self.deadline_s > 0:
             t0 = time.perf_counter()
             now |= sched.fetch_within(layer, steps.step, missing, self.deadline_s)
             steps.span("wait", layer, t0, time.perf_counter())
-        chosen = [e for e in rank if e in now][:k]
-        if len(chosen) < k:  # fill from the prediction, best true score first
-            pos = {e: i for i, e in enumerate(rank)}
-            chosen += sorted((e for e in planned if e not in chosen), key=pos.__getitem__)
-            chosen = chosen[:k]
+        chosen = [e for e in rank if e in now][:k]  # K of them: `planned` has K
         sched.keep(layer, steps.step, chosen)  # their slots held; RAM hits copied here
         return chosen
 
