@@ -46,6 +46,7 @@ COLUMNS = [
     ("blocked_ms_per_step", "blocked ms/step", "{:.1f}", 1.0),
     ("compute_ms_per_step", "compute ms/step", "{:.1f}", 1.0),
     ("syncs_per_token", "host syncs/token", "{:.1f}", 1.0),
+    ("cpu_ms_per_step", "process CPU ms/step", "{:.1f}", 1.0),
     ("bytes_per_token", "MiB/token", "{:.2f}", 1 / _MIB),
     ("route_recall", "true top-K recall", "{:.3f}", 1.0),
     ("read_bytes_per_s", "read MB/s", "{:.0f}", 1e-6),

@@ -43,6 +43,15 @@ def rss_bytes() -> int:
     return proc_field(Path("/proc/self/status"), "VmRSS:")
 
 
+def process_cpu_s() -> float:
+    """CPU seconds of this process, all threads (MLX kernels, compute, loop, tier threads):
+    less sensitive than wall time to other processes sharing the cores."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def reset_peak_rss() -> bool:
     """Set this process's VmHWM to its current RSS (Linux clear_refs "5"); False if unsupported."""
     try:
@@ -173,15 +182,20 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
             result["gen_rss_start_bytes"] = rss_bytes()
             gen_reset = reset_peak_rss()
             stats = []
+            decode_cpu = 0.0  # process CPU time (all threads) from each first token to the end
             for ids in prompts:
                 if job.get("cold"):
                     drop_page_cache(path)
+                c0: float | None = None
                 async for _ in eng.tokens(ids, max_tokens=job["tokens"], stop=False):
-                    pass
+                    c0 = process_cpu_s() if c0 is None else c0
+                decode_cpu += process_cpu_s() - (c0 or process_cpu_s())
                 assert eng.last_stats is not None
                 stats.append(eng.last_stats.to_dict())
             result["stats"] = stats
             result["summary"] = combine(stats)
+            steps = sum(s["decode_steps"] for s in stats)
+            result["summary"]["cpu_ms_per_step"] = decode_cpu / steps * 1e3 if steps else 0.0
             if gen_reset:
                 result["summary"]["gen_peak_rss_bytes"] = float(peak_rss_bytes())
 
