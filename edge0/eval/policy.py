@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.eval.quality import summarize
+from edge0.eval.quality import summarize, token_stats
 from edge0.log import get_logger
 
 log = get_logger(__name__)
@@ -45,20 +45,6 @@ class PolicyVariant:
             return "exact (deadline inf)"
         dl = "" if self.deadline_ms is None else f" {self.deadline_ms:g}ms"
         return f"{self.policy}{dl}"
-
-
-def _token_stats(teacher: np.ndarray, student: np.ndarray, targets: np.ndarray) -> dict:
-    """Per-token nll of both, KL(teacher || student) and top-1 agreement ((T, V) logits)."""
-    lt = nn.log_softmax(mx.array(teacher, dtype=mx.float32), axis=-1)
-    ls = nn.log_softmax(mx.array(student, dtype=mx.float32), axis=-1)
-    tgt = mx.array(targets)[:, None]
-    out = {
-        "nll_teacher": -mx.take_along_axis(lt, tgt, axis=-1)[:, 0],
-        "nll_student": -mx.take_along_axis(ls, tgt, axis=-1)[:, 0],
-        "kl": (mx.exp(lt) * (lt - ls)).sum(axis=-1),
-        "agree": (mx.argmax(lt, axis=-1) == mx.argmax(ls, axis=-1)).astype(mx.float32),
-    }
-    return {k: np.array(v) for k, v in out.items()}
 
 
 async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[np.ndarray, dict]:
@@ -122,7 +108,8 @@ async def evaluate_policy(
         for w, t_logits in zip(windows, teacher_logits, strict=True):
             got, counters = await forced_decode(eng, list(map(int, w)), prompt_len)
             want = t_logits[prompt_len : len(w) - 1]  # (T, V) teacher at the same positions
-            for key, v in _token_stats(want, got, np.asarray(w[prompt_len + 1 :])).items():
+            tgt = mx.array(np.asarray(w[prompt_len + 1 :]))[None]
+            for key, v in token_stats(mx.array(want)[None], mx.array(got)[None], tgt).items():
                 parts.setdefault(key, []).append(v)
             for key in total:
                 total[key] += counters[key]
