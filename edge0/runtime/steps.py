@@ -21,6 +21,7 @@ from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
 
 if TYPE_CHECKING:
+    from edge0.runtime.batch import BatchStep
     from edge0.runtime.policy import RoutePolicy
     from edge0.runtime.prefill import ChunkState
 
@@ -89,6 +90,7 @@ class Steps:
         self.cur = StepRecord(-1, True)
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
         self.chunk: ChunkState | None = None  # the prompt chunk being computed
+        self.batch: BatchStep | None = None  # a batched decode step (edge0.runtime.batch)
         self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
 
     def count_recall(self, used: list[int], true: list[int]) -> None:
