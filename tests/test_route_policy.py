@@ -130,6 +130,7 @@ def test_predicted_is_todays_route(stores: dict[str, Path]) -> None:
         ({"route_policy": "deadline", "route_deadline_ms": math.nan}, "--route-deadline-ms"),
         ({"route_policy": "available-first", "mode": "hint"}, "--mode route"),
         ({"route_policy": "available-first", "hosts": 2}, "--hosts"),
+        ({"route_policy": "deadline", "max_batch": 2}, "--max-batch 2"),
     ],
 )
 def test_bad_policy_options(opts: dict[str, Any], needle: str) -> None:
