@@ -51,7 +51,7 @@ class StepRecord:
     predict: float = 0.0  # predictor graphs (MLX compute, included in `eval` too)
     layers: int = 0  # streamed layers run
     cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
-    cpu_excluded: float = 0.0  # ... of it inside mx.eval and waiting on reads
+    cpu_excluded: float = 0.0  # ... of it inside mx.eval (spans given a cpu figure)
     syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
     recall_hits: int = 0  # routed layers: experts run that are in the true top-K (when known)
     recall_slots: int = 0  # ... out of this many (K per layer whose true top-K was read back)
