@@ -136,6 +136,17 @@ class RamTier:
             if key not in self._entries:
                 await self.read_into(key, scratch.data)
 
+    def copy_cached(self, key: ExpertKey, dest: memoryview) -> int:
+        """Copy a cached record into `dest` on the calling thread (route policies stage RAM
+        hits from the compute thread); 0 when `key` is not cached. The eviction order is not
+        touched (it belongs to the event loop)."""
+        rec = self._entries.get(key)
+        if rec is None:
+            return 0
+        _copy(rec, byte_view(dest, rec.nbytes))
+        self.stats.hits += 1
+        return int(rec.nbytes)
+
     def __contains__(self, key: object) -> bool:
         return key in self._entries
 

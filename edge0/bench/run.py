@@ -45,7 +45,10 @@ COLUMNS = [
     ("first_decode_blocked_ms", "1st decode blocked ms", "{:.1f}", 1.0),
     ("blocked_ms_per_step", "blocked ms/step", "{:.1f}", 1.0),
     ("compute_ms_per_step", "compute ms/step", "{:.1f}", 1.0),
+    ("syncs_per_token", "host syncs/token", "{:.1f}", 1.0),
+    ("cpu_ms_per_step", "process CPU ms/step", "{:.1f}", 1.0),
     ("bytes_per_token", "MiB/token", "{:.2f}", 1 / _MIB),
+    ("route_recall", "true top-K recall", "{:.3f}", 1.0),
     ("read_bytes_per_s", "read MB/s", "{:.0f}", 1e-6),
     ("slot_hit_rate", "staged hit", "{:.2f}", 1.0),
     ("cache_hit_rate", "cache hit", "{:.2f}", 1.0),
@@ -65,11 +68,16 @@ class Variant:
     tiers: str  # ignored (and shown as "-") for resident
     predictor: str = "init"
     prefill_chunk: int | None = None  # prompt tokens per forward; None: the engine's default
+    policy: str = "predicted"  # route mode's --route-policy
+    deadline_ms: float | None = None  # its --route-deadline-ms (None: the engine's default)
 
     @property
     def label(self) -> str:
         k = f"K={self.k}" if self.k is not None else "K=model"
         pred = f" ({self.predictor})" if self.mode in ("hint", "route") else ""
+        if self.mode == "route" and (self.policy != "predicted" or self.deadline_ms is not None):
+            pred += f" {self.policy}" + ("" if self.deadline_ms is None
+                                         else f" {self.deadline_ms:g}ms")  # fmt: skip
         tiers = "-" if self.mode == "resident" else self.tiers
         chunk = "" if self.prefill_chunk is None else f" chunk={self.prefill_chunk}"
         return f"{self.mode}{pred} {k}{chunk} @ {tiers}"
@@ -103,9 +111,11 @@ class BenchOptions:
 
 def make_variants(
     modes: Sequence[str], ks: Sequence[int | None], tiers: Sequence[str], predictor: str = "init",
-    chunks: Sequence[int | None] = (None,),
+    chunks: Sequence[int | None] = (None,), policies: Sequence[str] = ("predicted",),
+    deadline_ms: float | None = None,
 ) -> list[Variant]:  # fmt: skip
-    """modes x K x tier stacks x prefill chunks (resident once per K: it reads nothing)."""
+    """modes x K x tier stacks x prefill chunks, and route x route policies (resident once
+    per K: it reads nothing)."""
     from edge0.cli.stream import MODES
 
     out: list[Variant] = []
@@ -114,7 +124,9 @@ def make_variants(
             raise ConfigError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
         for k in ks:
             for spec in tiers[:1] if mode == "resident" else tiers:
-                out += [Variant(mode, k, spec, predictor, c) for c in chunks]
+                for pol in policies if mode == "route" else ("predicted",):
+                    dl = deadline_ms if pol != "predicted" else None
+                    out += [Variant(mode, k, spec, predictor, c, pol, dl) for c in chunks]
     return out
 
 
@@ -126,6 +138,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
         "warmup_tokens": opts.warmup_tokens, "cold": opts.cold,
         "memory_budget": opts.memory_budget, "first_layer": opts.first_layer,
         "io_workers": opts.io_workers, "trace": trace, "prefill_chunk": v.prefill_chunk,
+        "route_policy": v.policy, "route_deadline_ms": v.deadline_ms,
     }  # fmt: skip
 
 

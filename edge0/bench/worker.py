@@ -43,6 +43,15 @@ def rss_bytes() -> int:
     return proc_field(Path("/proc/self/status"), "VmRSS:")
 
 
+def process_cpu_s() -> float:
+    """CPU seconds of this process, all threads (MLX kernels, compute, loop, tier threads):
+    less sensitive than wall time to other processes sharing the cores."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def reset_peak_rss() -> bool:
     """Set this process's VmHWM to its current RSS (Linux clear_refs "5"); False if unsupported."""
     try:
@@ -78,11 +87,16 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
     steps = sum(s["decode_steps"] for s in stats)
     decode_s = sum(s["decode_s"] for s in stats)
     prefill_s = sum(s["prefill_s"] for s in stats)
+    recall_slots = sum(s.get("recall_slots", 0) for s in stats)
+    recall = {"route_recall": sum(s["recall_hits"] for s in stats) / recall_slots
+              } if recall_slots else {}  # fmt: skip  # only where the true sets were read
     return {
+        **recall,
         "decode_tps": steps / decode_s if decode_s > 0 else 0.0,
         "prefill_tps": prompt / prefill_s if prefill_s > 0 else 0.0,
         "blocked_ms_per_step": wmean("blocked_ms_per_step"),
         "compute_ms_per_step": wmean("compute_ms_per_step"),
+        "syncs_per_token": wmean("syncs_per_token"),
         "overhead_ms_per_layer": wmean("overhead_ms_per_layer"),
         "overlap_efficiency": wmean("overlap_efficiency"),
         "bytes_per_token": sum(
@@ -141,8 +155,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     )
     if job["mode"] != "resident":
         opts["tiers"] = job["tiers"]
-    if job.get("prefill_chunk") is not None:
-        opts["prefill_chunk"] = job["prefill_chunk"]
+    for key in ("prefill_chunk", "route_policy", "route_deadline_ms"):
+        if job.get(key) is not None:
+            opts[key] = job[key]
 
     async def go() -> None:
         t0 = time.perf_counter()
@@ -167,15 +182,20 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
             result["gen_rss_start_bytes"] = rss_bytes()
             gen_reset = reset_peak_rss()
             stats = []
+            decode_cpu = 0.0  # process CPU time (all threads) from each first token to the end
             for ids in prompts:
                 if job.get("cold"):
                     drop_page_cache(path)
+                c0: float | None = None
                 async for _ in eng.tokens(ids, max_tokens=job["tokens"], stop=False):
-                    pass
+                    c0 = process_cpu_s() if c0 is None else c0
+                decode_cpu += process_cpu_s() - (c0 or process_cpu_s())
                 assert eng.last_stats is not None
                 stats.append(eng.last_stats.to_dict())
             result["stats"] = stats
             result["summary"] = combine(stats)
+            steps = sum(s["decode_steps"] for s in stats)
+            result["summary"]["cpu_ms_per_step"] = decode_cpu / steps * 1e3 if steps else 0.0
             if gen_reset:
                 result["summary"]["gen_peak_rss_bytes"] = float(peak_rss_bytes())
 

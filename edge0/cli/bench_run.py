@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from edge0.cli.options import ROUTE_POLICIES
 from edge0.cli.stream import MODES
 
 
@@ -153,6 +154,11 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
 )
 @click.option("--prefill-chunk", "chunks", default="", help="Prefill chunk sizes to compare, "
               "e.g. 1,64 (1: one token per step) [default: the engine's].")  # fmt: skip
+@click.option("--route-policies", "policies", default="predicted", show_default=True,
+              help="Route policies to compare (comma-separated: predicted, available-first, "
+              "deadline); each route variant runs once per policy.")  # fmt: skip
+@click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
+              help="--route-deadline-ms of the non-predicted policies [default: the engine's].")
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
     from edge0.bench import prefill as bench_prefill
@@ -179,7 +185,13 @@ def run_cmd(**kw: Any) -> None:
         chunks = bench_prefill.parse_chunks(kw["chunks"])
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks)
+    policies = _csv(kw["policies"])
+    for p in policies:
+        if p not in ROUTE_POLICIES:
+            raise click.BadParameter(f"unknown route policy {p!r}; choose from "
+                                     f"{', '.join(ROUTE_POLICIES)}")  # fmt: skip
+    variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks, policies,
+                                       kw["deadline_ms"])  # fmt: skip
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None

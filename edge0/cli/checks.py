@@ -13,7 +13,9 @@ from edge0.errors import ConfigError, PromptError
 # `edge0 run` flags that only the streaming engine reads (the resident loop would ignore them)
 STREAMING_ONLY = {"tiers": "--tiers", "route_top_k": "--top-k", "predictor": "--predictor",
                   "first_layer": "--first-layer", "memory_budget": "--memory-budget",
-                  "trace_file": "--trace", "io_workers": "--io-workers"}  # fmt: skip
+                  "trace_file": "--trace", "io_workers": "--io-workers",
+                  "route_policy": "--route-policy",
+                  "route_deadline_ms": "--route-deadline-ms"}  # fmt: skip
 
 
 def output_file(path: str | None, flag: str) -> None:

@@ -276,11 +276,28 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
 @click.option("--batch", default=8, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False), default=None)
+@click.option("--route-policy", "policies", multiple=True,
+              type=click.Choice(["predicted", "available-first", "deadline"]),
+              help="Instead of the adapter variants: these route policies (repeatable) at K = "
+              "--k, else top-k and top-k/2, through the streaming engine on MODEL (an "
+              "edge0-layout dir), decode steps teacher-forced (edge0/eval/policy.py).")
+@click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
+              help="With --route-policy: the deadline of available-first/deadline.")
+@click.option("--tiers", default="ram:1GiB>pread", show_default=True,
+              help="With --route-policy: the engine's tier stack.")
 def quality(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
             first_layer: str | None, sft_adapter: str | None, adapter: str | None, tokens: int,
             seq_len: int, prompts: int, prompt_len: int, gen_len: int, split: str, batch: int,
-            json_out: str | None, md_out: str | None) -> None:  # fmt: skip
-    """Perplexity ratio, KL, top-1 agreement, greedy divergence of each student variant."""
+            json_out: str | None, md_out: str | None, policies: tuple[str, ...],
+            deadline_ms: float | None, tiers: str) -> None:  # fmt: skip
+    """Perplexity ratio, KL, top-1 agreement, greedy divergence of each student variant
+    (with --route-policy: of each route policy, with recall and decode speed)."""
+    if policies:
+        from edge0.cli.eval_policy import policy_quality
+
+        policy_quality(model, corpus, teacher, policies, k, deadline_ms, tiers, tokens, seq_len,
+                       prompt_len, split, json_out, md_out)  # fmt: skip
+        return
     from edge0.eval.quality import Variant, evaluate_quality, markdown
     from edge0.model import lora
 

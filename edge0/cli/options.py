@@ -9,10 +9,12 @@ import click
 
 # the decode modes (edge0.runtime.runner.MODES; repeated here so `edge0 --help` does not import MLX)
 MODES = ("resident", "reactive", "hint", "route")
+# route policies (edge0.runtime.policy.POLICIES, repeated for the same reason)
+ROUTE_POLICIES = ("predicted", "available-first", "deadline")
 # the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
                 "context", "trace_file", "run_log_json", "io_workers", "adapter",
-                "sync_every", "prefill_chunk")  # fmt: skip
+                "sync_every", "prefill_chunk", "route_policy", "route_deadline_ms")  # fmt: skip
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,6 +102,16 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Prompt tokens per forward; each streamed layer reads its chunk's "
                      "experts once; 1 feeds the prompt one token per step [default: 256; 1 under "
                      "--memory-budget]."),
+        click.option("--route-policy", type=click.Choice(ROUTE_POLICIES), default=None,
+                     help="Route mode: the experts a layer runs: the set predicted one token "
+                     "ahead, the best true experts servable without waiting "
+                     "(available-first), or that plus a same-token head fetching the next "
+                     "layer's experts one layer ahead (deadline) [default: predicted; "
+                     "docs/benchmarks/route_policy.md]."),
+        click.option("--route-deadline-ms", type=click.FloatRange(0.0), default=None,
+                     help="available-first/deadline: the longest compute waits per layer for "
+                     "a true expert that is not servable; inf waits for all (exact routing) "
+                     "[default: 0]."),
         click.option("--adapter/--no-adapter", default=True, show_default=True,
                      help="Apply the recovery LoRA in MODEL/adapters/ when it exists."),
     ]  # fmt: skip
@@ -128,8 +140,14 @@ def engine_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
         predictor=runtime["predictor"], first_layer=runtime["first_layer"],
         memory_budget=runtime["memory_budget"], trace=runtime["trace_file"],
         io_workers=runtime["io_workers"], adapter=runtime["adapter"], context=runtime["context"],
-        sync_every=runtime["sync_every"], **prefill_kwargs(runtime),
+        sync_every=runtime["sync_every"], **prefill_kwargs(runtime), **policy_kwargs(runtime),
     )  # fmt: skip
+
+
+def policy_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
+    """`route_policy` / `route_deadline_ms` when given (else the engine's defaults apply)."""
+    names = ("route_policy", "route_deadline_ms")
+    return {n: runtime[n] for n in names if runtime.get(n) is not None}
 
 
 def prefill_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:

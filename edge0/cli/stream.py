@@ -9,7 +9,12 @@ from typing import Any
 
 import click
 
-from edge0.cli.options import MODES, prefill_kwargs, runtime_options  # noqa: F401 - re-exported
+from edge0.cli.options import (  # noqa: F401 - MODES, runtime_options re-exported
+    MODES,
+    policy_kwargs,
+    prefill_kwargs,
+    runtime_options,
+)
 
 
 def is_layout(path: Path) -> bool:
@@ -47,7 +52,8 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
             first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
             trace=runtime["trace_file"], io_workers=runtime["io_workers"],
             adapter=runtime["adapter"], sync_every=runtime["sync_every"],
-            context=runtime["context"], **prefill_kwargs(runtime), **dist,
+            context=runtime["context"], **prefill_kwargs(runtime), **policy_kwargs(runtime),
+            **dist,
         ) as eng:  # fmt: skip
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:

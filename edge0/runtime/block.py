@@ -9,7 +9,9 @@ thread:
   1. router scores, and the true top-K (family rule) unless the stream needs no
      true set (a route decode step whose layer reads nothing back: `needs_true`);
   2. `stream.planned()`: in route mode the set predicted one step earlier, which
-     is then the routing, with gate weights from the true scores (family rule);
+     is then the routing (or, under a route policy, `stream.choose` picks the set
+     from true scores and what is servable: edge0.runtime.policy), with gate
+     weights from the true scores (family rule);
   3. `stream.route(...)`: one eval of the routing and of the prediction this
      layer owns; that prediction is prefetched for the next step;
   4. `stream.slots(...)`: blocks until this layer's experts are staged;
@@ -69,9 +71,16 @@ class StreamingMoE(nn.Module):
         true_inds: mx.array | None = None
         if planned is None or stream.needs_true():  # (1, 1, K) each
             true_inds, w = fam.select(self, scores, stream.top_k)
-        if planned is not None:  # route mode: the prediction is the routing
-            inds = mx.array([[planned]], dtype=mx.uint32)  # (1, 1, K)
-            w = fam.weights(self, scores, inds)
+        if planned is not None:  # route mode: the prediction (or the route policy's choice)
+            exact = False
+            if true_inds is not None:
+                planned, exact = stream.choose(x, scores, true_inds, planned)
+            if exact:  # the true top-K: the router's own indices and weights
+                assert true_inds is not None
+                inds = true_inds
+            else:
+                inds = mx.array([[planned]], dtype=mx.uint32)  # (1, 1, K)
+                w = fam.weights(self, scores, inds)
         else:
             assert true_inds is not None
             inds = true_inds

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -35,6 +35,7 @@ from edge0.runtime.summary import RunStats
 from edge0.runtime.sync_engine import SyncEngine, run
 
 __all__ = ["Engine", "SyncEngine", "run"]
+T = TypeVar("T")
 
 log = get_logger("edge0.runtime.engine")
 HEARTBEAT_S = 0.005
@@ -202,6 +203,12 @@ class Engine:
         if self.batcher is not None:
             self.batcher.notify()
         return req
+
+    async def run_on_compute(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the compute thread once queued requests are done: for tools that drive
+        `setup.model` with their own Runner (edge0.eval.policy's teacher-forced decode)."""
+        await self.wait_idle()
+        return await self._compute.run(fn)
 
     async def wait_idle(self) -> None:
         """Until every submitted request has finished (a closed stream's ends one step later)."""

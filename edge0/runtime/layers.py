@@ -148,6 +148,16 @@ class LayerStream:
         """The expert set predicted for this step when it is the routing (only `RoutedStream`)."""
         return None
 
+    def choose(
+        self, x: mx.array, scores: mx.array, true_inds: mx.array, planned: list[int]
+    ) -> tuple[list[int], bool]:
+        """Route mode: the set this layer runs (the route policy's choice, else the
+        prediction) and whether it is the true top-K in the router's order."""
+        policy = self.steps.policy
+        if policy is None:
+            return planned, False
+        return policy.choose(self, x, scores, true_inds, planned)
+
     def needs_true(self) -> bool:
         """Whether this step reads the true router's top-K (the block builds it only then)."""
         return True
@@ -180,6 +190,8 @@ class LayerStream:
         assert experts is not None
         if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
+        if true is not None and work.experts is not None and steps.policy is None:
+            steps.count_recall(work.experts, true)  # the prediction was the routing
         self.prev_experts = experts
         if work.head is not None:
             work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)
@@ -212,8 +224,8 @@ class RoutedStream(LayerStream):
         # a grouped decode step reads the true set back only to record it or for a host
         # predictor (not known before the head first ran: then read, to be safe)
         steps = self.steps
-        if steps.groups is None or steps.prefill or steps.recording is not None:
-            return True
+        if steps.groups is None or steps.prefill or steps.recording is not None or steps.policy:
+            return True  # (a route policy ranks by the true set)
         return self.head is not None and steps.prefetching and self.head.on_host is not False
 
     def route(

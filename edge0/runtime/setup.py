@@ -31,6 +31,13 @@ from edge0.runtime.memory import (
     with_ram,
     working_bytes,
 )
+from edge0.runtime.policy import (
+    DEFAULT_DEADLINE_MS,
+    DEFAULT_POLICY,
+    RoutePolicy,
+    check_policy,
+    layer_heads_for,
+)
 from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
 from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, Scheduler
@@ -79,6 +86,9 @@ class EngineOptions:
     # pool and the KV reserve of a memory plan grow with it
     max_batch: int = 1
     token_buffer: int = 64  # unread tokens of a batched request before it is paused
+    # route mode: which experts a layer runs (edge0.runtime.policy); deadline None: the default
+    route_policy: str = DEFAULT_POLICY
+    route_deadline_ms: float | None = None
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -107,6 +117,16 @@ class EngineOptions:
             raise ConfigError("--max-batch > 1 is not supported with --hosts; use --max-batch 1")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
+        check_policy(self.route_policy, self.route_deadline_ms)
+        if self.route_policy != "predicted" and (
+            self.mode != "route" or self.hosts is not None or self.max_batch > 1
+        ):
+            raise ConfigError(
+                f"--route-policy {self.route_policy} needs --mode route on one process, one "
+                f"request per step (got mode {self.mode}"
+                f"{', --hosts' if self.hosts is not None else ''}"
+                f"{', --max-batch ' + str(self.max_batch) if self.max_batch > 1 else ''})"
+            )
 
 
 @attrs.define
@@ -167,6 +187,9 @@ def prepare(
             family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
         return Steps("resident", k, tracer), None, None
     predictor = choose_predictor(model, layers, opts, model_dir)
+    layer_heads = (
+        layer_heads_for(model_dir, model) if opts.route_policy == "deadline" else None
+    )  # fmt: skip  # read from the routers before the blocks are replaced
     keep = kept_layers(layers, opts)
     streamed = [i for i in layers if i not in keep]
     n_slots = n_slots or pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
@@ -180,6 +203,9 @@ def prepare(
     sync_every = opts.sync_every or SYNC_EVERY
     if opts.mode == "route" and sync_every > 1:
         steps.groups = SyncGroups(sync_every, steps)
+    if opts.mode == "route" and opts.route_policy != "predicted":
+        deadline = DEFAULT_DEADLINE_MS if opts.route_deadline_ms is None else opts.route_deadline_ms
+        steps.policy = RoutePolicy(opts.route_policy, deadline, steps, layer_heads)
     streams = make_streams(layers, steps, memory, manifest, opts.mode)
     if predictor is not None:  # heads only for layers that are streamed
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}

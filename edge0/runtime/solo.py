@@ -53,9 +53,10 @@ def reads_now(engine: Engine) -> ReadStats | None:
 
 def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
     ctx = engine.setup.ctx
+    policy = engine.options.route_policy if ctx.mode == "route" else ""
     stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
                      predictor=getattr(ctx.predictor, "name", ""),
-                     prefill_chunk=chunk(runner))  # fmt: skip
+                     prefill_chunk=chunk(runner), route_policy=policy)  # fmt: skip
     stats.finish_reason = "cancelled"
     return stats
 

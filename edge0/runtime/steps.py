@@ -22,6 +22,7 @@ from edge0.runtime.trace import Tracer
 
 if TYPE_CHECKING:
     from edge0.runtime.batch import BatchStep
+    from edge0.runtime.policy import RoutePolicy
     from edge0.runtime.prefill import ChunkState
 
 MODES = ("resident", "reactive", "hint", "route")
@@ -52,6 +53,9 @@ class StepRecord:
     cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
     cpu_excluded: float = 0.0  # ... of it inside mx.eval (spans given a cpu figure)
     syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
+    recall_hits: int = 0  # routed layers: experts run that are in the true top-K (when known)
+    recall_slots: int = 0  # ... out of this many (K per layer whose true top-K was read back)
+    lead_reads: int = 0  # reads started one layer ahead by the deadline route policy
 
 
 class Steps:
@@ -87,6 +91,12 @@ class Steps:
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
         self.chunk: ChunkState | None = None  # the prompt chunk being computed
         self.batch: BatchStep | None = None  # a batched decode step (edge0.runtime.batch)
+        self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
+
+    def count_recall(self, used: list[int], true: list[int]) -> None:
+        """A routed layer ran `used` where the true top-K was `true` (recall of the true set)."""
+        self.cur.recall_hits += len(set(used) & set(true))
+        self.cur.recall_slots += len(true)
 
     def attach(self, scheduler: Scheduler) -> None:
         """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""

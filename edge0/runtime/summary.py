@@ -51,6 +51,15 @@ class RunStats:
     loop_max_lag_ms: float = 0.0
     loop_p99_lag_ms: float = 0.0
     finish_reason: str = ""  # stop | length | error | cancelled
+    route_policy: str = ""  # route mode: predicted | available-first | deadline
+    recall_hits: int = 0  # decode, routed layers whose true top-K was read back: true experts run
+    recall_slots: int = 0  # ... out of this many (K per such layer-step)
+    lead_reads: int = 0  # reads the deadline policy started one layer ahead
+
+    @property
+    def route_recall(self) -> float | None:
+        """Share of the true top-K that routed layers ran (None: the true sets were not read)."""
+        return self.recall_hits / self.recall_slots if self.recall_slots else None
 
     @property
     def decode_tps(self) -> float:
@@ -63,6 +72,7 @@ class RunStats:
     def to_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["decode_tps"], d["prefill_tps"] = self.decode_tps, self.prefill_tps
+        d["route_recall"] = self.route_recall
         return d
 
     def summary(self) -> str:
@@ -72,7 +82,8 @@ class RunStats:
         return "\n".join([
             speed_line(self.prompt_tokens, self.prefill_tps, self.generated_tokens,
                        self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes),
-            f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}) | "
+            f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}"
+            f"{self._policy()}) | "
             f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
             f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
             f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
@@ -92,6 +103,12 @@ class RunStats:
             f"event-loop lag max {self.loop_max_lag_ms:.1f} ms, "
             f"p99 {self.loop_p99_lag_ms:.1f} ms",
         ])  # fmt: skip
+
+    def _policy(self) -> str:
+        if not self.route_policy:
+            return ""
+        recall = "" if self.route_recall is None else f", recall {self.route_recall:.2f}"
+        return f", policy {self.route_policy}{recall}"
 
 
 def diff_reads(after: ReadStats, before: ReadStats) -> ReadStats:
@@ -128,6 +145,9 @@ def fill(
         stats.syncs_per_token = sum(s.syncs for s in decode) / n
         stats.overlap_efficiency = max(ev, decode_io_s) / wall if wall > 0 else 0.0
         stats.first_decode_blocked_ms = decode[0].wait * 1e3
+        stats.recall_hits = sum(s.recall_hits for s in decode)
+        stats.recall_slots = sum(s.recall_slots for s in decode)
+        stats.lead_reads = sum(s.lead_reads for s in decode)
     tokens = stats.prompt_tokens + stats.generated_tokens
     stats.bytes_per_token = reads.bytes / tokens if tokens else 0.0
     asked = reads.staged_hits + reads.staged_misses
