@@ -53,18 +53,18 @@ async def measure(
 
         log_from = len(eng.batcher.log) if eng.batcher is not None else 0
         records_from = len(eng.setup.ctx.records)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         got = await asyncio.gather(*(one(p) for p in prompts))
         wall = time.perf_counter() - t0
         if eng.batcher is not None:
             steps = [s for s in eng.batcher.log[log_from:] if s.rows == batch]
-            rows = [(s.rows, s.wall, s.wait, s.bytes, s.eval) for s in steps]
+            rows = [(s.rows, s.wall, s.wait, s.bytes, s.eval, s.cpu) for s in steps]
         else:  # max_batch 1: the FIFO path, its own step records
             recs = [r for r in eng.setup.ctx.records[records_from:] if not r.prefill]
             stats = eng.last_stats
             assert stats is not None
-            per = stats.decode_bytes_per_step
-            rows = [(1, r.wall, r.wait, int(per), r.eval) for r in recs]
+            per, cpu = stats.decode_bytes_per_step, (time.process_time() - cpu0) / len(recs)
+            rows = [(1, r.wall, r.wait, int(per), r.eval, cpu) for r in recs]
     n = sum(r[0] for r in rows)
     dec = sum(r[1] for r in rows)
     return {
@@ -74,6 +74,7 @@ async def measure(
         "mib_per_token": sum(r[3] for r in rows) / n / _MIB if n else 0.0,
         "blocked_ms_per_step": statistics.fmean(r[2] for r in rows) * 1e3 if rows else 0.0,
         "compute_ms_per_step": statistics.fmean(r[4] for r in rows) * 1e3 if rows else 0.0,
+        "cpu_ms_per_step": statistics.fmean(r[5] for r in rows) * 1e3 if rows else 0.0,
         "wall_s": wall,
     }  # fmt: skip
 
@@ -114,7 +115,7 @@ def run_bench(
     for (tier, mode, b), rs in runs.items():
         row = {key: statistics.median(r[key] for r in rs) for key in
                ("agg_tps", "per_request_tps", "mib_per_token", "blocked_ms_per_step",
-                "compute_ms_per_step")}  # fmt: skip
+                "compute_ms_per_step", "cpu_ms_per_step")}  # fmt: skip
         base = runs.get((tier, mode, 1))
         if base:  # per-round ratio to batch 1 of the same round
             row["x_batch1"] = statistics.median(
@@ -129,14 +130,14 @@ def run_bench(
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| tiers | mode | B | agg tok/s | x B=1 | per-request tok/s | MiB read/token | "
-        "blocked ms/step | compute ms/step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "blocked ms/step | compute ms/step | process CPU ms/step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['tiers']} | {r['mode']} | {r['batch']} | {r['agg_tps']:.2f} | "
             f"{r.get('x_batch1', 0.0):.2f} | {r['per_request_tps']:.2f} | "
             f"{r['mib_per_token']:.2f} | {r['blocked_ms_per_step']:.1f} | "
-            f"{r['compute_ms_per_step']:.1f} |"
+            f"{r['compute_ms_per_step']:.1f} | {r['cpu_ms_per_step']:.0f} |"
         )
     return "\n".join(lines) + "\n"

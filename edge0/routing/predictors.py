@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from edge0.errors import ConfigError
 from edge0.log import get_logger
-from edge0.routing.prerouter import PrerouterSet
+from edge0.routing.prerouter import PrerouterSet, RouterCopyHead
 
 log = get_logger("edge0.routing.predictors")
 NAMES = ("oracle", "temporal", "init", "heads")
@@ -94,13 +94,17 @@ class HeadPredictor:
         self.heads = heads
         self.name = name
         self.targets = dict(heads.target)
+        self.hidden_only = all(isinstance(h, RouterCopyHead) for h in heads.heads.values())
 
     def graph(
         self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
     ) -> mx.array | None:
         """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d))."""
-        logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1),
-                                    None if prev is None else prev.reshape(-1))  # (E,)
+        if self.hidden_only:  # untrained lean heads: the sets are not inputs
+            logits = self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
+        else:
+            logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1),
+                                        None if prev is None else prev.reshape(-1))  # (E,)
         return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
 
     def predict(

@@ -242,6 +242,8 @@ class PrerouterSet:
         if head is None:
             raise KeyError(f"no prerouter head for layer {layer}; heads: {sorted(self.heads)}")
         dtype = head.lin_h.weight.dtype
+        if isinstance(head, RouterCopyHead):  # reads the hidden only: no multi-hot inputs built
+            return head.lin_h(hidden if hidden.dtype == dtype else hidden.astype(dtype))
         lead = tuple(hidden.shape[:-1])
         e = self.config.num_experts
         return head(hidden.astype(dtype), multi_hot(topk_t, e, lead), multi_hot(topk_prev, e, lead))

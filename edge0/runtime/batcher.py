@@ -45,6 +45,7 @@ class StepLog:
     wait: float  # blocked on reads
     eval: float  # in mx.eval (MLX compute)
     bytes: int
+    cpu: float = 0.0  # process CPU time over the step, every thread (compute, MLX, tiers)
 
 
 @attrs.define(eq=False)
@@ -178,6 +179,7 @@ class Batcher:
         ctx, sched, compute = eng.setup.ctx, eng.setup.scheduler, eng._compute
         rows = [a.row for a in runnable]
         bytes0 = sched.stats.bytes if sched is not None else 0
+        cpu0 = time.process_time()
         toks: list[int | None]
         ran = True  # the step reached its end (its record is the last one)
         if len(runnable) == 1:
@@ -208,7 +210,8 @@ class Batcher:
         self._last = runnable
         rec = ctx.records[-1] if ran and ctx.records else StepRecord(-1, False)
         read = (sched.stats.bytes if sched is not None else 0) - bytes0
-        self.log.append(StepLog(len(runnable), rec.wall, rec.wait, rec.eval, read))
+        cpu = time.process_time() - cpu0
+        self.log.append(StepLog(len(runnable), rec.wall, rec.wait, rec.eval, read, cpu))
         for a, tok in zip(runnable, toks, strict=True):
             a.records.append(rec)
             a.stats.decode_steps += 1

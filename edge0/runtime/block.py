@@ -6,7 +6,8 @@ parameter paths of the router and shared expert do not change. It asks one
 collaborator, its layer's `LayerStream` (edge0.runtime.layers, chosen per mode
 when the engine is built). Per call (one token, one decode step) on the compute
 thread:
-  1. router scores and the true top-K (family rule);
+  1. router scores, and the true top-K (family rule) unless the stream needs no
+     true set (a route decode step whose layer reads nothing back: `needs_true`);
   2. `stream.planned()`: in route mode the set predicted one step earlier, which
      is then the routing, with gate weights from the true scores (family rule);
   3. `stream.route(...)`: one eval of the routing and of the prediction this
@@ -64,11 +65,16 @@ class StreamingMoE(nn.Module):
             )
         stream, fam = self.stream, self.family
         scores = fam.scores(self, x)  # (1, 1, E)
-        true_inds, w = fam.select(self, scores, stream.top_k)  # (1, 1, K) each
-        inds, planned = true_inds, stream.planned()
+        planned = stream.planned()
+        true_inds: mx.array | None = None
+        if planned is None or stream.needs_true():  # (1, 1, K) each
+            true_inds, w = fam.select(self, scores, stream.top_k)
         if planned is not None:  # route mode: the prediction is the routing
-            inds = mx.array(planned, dtype=mx.uint32).reshape(1, 1, len(planned))
+            inds = mx.array([[planned]], dtype=mx.uint32)  # (1, 1, K)
             w = fam.weights(self, scores, inds)
+        else:
+            assert true_inds is not None
+            inds = true_inds
         experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
         y = self._experts(x, stream.slots(experts, inds))  # (1, 1, K, d_model)
         y = (y * w[..., None]).sum(axis=-2)

@@ -54,7 +54,7 @@ class SlotExperts:
     def index(self, experts: list[int], inds: mx.array) -> mx.array:
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         steps = self.steps
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0 = time.perf_counter()
         groups = steps.groups
         fenced = groups is None or not groups.busy  # else earlier layers' graphs may be pending
         try:
@@ -63,8 +63,9 @@ class SlotExperts:
             assert groups is not None
             groups.flush([])  # evaluates up to this layer's input: earlier slots are free
             slots = self.scheduler.acquire(self.layer, steps.step, experts)
-        steps.span("wait", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
-        return mx.array(slots, dtype=mx.uint32).reshape(inds.shape)  # (1, 1, K) slot indices
+        # wall time only: blocked on reads costs no CPU, the slot bookkeeping is overhead
+        steps.span("wait", self.layer, t0, time.perf_counter())
+        return mx.array([[slots]], dtype=mx.uint32)  # (1, 1, K) slot indices
 
 
 class Lookahead:
@@ -76,10 +77,13 @@ class Lookahead:
         self.target = target
         self.steps = steps
         self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+        self.on_host: bool | None = None  # the predictor decides on the host (known once run)
 
     def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
         """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor)."""
-        return self.predictor.graph(self.layer, x, inds, prev, k)
+        got = self.predictor.graph(self.layer, x, inds, prev, k)
+        self.on_host = got is None
+        return got
 
     def issue(
         self, x: mx.array, experts: list[int], true: list[int], prev: list[int] | None,
@@ -144,8 +148,12 @@ class LayerStream:
         """The expert set predicted for this step when it is the routing (only `RoutedStream`)."""
         return None
 
+    def needs_true(self) -> bool:
+        """Whether this step reads the true router's top-K (the block builds it only then)."""
+        return True
+
     def route(
-        self, x: mx.array, true_inds: mx.array, inds: mx.array, w: mx.array,
+        self, x: mx.array, true_inds: mx.array | None, inds: mx.array, w: mx.array,
         planned: list[int] | None,
     ) -> list[int]:  # fmt: skip
         """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
@@ -200,8 +208,16 @@ class RoutedStream(LayerStream):
         steps.routed_by_prediction += 1
         return plan[1]
 
+    def needs_true(self) -> bool:
+        # a grouped decode step reads the true set back only to record it or for a host
+        # predictor (not known before the head first ran: then read, to be safe)
+        steps = self.steps
+        if steps.groups is None or steps.prefill or steps.recording is not None:
+            return True
+        return self.head is not None and steps.prefetching and self.head.on_host is not False
+
     def route(
-        self, x: mx.array, true_inds: mx.array, inds: mx.array, w: mx.array,
+        self, x: mx.array, true_inds: mx.array | None, inds: mx.array, w: mx.array,
         planned: list[int] | None,
     ) -> list[int]:  # fmt: skip
         steps, groups = self.steps, self.steps.groups
@@ -213,6 +229,8 @@ class RoutedStream(LayerStream):
         pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         read_true = planned is None or steps.recording is not None or (
             head is not None and pred is None)  # fmt: skip
+        assert true_inds is not None or not read_true, "needs_true() said no true set"
+
         steps.cur.layers += 1
         self.prev_inds = inds
         groups.add(Deferred(self, x, true_inds if read_true else None, pred, planned,

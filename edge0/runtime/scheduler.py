@@ -146,6 +146,8 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight = 0
         self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
+        # (layer, step) -> experts prefetched for it: the only slots `acquire` may release
+        self._ahead: dict[tuple[int, int], set[int]] = {}
         self._closed = False
         self._busy_since = 0.0
         self._intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1 << 18)
@@ -255,6 +257,7 @@ class Scheduler:
             self.request = request
             self.table.clear_failed()
             self._errors.clear()
+            self._ahead.clear()
             self._intervals.clear()  # read spans of earlier requests: io_time never asks again
 
     def forget_failures(self) -> None:
@@ -280,6 +283,8 @@ class Scheduler:
         with self._lock:
             self.now = step
             self.table.advance(step - 1)
+            for key in [k for k in self._ahead if k[1] < step]:
+                del self._ahead[key]  # predicted for a step that has passed
 
     def _issue(
         self, layer: int, step: int, expert: int, kind: str
@@ -321,6 +326,11 @@ class Scheduler:
         """Stage `experts` of `layer` for `step` (one ahead); returns how many reads were issued."""
         new = []
         with self._lock:
+            ahead = self._ahead.get((layer, step))
+            if ahead is None:
+                self._ahead[(layer, step)] = set(experts)
+            else:
+                ahead.update(experts)
             for e in experts:
                 got = self._issue(layer, step, e, PREFETCH)
                 if got is not None and got[1] is not None:
@@ -349,7 +359,12 @@ class Scheduler:
         with self._cond:
             if fenced:
                 table.advance(step, table.order[layer] - 1)
-            self._release_unneeded(layer, step, set(experts))
+            self._release_unneeded(layer, step, experts)
+            staged = table.claim(layer, experts, step)
+            if staged is not None:  # every expert staged and ready: no ticket, no wait
+                self.stats.staged_hits += len(experts)
+                self._consume(layer, staged, experts)
+                return staged
             slots: list[int] = []
             new: list[FetchTicket] = []
             for e in experts:
@@ -379,22 +394,35 @@ class Scheduler:
                     raise self._errors.get((layer, s)) or TierReadError(
                         "slot lost its record", layer=layer, expert=e
                     )
-                t = self._loader.get((layer, s))
-                if t is not None and not t.consumed and t.expert == e:
-                    t.consumed = True
-                    self.stats.consumed += 1
+            self._consume(layer, slots, experts)
         return slots
+
+    def _consume(self, layer: int, slots: list[int], experts: list[int]) -> None:
+        """Compute reads these slots: the tickets that filled them were used."""
+        loader = self._loader
+        for s, e in zip(slots, experts, strict=True):
+            t = loader.get((layer, s))
+            if t is not None and not t.consumed and t.expert == e:
+                t.consumed = True
+                self.stats.consumed += 1
 
     def _wait(self) -> None:
         if self._closed:
             raise Edge0Error("the engine closed while compute waited for expert reads")
         self._cond.wait()
 
-    def _release_unneeded(self, layer: int, step: int, needed: set[int]) -> None:
-        """Predicted experts that compute will not read at `step`: free them (cancel if queued)."""
+    def _release_unneeded(self, layer: int, step: int, needed: list[int]) -> None:
+        """Predicted experts that compute will not read at `step`: free them (cancel if queued).
+
+        Only a prefetch for (`layer`, `step`) gives a slot that reader before this acquire.
+        """
+        ahead = self._ahead.pop((layer, step), None)
+        if not ahead:
+            return
         table = self.table
-        for e, s in list(table.where[layer].items()):
-            if e in needed or not table.reserved_for(s, step):
+        for e in ahead.difference(needed):
+            s = table.where[layer].get(e)
+            if s is None or not table.reserved_for(s, step):
                 continue
             table.release(layer, e, step)
             t = self._loader.get((layer, s))

@@ -148,6 +148,21 @@ class SlotPool:
         self._file(s, tag)
         return Reservation(s, needs_read=True)
 
+    def claim(self, layer: int, experts: list[int], step: int) -> list[int] | None:
+        """The slots of `experts` for compute of `layer` at `step` when every one is staged and
+        ready (what `reserve` would give, without a read); None: some are not (reserve them)."""
+        tag = (step, self.order[layer])
+        where, slots = self.where[layer], self.slots
+        got = []
+        for e in experts:
+            s = where.get(e)
+            if s is None or slots[s].state is not SlotState.READY:
+                return None
+            if slots[s].reader != tag:
+                self.reserve(layer, e, step)
+            got.append(s)
+        return got
+
     def _forget(self, s: int) -> None:
         old = self.slots[s]
         if old.layer >= 0 and self.where[old.layer].get(old.expert) == s:

@@ -50,7 +50,7 @@ class StepRecord:
     predict: float = 0.0  # predictor graphs (MLX compute, included in `eval` too)
     layers: int = 0  # streamed layers run
     cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
-    cpu_excluded: float = 0.0  # ... of it inside mx.eval and waiting on reads
+    cpu_excluded: float = 0.0  # ... of it inside mx.eval (spans given a cpu figure)
     syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
 
 

@@ -50,9 +50,9 @@ async def main():
             out.append({"tokens": toks, "stats": eng.last_stats.to_dict()})
 
         prof = None
-        if args["profile"]:  # cProfile of the compute thread only (profiling is per thread)
-            import cProfile
-            prof = cProfile.Profile()
+        if args["profile"]:  # cProfile of the compute thread only, in its CPU time
+            import cProfile, time
+            prof = cProfile.Profile(time.thread_time)
             await eng._compute.run(prof.enable)
         if args["clients"] > 1:
             await asyncio.gather(*(one(p) for p in ids[: args["clients"]]))
@@ -114,7 +114,8 @@ def parse_variant(text: str, trees: dict[str, Path]) -> tuple[str, Path, str, in
 @click.option("--tiers", default="ram:1GiB>pread", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
-              help="Write a cProfile of each variant's compute thread (last round) here.")
+              help="Write a cProfile (thread CPU time) of each variant's compute thread "
+              "(last round) here.")
 def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, tokens: int,
          prompt_len: int, clients: int, prompts: int, tiers: str, json_out: str | None,
          profile_dir: str | None) -> None:  # fmt: skip
