@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import ArraysCache, KVCache
 
@@ -106,7 +107,10 @@ def load_stage(
     stage = Stage(model, own, first, last)
     stage.prune()
     gc.collect()
-    mx.eval(model.parameters())
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for _, value in params:  # one at a time, as load_layout: each source freed once cast
+        mx.eval(value)
+    mx.clear_cache()  # the freed load buffers are not kept by MLX's allocator
     config = manifest.config
     eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
     return stage, result, load_tokenizer(path, eos)
