@@ -118,7 +118,7 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
     import mlx_lm
 
     b = built[model_type]
-    mlx_dir = mlx_lm_int4(b["hf"], b["root"] / "mlx-int4")
+    mlx_dir = mlx_lm_int4(_mlx_lm_readable(b), b["root"] / "mlx-int4")
     ref_model, _ = mlx_lm.load(str(mlx_dir))
     want = greedy(ref_model, PROMPT, 12)
     assert greedy(load_layout(b["e0"], dtype=None).model, PROMPT, 12) == want
@@ -126,6 +126,15 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
     repacked = convert(mlx_dir, b["root"] / "e0-from-mlx")  # an mlx-community style dir
     assert repacked.quantization["bits"] == 4
     assert greedy(load_layout(b["root"] / "e0-from-mlx", dtype=None).model, PROMPT, 12) == want
+
+
+def _mlx_lm_readable(b: dict[str, Path]) -> Path:
+    """The checkpoint in a form mlx-lm's sanitize reads: gpt-oss under mlx-lm's names."""
+    if json.loads((b["hf"] / "config.json").read_text())["model_type"] != "gpt_oss":
+        return b["hf"]
+    from edge0.synth.gpt_oss_forms import mlx_names
+
+    return mlx_names(b["hf"], b["root"] / "mlx-names")
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -223,9 +232,9 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
     mx.random.seed(5)
     for i, _, block in sparse_blocks(loaded.model):
         k = fam.top_k(block)
-        sw = block.switch_mlp
-        views = {f"{p}.{q}": getattr(getattr(sw, p), q) for p in ("gate_proj", "up_proj",
-                 "down_proj") for q in ("weight", "scales", "biases")}  # fmt: skip
+        sw = block[fam.switch_attr]
+        views = {f"{p}.{q}": sw[p][q] for p in ("gate_proj", "up_proj", "down_proj")
+                 for q in ("weight", "scales", "biases", "bias") if q in sw[p]}  # fmt: skip
         stream = LayerStream(i, Steps("reactive", k, Tracer()), ResidentExperts(views), quant)
         streaming = StreamingMoE(block, i, fam, stream)
         for _ in range(4):

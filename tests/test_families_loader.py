@@ -83,7 +83,7 @@ def _edit(path: Path, **changes: object) -> None:
         (
             {"model_type": "granitemoe", "num_local_experts": 8},
             "model_type 'granitemoe' is a Mixture-of-Experts family Edge0 does not support yet; "
-            "supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, "
+            "supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, mixtral, olmoe, qwen2_moe, "
             "qwen3_5_moe, qwen3_moe, qwen3_next",
         ),
         ({"model_type": "llama"}, "model_type 'llama' is a dense model: it has no experts"),
@@ -111,3 +111,5 @@ def test_configs_mlx_lm_would_compute_differently_are_refused(tmp_path: Path) ->
         normalize_config({"model_type": "qwen2_moe", "norm_topk_prob": True})
     with pytest.raises(ModelLoadError, match="makes every layer sparse"):
         normalize_config({"model_type": "qwen2_moe", "mlp_only_layers": [0]})
+    with pytest.raises(ModelLoadError, match="computes alpha=1.702, limit=7.0 only"):
+        normalize_config({"model_type": "gpt_oss", "swiglu_limit": 10.0})

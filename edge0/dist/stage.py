@@ -98,7 +98,7 @@ def load_stage(
         model.load_weights([(f"{switch[i][0]}.{n}", a) for i in own if i in switch
                             for n, a in read_expert_stacks(path, manifest, i).items()],
                            strict=False)  # fmt: skip
-    model.set_dtype(activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype]))
+    model.set_dtype(activation_dtype(MX_DTYPES[manifest.float_dtype]))
     maybe_apply_adapters(model, path, enabled=adapter)  # evaluates the model when present
     result = before_prune(model)
     stage = Stage(model, own, first, last)

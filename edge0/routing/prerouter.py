@@ -134,7 +134,7 @@ class RouterCopyHead(nn.Module):
 
 def router_weight(block: nn.Module) -> mx.array:
     """The (E, d) router weight of a sparse block, dequantized when the router is quantized."""
-    gate = block.gate
+    gate = router_of(block)
     if isinstance(gate, nn.QuantizedLinear):
         from edge0.model.loaded import activation_dtype
 
@@ -148,15 +148,27 @@ def router_weight(block: nn.Module) -> mx.array:
     return gate.weight.astype(mx.float32)
 
 
-def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """(layer index, sparse block) for each decoder layer with a router `gate` and experts."""
-    from edge0.model.sparse import SPARSE_ATTRS
+def router_of(block: nn.Module) -> nn.Module:
+    """The router linear of a sparse block (its family's `router_attr`: `gate`, `router`)."""
+    from edge0.routing.families import FAMILIES
 
+    for attr in dict.fromkeys(f.router_attr for f in FAMILIES.values()):
+        if attr in block:
+            return block[attr]
+    raise ModelLoadError(f"sparse block {type(block).__name__} has no router")
+
+
+def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(layer index, sparse block) for each decoder layer with a router and routed experts."""
+    from edge0.model.sparse import SPARSE_ATTRS
+    from edge0.routing.families import for_model
+
+    fam = for_model(model)
     out = []
     for i, layer in enumerate(model.layers):
         for attr in SPARSE_ATTRS:
             block = getattr(layer, attr, None) if attr in layer else None
-            if block is not None and hasattr(block, "gate") and hasattr(block, "switch_mlp"):
+            if block is not None and fam.router_attr in block and fam.switch_attr in block:
                 out.append((i, block))
     if not out:
         raise ModelLoadError("model has no sparse MoE layers (no router gate); not a MoE model")

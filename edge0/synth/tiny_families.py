@@ -101,6 +101,20 @@ def _qwen3_next(vocab: int) -> Any:
                            linear_value_head_dim=16, norm_topk_prob=True)  # fmt: skip
 
 
+def _gpt_oss(vocab: int) -> Any:
+    from transformers import GptOssConfig
+
+    # gpt-oss-20b's rope (YaRN x32 over 4096) but truncated: mlx-lm's YaRN always rounds the
+    # correction range, the hub config's `truncate: false` would differ (docs/models.md);
+    # sliding window 4 so the prompt crosses it
+    rope = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": True, "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+    return GptOssConfig(**dict(_common(vocab), num_hidden_layers=4, max_position_embeddings=131072),
+                        intermediate_size=FF, num_key_value_heads=KV, head_dim=HEAD_DIM,
+                        num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
+                        rope_parameters=rope)  # fmt: skip
+
+
 CONFIGS: dict[str, Callable[[int], Any]] = {
     "mixtral": _mixtral,
     "olmoe": _olmoe,
@@ -109,6 +123,7 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "deepseek_v2": _deepseek_v2,
     "glm4_moe": _glm4_moe,
     "qwen3_next": _qwen3_next,
+    "gpt_oss": _gpt_oss,
 }
 
 
@@ -147,8 +162,10 @@ def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarr
             return 1.0 + 0.1 * z
         return 0.1 * z
     gain = 1.0
-    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")):
         gain = 2.0  # decisive routing: no near-ties between fp32 implementations
+    elif name.endswith("experts.gate_up_proj"):
+        gain = 6.0  # gpt-oss: pre-activations past swiglu_limit, so the clamps take effect
     elif name.endswith("lm_head.weight"):
         gain = 1.5
     elif name.endswith("embed_tokens.weight"):

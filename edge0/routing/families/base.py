@@ -29,6 +29,9 @@ class Family:
     expert_keys: ClassVar[tuple[str, ...]] = ("num_experts",)
     # attribute of a decoder layer holding the sparse block
     block_attr: ClassVar[str] = "mlp"
+    # attributes of the sparse block holding the routed experts (a SwitchGLU) and the router
+    switch_attr: ClassVar[str] = "switch_mlp"
+    router_attr: ClassVar[str] = "gate"
     # HF per-expert projection names -> edge0's (gate_proj, up_proj, down_proj)
     hf_projections: ClassVar[dict[str, str]] = {p: p for p in PROJECTIONS}
     routing: ClassVar[str] = "softmax, top-k"
@@ -59,6 +62,23 @@ class Family:
             rf"(?P<e>\d+)\.(?P<proj>{projs})\.weight$"
         )
 
+    def fused_expert(self, name: str) -> tuple[int, str] | None:
+        """(layer, key) when `name` is one of the family's own fused expert tensors."""
+        return None
+
+    def read_fused(self, read: Any, keys: set[str], expert: int) -> dict[str, Any]:
+        """One expert from the family's fused tensors: `read(key, e)` -> (raw, dtype).
+
+        Returns {"gate_proj": (raw, dtype), ..., "gate_proj.bias": ...} (float), or the
+        packed fields {"gate_proj.weight": ..., "gate_proj.scales": ...} when `hf_quantization`
+        says the source's experts are packed.
+        """
+        raise NotImplementedError(f"{self.name} has no fused expert layout of its own")
+
+    def hf_quantization(self, hf_quant: dict[str, Any]) -> dict[str, Any] | None:
+        """The MLX quantization of an HF `quantization_config` whose experts are read packed."""
+        return None
+
     def prepare_hf(self, weights: dict[str, mx.array], tc: dict[str, Any]) -> dict[str, mx.array]:
         """HF tensors -> what the mlx-lm module's `sanitize` expects (default: as they are)."""
         return weights
@@ -75,7 +95,7 @@ class Family:
     # -- routing -------------------------------------------------------------------------
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         """Raw router logits (..., E) (what the prerouter's linear path is initialised from)."""
-        out: mx.array = block.gate(x)
+        out: mx.array = block[self.router_attr](x)
         return out
 
     def scores(self, block: nn.Module, x: mx.array) -> mx.array:
