@@ -66,3 +66,7 @@ def mlx_names(src: Path, out: Path) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"), renamed, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
+
+
+# derived fixture forms: name -> (the fixture it is made from, the writer)
+FORMS = {"gpt_oss_mxfp4": ("gpt_oss", hub_mxfp4)}
