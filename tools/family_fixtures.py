@@ -20,7 +20,7 @@ import numpy as np
 from teacher_golden import golden_tool  # tools/ is on sys.path when this script runs
 
 from edge0.synth.gpt_oss_forms import FORMS
-from edge0.synth.tiny_families import CONFIGS, write_family, write_fixture
+from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family, write_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -34,7 +34,6 @@ def report(model_types: tuple[str, ...]) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     edge0_logits = importlib.import_module("test_reference").edge0_logits
     from edge0.model.loader import load
-    from edge0.synth.tiny_families import fixture_file
 
     for model_type in model_types or (*CONFIGS, *FORMS):
         g = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
@@ -48,7 +47,6 @@ def report(model_types: tuple[str, ...]) -> None:
 
 def _checkpoint(name: str, tmp: Path) -> Path:
     """The tiny checkpoint of a family fixture or of a derived form (FORMS) under `tmp`."""
-    from edge0.synth.tiny_families import fixture_file
 
     base, writer = FORMS.get(name, (name, None))
     path = write_family(fixture_file(FIXTURES, base), tmp / base)
