@@ -38,7 +38,9 @@ def reference_model(path: Path) -> Any:
         "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM,
     }.get(model_type, transformers.AutoModelForCausalLM)
     config = json.loads((path / "config.json").read_text())
-    extra = {}
+    extra: dict[str, Any] = {}
+    if model_type == "kimi_k2":  # its hub code is DeepSeek-V3's; transformers has no kimi_k2
+        extra["config"] = transformers.DeepseekV3Config(**dict(config, model_type="deepseek_v3"))
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
         # gpt-oss hub form: MXFP4 experts dequantized (exactly: e2m1 x 2^k fits bf16)
         extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)

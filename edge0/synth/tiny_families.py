@@ -81,6 +81,18 @@ def _deepseek_v2(vocab: int) -> Any:
                                              "mscale_all_dim": 0.707})  # fmt: skip
 
 
+def _kimi_k2(vocab: int) -> Any:
+    """Kimi-K2: DeepSeek-V3's architecture under its own model_type (one group, scaled 2.827)."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
+                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
+                            num_experts_per_tok=2, n_group=1, topk_group=1,
+                            first_k_dense_replace=1, routed_scaling_factor=2.827, q_lora_rank=32,
+                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                            v_head_dim=16)  # fmt: skip
+
+
 def _glm4_moe(vocab: int) -> Any:
     from transformers import Glm4MoeConfig
 
@@ -124,13 +136,17 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "glm4_moe": _glm4_moe,
     "qwen3_next": _qwen3_next,
     "gpt_oss": _gpt_oss,
+    "kimi_k2": _kimi_k2,
 }
+# model_types transformers has no class of its own for: the architecture it runs them as
+REFERENCE_TYPES = {"kimi_k2": "deepseek_v3"}
 
 
 def config_dict(model_type: str, vocab: int) -> dict[str, Any]:
     """config.json of the tiny `model_type` checkpoint (transformers' to_dict, bf16)."""
     out: dict[str, Any] = CONFIGS[model_type](vocab).to_dict()
     out["dtype"] = "bfloat16"
+    out["model_type"] = model_type
     return out
 
 
@@ -140,6 +156,8 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
     import transformers
     from safetensors import safe_open
 
+    model_type = config["model_type"]
+    config = dict(config, model_type=REFERENCE_TYPES.get(model_type, model_type))
     cfg = transformers.AutoConfig.for_model(**config)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
