@@ -117,6 +117,13 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
 ) -> None:
     import mlx_lm
 
+    if model_type == "granitemoe":
+        pytest.skip(
+            "mlx-lm's granitemoe quant_predicate gives `switch_mlp.down_proj` 8 bits (it matches "
+            "`mlp.down_proj` by suffix): its int4 conversion is not one bits for all experts' "
+            "projections, which the edge0 record stores (such mlx dirs are refused: "
+            "test_families_loader)"
+        )
     b = built[model_type]
     mlx_dir = mlx_lm_int4(_mlx_lm_readable(b), b["root"] / "mlx-int4")
     ref_model, _ = mlx_lm.load(str(mlx_dir))

@@ -107,6 +107,14 @@ def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) ->
         "bits": w.shape[-1] * 32 // shape.d_model,
         "mode": source.config["quantization"].get("mode", "affine"),
     }
+    widths = {"gate_proj": shape.d_model, "up_proj": shape.d_model, "down_proj": shape.d_ff}
+    per_proj = {p: le.tensors[f"{p}.weight"].shape[-1] * 32 // w for p, w in widths.items()}
+    if len(set(per_proj.values())) > 1:
+        raise ConversionError(
+            f"{source.path}: the experts' projections are quantized with different bits "
+            f"({', '.join(f'{p} {b}' for p, b in per_proj.items())}); the edge0 layout stores "
+            "one bits/group size for all three: convert from the full-precision checkpoint"
+        )
     first = {k: v.shape[1:] for k, v in le.tensors.items()}
     for layer in shape.layers:
         other = source.experts[layer].tensors

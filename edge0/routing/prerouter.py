@@ -149,12 +149,16 @@ def router_weight(block: nn.Module) -> mx.array:
 
 
 def router_of(block: nn.Module) -> nn.Module:
-    """The router linear of a sparse block (its family's `router_attr`: `gate`, `router`)."""
+    """The router linear of a sparse block (a family's `router_attr`: `gate`, `router`, ...)."""
     from edge0.routing.families import FAMILIES
+    from edge0.routing.families.base import router_at
 
-    for attr in dict.fromkeys(f.router_attr for f in FAMILIES.values()):
-        if attr in block:
-            return block[attr]
+    paths = sorted({f.router_attr for f in FAMILIES.values()}, key=lambda a: -a.count("."))
+    for attr in paths:  # the deepest first: granitemoe's `router.layer` before gpt-oss' `router`
+        try:
+            return router_at(block, attr)
+        except KeyError:
+            continue
     raise ModelLoadError(f"sparse block {type(block).__name__} has no router")
 
 
@@ -168,7 +172,8 @@ def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     for i, layer in enumerate(model.layers):
         for attr in SPARSE_ATTRS:
             block = getattr(layer, attr, None) if attr in layer else None
-            if block is not None and fam.router_attr in block and fam.switch_attr in block:
+            router = fam.router_attr.split(".")[0]
+            if block is not None and router in block and fam.switch_attr in block:
                 out.append((i, block))
     if not out:
         raise ModelLoadError("model has no sparse MoE layers (no router gate); not a MoE model")
@@ -176,7 +181,10 @@ def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
 
 def block_top_k(block: nn.Module) -> int:
-    k = getattr(block, "top_k", None) or getattr(block, "num_experts_per_tok", None)
+    """The top-k of a sparse block, or of its router where the router keeps it (granitemoe)."""
+    k = None
+    for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):
+        k = k or getattr(owner, "top_k", None) or getattr(owner, "num_experts_per_tok", None)
     if not isinstance(k, int):
         raise ModelLoadError(f"sparse block {type(block).__name__} has no top_k attribute")
     return k

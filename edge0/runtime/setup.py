@@ -125,10 +125,11 @@ class Setup:
 
 
 def model_top_k(block: nn.Module) -> int:
-    for attr in ("top_k", "num_experts_per_tok"):
-        k = getattr(block, attr, None)
-        if isinstance(k, int):
-            return k
+    for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):  # granitemoe
+        for attr in ("top_k", "num_experts_per_tok"):
+            k = getattr(owner, attr, None)
+            if isinstance(k, int):
+                return k
     raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
 
 

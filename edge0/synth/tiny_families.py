@@ -127,6 +127,15 @@ def _gpt_oss(vocab: int) -> Any:
                         rope_parameters=rope)  # fmt: skip
 
 
+def _granitemoe(vocab: int) -> Any:
+    from transformers import GraniteMoeConfig
+
+    return GraniteMoeConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
+                            num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=12.0,
+                            logits_scaling=8.0, residual_multiplier=0.22,
+                            attention_multiplier=0.0625)  # fmt: skip
+
+
 CONFIGS: dict[str, Callable[[int], Any]] = {
     "mixtral": _mixtral,
     "olmoe": _olmoe,
@@ -137,6 +146,7 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "qwen3_next": _qwen3_next,
     "gpt_oss": _gpt_oss,
     "kimi_k2": _kimi_k2,
+    "granitemoe": _granitemoe,
 }
 # model_types transformers has no class of its own for: the architecture it runs them as
 REFERENCE_TYPES = {"kimi_k2": "deepseek_v3"}
@@ -180,7 +190,9 @@ def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarr
             return 1.0 + 0.1 * z
         return 0.1 * z
     gain = 1.0
-    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")):
+    routers = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "router.weight",
+               "router.layer.weight")  # fmt: skip
+    if name.endswith(routers):
         gain = 2.0  # decisive routing: no near-ties between fp32 implementations
     elif name.endswith("experts.gate_up_proj"):
         gain = 6.0  # gpt-oss: pre-activations past swiglu_limit, so the clamps take effect

@@ -29,7 +29,8 @@ class Family:
     expert_keys: ClassVar[tuple[str, ...]] = ("num_experts",)
     # attribute of a decoder layer holding the sparse block
     block_attr: ClassVar[str] = "mlp"
-    # attributes of the sparse block holding the routed experts (a SwitchGLU) and the router
+    # attributes of the sparse block holding the routed experts (a SwitchGLU) and the
+    # router's linear (a dotted path where the router wraps it: granitemoe `router.layer`)
     switch_attr: ClassVar[str] = "switch_mlp"
     router_attr: ClassVar[str] = "gate"
     # HF per-expert projection names -> edge0's (gate_proj, up_proj, down_proj)
@@ -93,9 +94,13 @@ class Family:
         return model.sanitize(weights) if hasattr(model, "sanitize") else weights
 
     # -- routing -------------------------------------------------------------------------
+    def router(self, block: nn.Module) -> nn.Module:
+        """The router's linear (E outputs) inside a sparse block."""
+        return router_at(block, self.router_attr)
+
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         """Raw router logits (..., E) (what the prerouter's linear path is initialised from)."""
-        out: mx.array = block[self.router_attr](x)
+        out: mx.array = self.router(block)(x)
         return out
 
     def scores(self, block: nn.Module, x: mx.array) -> mx.array:
@@ -133,6 +138,16 @@ class Family:
             for attr in ("top_k", "num_experts_per_tok"):
                 if owner is not None and isinstance(getattr(owner, attr, None), int):
                     setattr(owner, attr, k)
+
+
+def router_at(block: nn.Module, path: str) -> nn.Module:
+    """The module at dotted `path` inside `block` (KeyError when a step is missing)."""
+    module = block
+    for step in path.split("."):
+        if step not in module:
+            raise KeyError(path)
+        module = module[step]
+    return module
 
 
 def sigmoid_gated_shared(block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
