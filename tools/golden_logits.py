@@ -44,9 +44,7 @@ def reference_model(path: Path) -> Any:
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
         # gpt-oss hub form: MXFP4 experts dequantized (exactly: e2m1 x 2^k fits bf16)
         extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
-    model, info = cls.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True, **extra
-    )
+    model, info = cls.from_pretrained(path, dtype=torch.float32, output_loading_info=True, **extra)
     bad = {k: v for k, v in info.items() if v}
     if bad:
         raise SystemExit(f"{path}: transformers did not load the checkpoint cleanly: {bad}")

@@ -62,8 +62,9 @@ def record_layout(
     only, mode_scales = MODES[mode]
     if only is not None and (bits, group_size) != only:
         raise CheckpointError(f"mode {mode} packs {only[0]} bits in groups of {only[1]} only")
-    if scale_dtype not in ((mode_scales,) if mode_scales else FLOATS):
-        raise CheckpointError(f"unsupported scales dtype {scale_dtype!r} for mode {mode}")
+    allowed = (mode_scales,) if mode_scales else FLOATS
+    if scale_dtype not in allowed:
+        raise CheckpointError(f"scales dtype {scale_dtype!r} is not one of {', '.join(allowed)}")
     if bias_dtype is not None and bias_dtype not in FLOATS:
         raise CheckpointError(f"unsupported expert bias dtype {bias_dtype!r}")
     for dim in (d_model, d_ff):

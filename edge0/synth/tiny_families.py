@@ -119,8 +119,10 @@ def _gpt_oss(vocab: int) -> Any:
     # gpt-oss-20b's rope (YaRN x32 over 4096) but truncated: mlx-lm's YaRN always rounds the
     # correction range, the hub config's `truncate: false` would differ (docs/models.md);
     # sliding window 4 so the prompt crosses it
-    rope = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-            "truncate": True, "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+    rope = {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": True, "original_max_position_embeddings": 4096, "rope_theta": 150000.0,
+    }  # fmt: skip
     return GptOssConfig(**dict(_common(vocab), num_hidden_layers=4, max_position_embeddings=131072),
                         intermediate_size=FF, num_key_value_heads=KV, head_dim=HEAD_DIM,
                         num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
