@@ -100,6 +100,12 @@ def test_convert_verify_and_every_mode_match_resident(
     e0 = built[model_type]["e0"]
     report = verify(e0, progress=False)
     assert report.records == len(json.loads((e0 / "edge0.json").read_text())["moe_layers"]) * 8
+    eng2 = every_mode_matches_resident(e0)
+    assert eng2.setup.ctx.routed_by_prediction == 9 * len(eng2.setup.manifest.moe_layers)
+
+
+def every_mode_matches_resident(e0: Path) -> Any:
+    """Greedy tokens of reactive, hint (init heads), route (oracle) equal resident's."""
     ref, _ = asyncio.run(_decode(e0, mode="resident"))
     got, eng = asyncio.run(_decode(e0, mode="reactive", record_routing=True, first_layer="wrap"))
     assert got == ref
@@ -108,7 +114,7 @@ def test_convert_verify_and_every_mode_match_resident(
     oracle, eng2 = asyncio.run(_decode(e0, mode="route", predictor="oracle", first_layer="wrap",
                                        recording=eng.setup.ctx.recording))  # fmt: skip
     assert oracle == ref
-    assert eng2.setup.ctx.routed_by_prediction == 9 * len(eng2.setup.manifest.moe_layers)
+    return eng2
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -7,17 +7,15 @@ MXFP4 experts dequantized (tests/fixtures/golden/gpt_oss_mxfp4.npz).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from layout_helpers import greedy
-from runtime_helpers import PROMPT, MockTier
-from test_families import _golden_tool, _max_err
+from runtime_helpers import PROMPT
+from test_families import _golden_tool, _max_err, every_mode_matches_resident
 from test_reference import edge0_logits
 
 from edge0.layout.convert import ConvertOptions, convert
@@ -26,7 +24,6 @@ from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.layout.records import field_views
 from edge0.layout.verify import verify
 from edge0.model.loader import load
-from edge0.runtime.engine import Engine
 from edge0.synth.gpt_oss_forms import hub_mxfp4
 from edge0.synth.tiny_families import fixture_file, write_family
 
@@ -98,18 +95,5 @@ def test_tokens_equal_mlx_lm_reading_the_hub_form(hub: dict[str, Path]) -> None:
     assert greedy(load_layout(hub["root"] / "e0-from-mlx", dtype=None).model, PROMPT, 12) == want
 
 
-async def _decode(path: Path, **opts: Any) -> tuple[list[int], Any]:
-    async with Engine.open(path, tiers=MockTier(path), **opts) as eng:
-        return [t async for t in eng.tokens(PROMPT, max_tokens=10, stop=False)], eng
-
-
 def test_every_mode_streams_mxfp4_experts_exactly(hub: dict[str, Path]) -> None:
-    e0 = hub["e0"]
-    ref, _ = asyncio.run(_decode(e0, mode="resident"))
-    got, eng = asyncio.run(_decode(e0, mode="reactive", record_routing=True, first_layer="wrap"))
-    assert got == ref
-    hint, _ = asyncio.run(_decode(e0, mode="hint", predictor="init", first_layer="wrap"))
-    assert hint == ref
-    oracle, _ = asyncio.run(_decode(e0, mode="route", predictor="oracle", first_layer="wrap",
-                                    recording=eng.setup.ctx.recording))  # fmt: skip
-    assert oracle == ref
+    every_mode_matches_resident(hub["e0"])

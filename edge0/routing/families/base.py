@@ -140,6 +140,22 @@ class Family:
                     setattr(owner, attr, k)
 
 
+class LogitsTopK(Family):
+    """Top-k of the router logits (mlx-lm's op order), softmax over the k (gpt-oss, Granite)."""
+
+    routing = "top-k of logits, softmax over the k"
+
+    def scores(self, block: nn.Module, x: mx.array) -> mx.array:
+        return self.router_logits(block, x)
+
+    def select(self, block: nn.Module, scores: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]  # mlx-lm's order
+        return inds, self.weights(block, scores, inds)
+
+    def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
+        return mx.softmax(mx.take_along_axis(scores, inds, axis=-1), axis=-1, precise=True)
+
+
 def router_at(block: nn.Module, path: str) -> nn.Module:
     """The module at dotted `path` inside `block` (KeyError when a step is missing)."""
     module = block

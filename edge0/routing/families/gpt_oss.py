@@ -20,11 +20,10 @@ import re
 from typing import Any, ClassVar
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import Family
+from edge0.routing.families.base import LogitsTopK
 
 MXFP4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
 # mlx-lm's SwigluOAI uses these constants whatever the config says
@@ -35,7 +34,7 @@ _EXPERTS = re.compile(
 )
 
 
-class GptOss(Family):
+class GptOss(LogitsTopK):
     name = "gpt_oss"
     model_types: ClassVar[dict[str, str]] = {"gpt_oss": "gpt_oss"}
     expert_keys = ("num_local_experts",)
@@ -94,14 +93,3 @@ class GptOss(Family):
             weights[f"{pre}.up_proj.bias"] = mx.contiguous(gu_bias[..., 1::2])
             weights[f"{pre}.down_proj.bias"] = weights.pop(f"{pre}.down_proj_bias")
         return weights
-
-    # -- routing -------------------------------------------------------------------------
-    def scores(self, block: nn.Module, x: mx.array) -> mx.array:
-        return self.router_logits(block, x)
-
-    def select(self, block: nn.Module, scores: mx.array, k: int) -> tuple[mx.array, mx.array]:
-        inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]  # mlx-lm's order
-        return inds, self.weights(block, scores, inds)
-
-    def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
-        return mx.softmax(mx.take_along_axis(scores, inds, axis=-1), axis=-1, precise=True)

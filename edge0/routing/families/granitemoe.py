@@ -16,14 +16,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.routing.families.base import Family
+from edge0.routing.families.base import LogitsTopK
 
 _FUSED = re.compile(
     r"^.*layers\.(?P<layer>\d+)\.block_sparse_moe\.(?P<kind>input_linear|output_linear)\.weight$"
 )
 
 
-class GraniteMoe(Family):
+class GraniteMoe(LogitsTopK):
     name = "granitemoe"
     model_types: ClassVar[dict[str, str]] = {"granitemoe": "granitemoe"}
     expert_keys = ("num_local_experts",)
@@ -44,13 +44,6 @@ class GraniteMoe(Family):
             "up_proj": (np.ascontiguousarray(both[half:]), dtype),
             "down_proj": (down, down_dtype),
         }
-
-    def scores(self, block: nn.Module, x: mx.array) -> mx.array:
-        return self.router_logits(block, x)
-
-    def select(self, block: nn.Module, scores: mx.array, k: int) -> tuple[mx.array, mx.array]:
-        inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]  # mlx-lm's order
-        return inds, self.weights(block, scores, inds)
 
     def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
         return mx.softmax(mx.take_along_axis(scores, inds, axis=-1).astype(mx.float32), axis=-1)
