@@ -100,6 +100,12 @@ def test_convert_verify_and_every_mode_match_resident(
     e0 = built[model_type]["e0"]
     report = verify(e0, progress=False)
     assert report.records == len(json.loads((e0 / "edge0.json").read_text())["moe_layers"]) * 8
+    eng2 = every_mode_matches_resident(e0)
+    assert eng2.setup.ctx.routed_by_prediction == 9 * len(eng2.setup.manifest.moe_layers)
+
+
+def every_mode_matches_resident(e0: Path) -> Any:
+    """Greedy tokens of reactive, hint (init heads), route (oracle) equal resident's."""
     ref, _ = asyncio.run(_decode(e0, mode="resident"))
     got, eng = asyncio.run(_decode(e0, mode="reactive", record_routing=True, first_layer="wrap"))
     assert got == ref
@@ -108,7 +114,7 @@ def test_convert_verify_and_every_mode_match_resident(
     oracle, eng2 = asyncio.run(_decode(e0, mode="route", predictor="oracle", first_layer="wrap",
                                        recording=eng.setup.ctx.recording))  # fmt: skip
     assert oracle == ref
-    assert eng2.setup.ctx.routed_by_prediction == 9 * len(eng2.setup.manifest.moe_layers)
+    return eng2
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -117,8 +123,15 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
 ) -> None:
     import mlx_lm
 
+    if model_type == "granitemoe":
+        pytest.skip(
+            "mlx-lm's granitemoe quant_predicate gives `switch_mlp.down_proj` 8 bits (it matches "
+            "`mlp.down_proj` by suffix): its int4 conversion is not one bits for all experts' "
+            "projections, which the edge0 record stores (such mlx dirs are refused: "
+            "test_families_loader)"
+        )
     b = built[model_type]
-    mlx_dir = mlx_lm_int4(b["hf"], b["root"] / "mlx-int4")
+    mlx_dir = mlx_lm_int4(_mlx_lm_readable(b), b["root"] / "mlx-int4")
     ref_model, _ = mlx_lm.load(str(mlx_dir))
     want = greedy(ref_model, PROMPT, 12)
     assert greedy(load_layout(b["e0"], dtype=None).model, PROMPT, 12) == want
@@ -126,6 +139,15 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
     repacked = convert(mlx_dir, b["root"] / "e0-from-mlx")  # an mlx-community style dir
     assert repacked.quantization["bits"] == 4
     assert greedy(load_layout(b["root"] / "e0-from-mlx", dtype=None).model, PROMPT, 12) == want
+
+
+def _mlx_lm_readable(b: dict[str, Path]) -> Path:
+    """The checkpoint in a form mlx-lm's sanitize reads: gpt-oss under mlx-lm's names."""
+    if json.loads((b["hf"] / "config.json").read_text())["model_type"] != "gpt_oss":
+        return b["hf"]
+    from edge0.synth.gpt_oss_forms import mlx_names
+
+    return mlx_names(b["hf"], b["root"] / "mlx-names")
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -223,9 +245,9 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
     mx.random.seed(5)
     for i, _, block in sparse_blocks(loaded.model):
         k = fam.top_k(block)
-        sw = block.switch_mlp
-        views = {f"{p}.{q}": getattr(getattr(sw, p), q) for p in ("gate_proj", "up_proj",
-                 "down_proj") for q in ("weight", "scales", "biases")}  # fmt: skip
+        sw = block[fam.switch_attr]
+        views = {f"{p}.{q}": sw[p][q] for p in ("gate_proj", "up_proj", "down_proj")
+                 for q in ("weight", "scales", "biases", "bias") if q in sw[p]}  # fmt: skip
         stream = LayerStream(i, Steps("reactive", k, Tracer()), ResidentExperts(views), quant)
         streaming = StreamingMoE(block, i, fam, stream)
         for _ in range(4):

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from runtime_helpers import PROMPT
 
 from edge0.cli.main import main as cli
-from edge0.errors import ModelLoadError
+from edge0.errors import ConversionError, ModelLoadError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
 from edge0.model.loader import load
@@ -81,10 +81,10 @@ def _edit(path: Path, **changes: object) -> None:
     ("changes", "message"),
     [
         (
-            {"model_type": "granitemoe", "num_local_experts": 8},
-            "model_type 'granitemoe' is a Mixture-of-Experts family Edge0 does not support yet; "
-            "supported: deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, "
-            "qwen3_5_moe, qwen3_moe, qwen3_next",
+            {"model_type": "phimoe", "num_local_experts": 8},
+            "model_type 'phimoe' is a Mixture-of-Experts family Edge0 does not support yet; "
+            "supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe, kimi_k2, "
+            "mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next",
         ),
         ({"model_type": "llama"}, "model_type 'llama' is a dense model: it has no experts"),
         ({"num_experts": 0}, "'qwen3_moe' without routed experts is a dense model: it has no"),
@@ -111,3 +111,21 @@ def test_configs_mlx_lm_would_compute_differently_are_refused(tmp_path: Path) ->
         normalize_config({"model_type": "qwen2_moe", "norm_topk_prob": True})
     with pytest.raises(ModelLoadError, match="makes every layer sparse"):
         normalize_config({"model_type": "qwen2_moe", "mlp_only_layers": [0]})
+    with pytest.raises(ModelLoadError, match="computes alpha=1.702, limit=7.0 only"):
+        normalize_config({"model_type": "gpt_oss", "swiglu_limit": 10.0})
+
+
+def test_mlx_dir_with_mixed_expert_bits_is_refused(tmp_path: Path) -> None:
+    """An mlx dir whose experts' down_proj has other bits (mlx-lm's granitemoe recipe)."""
+    from layout_helpers import mlx_lm_int4
+
+    mlx_dir = mlx_lm_int4(FIXTURES / "qwen3_moe", tmp_path / "mlx")
+    file = next(mlx_dir.glob("*.safetensors"))
+    weights = dict(mx.load(str(file)))
+    for key in [k for k in weights if k.endswith("switch_mlp.down_proj.weight")]:
+        pre = key.rpartition(".")[0]
+        w = mx.dequantize(weights[key], weights[f"{pre}.scales"], weights[f"{pre}.biases"], 32, 4)
+        weights[key], weights[f"{pre}.scales"], weights[f"{pre}.biases"] = mx.quantize(w, 32, 8)
+    mx.save_safetensors(str(file), weights, metadata={"format": "mlx"})
+    with pytest.raises(ConversionError, match=r"quantized with different bits \(gate_proj 4, "):
+        convert(mlx_dir, tmp_path / "out")

@@ -2,7 +2,9 @@
 
 For each family: tests/fixtures/families/<model_type>.json (transformers' config and the
 tensor layout its save_pretrained writes) and tests/fixtures/golden/<model_type>.npz
-(transformers fp32 logits for the fixed prompt + 8 cached greedy steps). Usage:
+(transformers fp32 logits for the fixed prompt + 8 cached greedy steps); derived forms
+(FORMS: gpt_oss_mxfp4, the hub's MXFP4 release of the gpt_oss fixture) get golden
+logits of their own. Usage:
 
     .venv/bin/python tools/family_fixtures.py [MODEL_TYPE ...]
     .venv/bin/python tools/family_fixtures.py --report   # deltas vs golden, no torch
@@ -17,7 +19,8 @@ import click
 import numpy as np
 from teacher_golden import golden_tool  # tools/ is on sys.path when this script runs
 
-from edge0.synth.tiny_families import CONFIGS, write_family, write_fixture
+from edge0.synth.gpt_oss_forms import FORMS
+from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family, write_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -31,16 +34,23 @@ def report(model_types: tuple[str, ...]) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     edge0_logits = importlib.import_module("test_reference").edge0_logits
     from edge0.model.loader import load
-    from edge0.synth.tiny_families import fixture_file
 
-    for model_type in model_types or tuple(CONFIGS):
+    for model_type in model_types or (*CONFIGS, *FORMS):
         g = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
         with tempfile.TemporaryDirectory() as tmp:
-            path = write_family(fixture_file(FIXTURES, model_type), Path(tmp) / model_type)
+            path = _checkpoint(model_type, Path(tmp))
             ours = edge0_logits(load(path), g["prompt_ids"], g["decode_ids"])
         pre = float(np.abs(ours["prefill_logits"] - g["prefill_logits"]).max())
         dec = float(np.abs(ours["decode_logits"] - g["decode_logits"]).max())
         click.echo(f"{model_type}: max |dlogit| prefill {pre:.1e}, 8 decode steps {dec:.1e}")
+
+
+def _checkpoint(name: str, tmp: Path) -> Path:
+    """The tiny checkpoint of a family fixture or of a derived form (FORMS) under `tmp`."""
+
+    base, writer = FORMS.get(name, (name, None))
+    path = write_family(fixture_file(FIXTURES, base), tmp / base)
+    return path if writer is None else writer(path, tmp / name)
 
 
 @click.command()
@@ -51,14 +61,15 @@ def main(model_types: tuple[str, ...], only_report: bool) -> None:
         report(model_types)
         return
     golden = golden_tool()
-    for model_type in model_types or tuple(CONFIGS):
-        fixture = write_fixture(FIXTURES, model_type)
+    for model_type in model_types or (*CONFIGS, *FORMS):
+        if model_type in CONFIGS:
+            write_fixture(FIXTURES, model_type)
         with tempfile.TemporaryDirectory() as tmp:
-            path = write_family(fixture, Path(tmp) / model_type)
+            path = _checkpoint(model_type, Path(tmp))
             result = golden.reference_logits(path, golden.prompt_ids(path))
         target = FIXTURES / "golden" / f"{model_type}.npz"
         np.savez_compressed(target, **result)
-        click.echo(f"{model_type}: {fixture.name}, {target.name}, decode ids "
+        click.echo(f"{model_type}: {target.name}, decode ids "
                    f"{result['decode_ids'].tolist()}")  # fmt: skip
 
 

@@ -37,7 +37,14 @@ def reference_model(path: Path) -> Any:
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
         "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM,
     }.get(model_type, transformers.AutoModelForCausalLM)
-    model, info = cls.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    config = json.loads((path / "config.json").read_text())
+    extra: dict[str, Any] = {}
+    if model_type == "kimi_k2":  # its hub code is DeepSeek-V3's; transformers has no kimi_k2
+        extra["config"] = transformers.DeepseekV3Config(**dict(config, model_type="deepseek_v3"))
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        # gpt-oss hub form: MXFP4 experts dequantized (exactly: e2m1 x 2^k fits bf16)
+        extra["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    model, info = cls.from_pretrained(path, dtype=torch.float32, output_loading_info=True, **extra)
     bad = {k: v for k, v in info.items() if v}
     if bad:
         raise SystemExit(f"{path}: transformers did not load the checkpoint cleanly: {bad}")

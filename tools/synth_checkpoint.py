@@ -71,8 +71,8 @@ def main(
             f"{shape} ({p['model_type']}): {p['moe_layers']} of {p['layers']} layers sparse, "
             f"{p['experts']} experts, top-{p['top_k']}; resident {p['resident_bytes'] / 2**30:.2f} "
             f"GiB, experts {p['experts_bytes'] / 2**30:.2f} GiB ({p['record_bytes'] / 2**20:.2f} "
-            f"MiB per expert record); streamed at top-{p['top_k']}: first layer's experts "
-            f"{p['first_layer_bytes'] / 2**30:.2f} GiB + slot tables "
+            f"MiB per {p['expert_mode']} expert record); streamed at top-{p['top_k']}: first "
+            f"layer's experts {p['first_layer_bytes'] / 2**30:.2f} GiB + slot tables "
             f"{p['slot_bytes'] / 2**30:.2f} GiB"
         )
         return

@@ -80,7 +80,7 @@ def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: i
     fp = footprint(path, manifest, opts, baseline)
     text = manifest.config.get("text_config") or manifest.config
     n = int(text["num_hidden_layers"])
-    dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
+    dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
     resident, embed, head = [0] * n, 0, 0
     tensors = resident_tensor_bytes(path, manifest, dtype)
     for name, nbytes in tensors.items():

@@ -89,7 +89,7 @@ def load_node(
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     config = manifest.config.get("text_config") or manifest.config
     # the hidden state's dtype: the compute dtype the loader cast to (not a kept narrower one)
-    dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
+    dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
     node = Node(rank, size, split, stage, Steps(opts.mode, k, tracer), link,
                 int(config["hidden_size"]), dtype)  # fmt: skip
     blocks = sparse_blocks(stage.model)

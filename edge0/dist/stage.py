@@ -100,8 +100,7 @@ def load_stage(
                             for n, a in read_expert_stacks(path, manifest, i).items()],
                            strict=False)  # fmt: skip
     # the dtypes one process keeps (edge0.layout.load.load_layout): what the memory plan counts
-    cast_params(model, activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype]),
-                keep=True)  # fmt: skip
+    cast_params(model, activation_dtype(MX_DTYPES[manifest.float_dtype]), keep=True)
     maybe_apply_adapters(model, path, enabled=adapter)  # evaluates the model when present
     result = before_prune(model)
     stage = Stage(model, own, first, last)

@@ -31,10 +31,10 @@ from edge0.layout.manifest import (
 from edge0.layout.manifest_checks import SUPPORTED_BITS, SUPPORTED_GROUPS
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import conversion_dtype, quantize, switch_modules
-from edge0.layout.records import PROJECTIONS, RecordSpec, pack_record, record_layout
+from edge0.layout.records import MODES, PROJECTIONS, RecordSpec, pack_record, record_layout
 from edge0.layout.resident import write_resident
 from edge0.layout.safetensors_io import header_bytes, mx_dtype_name, to_mx, to_raw
-from edge0.layout.sources import Source, expert_count, open_source
+from edge0.layout.sources import Source, expert_bias_dtype, expert_count, open_source
 from edge0.layout.verify import file_crc32
 from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
@@ -107,6 +107,14 @@ def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) ->
         "bits": w.shape[-1] * 32 // shape.d_model,
         "mode": source.config["quantization"].get("mode", "affine"),
     }
+    widths = {"gate_proj": shape.d_model, "up_proj": shape.d_model, "down_proj": shape.d_ff}
+    per_proj = {p: le.tensors[f"{p}.weight"].shape[-1] * 32 // w for p, w in widths.items()}
+    if len(set(per_proj.values())) > 1:
+        raise ConversionError(
+            f"{source.path}: the experts' projections are quantized with different bits "
+            f"({', '.join(f'{p} {b}' for p, b in per_proj.items())}); the edge0 layout stores "
+            "one bits/group size for all three: convert from the full-precision checkpoint"
+        )
     first = {k: v.shape[1:] for k, v in le.tensors.items()}
     for layer in shape.layers:
         other = source.experts[layer].tensors
@@ -132,6 +140,9 @@ def _expert_params(source: Source, shape: ExpertShape, params: dict[str, Any]) -
     an expert record must be quantized, so the experts get the largest supported group
     that divides both widths (the resident modules keep `params`, as mlx-lm would).
     """
+    if source.packed is not None:  # HF experts stored packed (MXFP4): kept as they are
+        log.info("convert.experts_kept_packed", **source.packed)
+        return dict(source.packed)
     group, bits = params["group_size"], params["bits"]
     dims = (shape.d_model, shape.d_ff)
     if source.quantized or all(d % group == 0 and d * bits % 32 == 0 for d in dims):
@@ -183,8 +194,10 @@ def _resident_bits(source: Source, opts: ConvertOptions) -> dict[str, int]:
     return out
 
 
-def _scale_dtype(source: Source) -> str:
+def _scale_dtype(source: Source, params: dict[str, Any]) -> str:
     le = next(iter(source.experts.values()))
+    if MODES[params["mode"]][1] is not None:
+        return str(MODES[params["mode"]][1])  # mxfp4: uint8 scales
     if source.quantized:
         return le.tensors["gate_proj.scales"].dtype
     cast = conversion_dtype(source.config)
@@ -193,13 +206,27 @@ def _scale_dtype(source: Source) -> str:
     return next(iter(le.tensors.values())).dtype
 
 
+def _bias_dtype(source: Source) -> str | None:
+    """Dtype of the experts' own biases in the record (cast as mlx-lm's convert casts)."""
+    stored = expert_bias_dtype(source)
+    cast = None if source.quantized else conversion_dtype(source.config)
+    if stored is None or cast is None:
+        return stored
+    return mx_dtype_name(mx.zeros((0,), dtype=cast))
+
+
 def _expert_arrays(
     source: Source, layer: int, expert: int, params: dict[str, Any], cast: mx.Dtype | None
 ) -> dict[str, np.ndarray]:
     parts = source.read_expert(layer, expert)
-    if source.quantized:
-        return {name: raw for name, (raw, _) in parts.items()}
     out: dict[str, np.ndarray] = {}
+    for proj in PROJECTIONS:
+        if f"{proj}.bias" in parts:  # experts with biased projections (gpt-oss)
+            raw, dtype = parts.pop(f"{proj}.bias")
+            b = to_mx(raw, dtype)
+            out[f"{proj}.bias"] = to_raw(b.astype(cast) if cast is not None else b)
+    if source.quantized or source.packed is not None:
+        return {**{name: raw for name, (raw, _) in parts.items()}, **out}
     for proj in PROJECTIONS:
         raw, dtype = parts[proj]
         w = to_mx(raw, dtype)
@@ -276,7 +303,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     resident_bits = _resident_bits(source, opts)
     spec = record_layout(
         shape.d_model, shape.d_ff, expert_params["bits"], expert_params["group_size"],
-        _scale_dtype(source),
+        _scale_dtype(source, expert_params), expert_params["mode"], _bias_dtype(source),
     )  # fmt: skip
     experts_bytes = len(shape.layers) * shape.n_experts * spec.record_size
     resident_bytes = sum(source.tensors[k].nbytes for k in source.resident_keys)  # upper bound

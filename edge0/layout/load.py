@@ -229,7 +229,7 @@ def load_layout(
     path = Path(path)
     manifest, model = _open(path, experts)
     if isinstance(dtype, str):
-        dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
+        dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
         cast_params(model, dtype, keep=True)
     elif dtype is not None:
         cast_params(model, dtype, keep=False)

@@ -89,6 +89,13 @@ class Manifest:
     def experts_file_size(self) -> int:
         return self.data_offset + self.n_records * self.record_size
 
+    @property
+    def float_dtype(self) -> str:
+        """The records' float dtype (scales; the expert biases in mxfp4 records, which have
+        uint8 scales), what the compute dtype follows on Metal/CUDA."""
+        floats = [f.dtype for f in self.fields if f.dtype in ("bfloat16", "float16", "float32")]
+        return floats[0] if floats else "bfloat16"
+
     def field(self, name: str) -> RecordField:
         for f in self.fields:
             if f.name == name:

@@ -65,22 +65,25 @@ def _fields(raw: Any) -> tuple[RecordField, ...]:
 
 def _layout(q: dict[str, Any], fields: tuple[RecordField, ...], record_size: int) -> None:
     """The stored record layout must be the one `record_layout` computes."""
-    from edge0.layout.records import FIELD_NAMES, VIEW_DTYPES, record_layout
+    from edge0.layout.records import record_layout
 
-    names = tuple(f.name for f in fields)
-    if names != FIELD_NAMES:
-        raise _Bad(f"'fields' are {list(names)}, expected {list(FIELD_NAMES)} in that order")
-    gate, down = fields[0], fields[6]
-    scale = fields[1].dtype
-    if scale not in VIEW_DTYPES or scale == "uint32":
-        raise _Bad(f"scales dtype {scale!r} is not one of bfloat16, float16, float32")
+    by_name = {f.name: f for f in fields}
+    gate, down = by_name.get("gate_proj.weight"), by_name.get("down_proj.weight")
+    scales, bias = by_name.get("gate_proj.scales"), by_name.get("gate_proj.bias")
+    if gate is None or down is None or scales is None:
+        raise _Bad(f"'fields' are {[f.name for f in fields]}: gate/down weight and scales needed")
     if len(gate.shape) != 2 or len(down.shape) != 2:
         raise _Bad("weight fields must be 2-D (out, in * bits / 32)")
     d_ff, d_model = gate.shape[0], down.shape[0]
+    mode = q.get("mode", "affine")
     try:
-        want = record_layout(d_model, d_ff, q["bits"], q["group_size"], scale)
+        want = record_layout(d_model, d_ff, q["bits"], q["group_size"], scales.dtype, mode,
+                             bias.dtype if bias is not None else None)  # fmt: skip
     except CheckpointError as exc:
         raise _Bad(str(exc)) from None
+    names = [f.name for f in fields]
+    if names != [f.name for f in want.fields]:
+        raise _Bad(f"'fields' are {names}, expected {[f.name for f in want.fields]} in that order")
     for have, need in zip(fields, want.fields, strict=True):
         if have != need:
             raise _Bad(
@@ -101,8 +104,8 @@ def _quantization(raw: Any) -> dict[str, Any]:
         raise _Bad(f"quantization bits {_show(bits)} is not supported (one of {SUPPORTED_BITS})")
     if group not in SUPPORTED_GROUPS or isinstance(group, bool):
         raise _Bad(f"quantization group_size {_show(group)} is not one of {SUPPORTED_GROUPS}")
-    if raw.get("mode", "affine") != "affine":
-        raise _Bad(f"quantization mode {_show(raw.get('mode'))} is not supported (affine)")
+    if raw.get("mode", "affine") not in ("affine", "mxfp4"):
+        raise _Bad(f"quantization mode {_show(raw.get('mode'))} is not supported (affine, mxfp4)")
     return dict(raw)
 
 
@@ -194,7 +197,8 @@ def check_model(manifest: Manifest, switch: dict[int, Any], path: Path) -> None:
             f"{list(layers)}; {_FIX}"
         )
     n, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape  # (E, ff, d)
-    want_ff, want_d = manifest.fields[0].shape[0], manifest.fields[6].shape[0]
+    want_ff = manifest.field("gate_proj.weight").shape[0]
+    want_d = manifest.field("down_proj.weight").shape[0]
     if (n, d_ff, d_model) != (manifest.n_experts, want_ff, want_d):
         raise CheckpointError(
             f"{path}: the config builds {n} experts of {d_model}x{d_ff}, edge0.json records "

@@ -1,9 +1,11 @@
 """One expert record: the field layout, packing fields into a record buffer, numpy views of one.
 
 A record holds gate_proj, up_proj and down_proj of one expert, each as weight (uint32,
-packed as `mx.quantize` produces), scales and biases (the checkpoint's float dtype),
-in that order, each field starting at a FIELD_ALIGN boundary; the record is zero-padded
-to a multiple of RECORD_ALIGN.
+packed as `mx.quantize` produces), scales and biases (the checkpoint's float dtype;
+`mode="mxfp4"`: uint8 scales and no biases), then the projection's own bias when the
+family's experts have one (gpt-oss: `bias`, out-dims, float), in that order, each
+field starting at a FIELD_ALIGN boundary; the record is zero-padded to a multiple of
+RECORD_ALIGN.
 """
 
 from __future__ import annotations
@@ -20,9 +22,18 @@ from edge0.layout.manifest import FIELD_ALIGN, RECORD_ALIGN, Manifest, RecordFie
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 PARTS = ("weight", "scales", "biases")
 FIELD_NAMES = tuple(f"{p}.{q}" for p in PROJECTIONS for q in PARTS)
+FLOATS = ("bfloat16", "float16", "float32")
+# quantization mode -> (the only bits/group it packs or None for any, its scales dtype or None)
+MODES: dict[str, tuple[tuple[int, int] | None, str | None]] = {
+    "affine": (None, None),
+    "mxfp4": ((4, 32), "uint8"),
+}
 
 # numpy dtype used to view each logical dtype (numpy has no bfloat16: its bits as uint16)
-VIEW_DTYPES = {"uint32": "uint32", "bfloat16": "uint16", "float16": "float16", "float32": "float32"}
+VIEW_DTYPES = {
+    "uint32": "uint32", "uint8": "uint8", "bfloat16": "uint16", "float16": "float16",
+    "float32": "float32",
+}  # fmt: skip
 
 
 @attrs.frozen
@@ -38,14 +49,24 @@ def _align(n: int, to: int) -> int:
 
 
 def record_layout(
-    d_model: int, d_ff: int, bits: int, group_size: int, scale_dtype: str
-) -> RecordSpec:
+    d_model: int, d_ff: int, bits: int, group_size: int, scale_dtype: str,
+    mode: str = "affine", bias_dtype: str | None = None,
+) -> RecordSpec:  # fmt: skip
     """Fields and padded size (a multiple of RECORD_ALIGN) of one expert's record.
 
-    d_model is the model width, d_ff the expert's hidden width.
+    d_model is the model width, d_ff the expert's hidden width; `bias_dtype` adds each
+    projection's own bias (experts with biased linears), None leaves it out.
     """
-    if scale_dtype not in VIEW_DTYPES or scale_dtype == "uint32":
-        raise CheckpointError(f"unsupported scales dtype {scale_dtype!r}")
+    if mode not in MODES:
+        raise CheckpointError(f"quantization mode {mode!r} is not one of {', '.join(MODES)}")
+    only, mode_scales = MODES[mode]
+    if only is not None and (bits, group_size) != only:
+        raise CheckpointError(f"mode {mode} packs {only[0]} bits in groups of {only[1]} only")
+    allowed = (mode_scales,) if mode_scales else FLOATS
+    if scale_dtype not in allowed:
+        raise CheckpointError(f"scales dtype {scale_dtype!r} is not one of {', '.join(allowed)}")
+    if bias_dtype is not None and bias_dtype not in FLOATS:
+        raise CheckpointError(f"unsupported expert bias dtype {bias_dtype!r}")
     for dim in (d_model, d_ff):
         if dim % group_size or (dim * bits) % 32:
             raise CheckpointError(
@@ -59,13 +80,16 @@ def record_layout(
     offset = 0
     for proj in PROJECTIONS:
         out_d, in_d = dims[proj]
-        specs = [
+        specs: list[tuple[str, str, tuple[int, ...], int]] = [
             ("weight", "uint32", (out_d, in_d * bits // 32), 4),
             ("scales", scale_dtype, (out_d, in_d // group_size), scale_size),
-            ("biases", scale_dtype, (out_d, in_d // group_size), scale_size),
         ]
+        if mode == "affine":
+            specs.append(("biases", scale_dtype, (out_d, in_d // group_size), scale_size))
+        if bias_dtype is not None:
+            specs.append(("bias", bias_dtype, (out_d,), np.dtype(VIEW_DTYPES[bias_dtype]).itemsize))
         for part, dtype, shape, itemsize in specs:
-            nbytes = shape[0] * shape[1] * itemsize
+            nbytes = int(np.prod(shape)) * itemsize
             fields.append(RecordField(f"{proj}.{part}", dtype, shape, offset, nbytes))
             offset = _align(offset + nbytes, FIELD_ALIGN)
     return RecordSpec(tuple(fields), _align(offset, RECORD_ALIGN))

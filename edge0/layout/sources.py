@@ -6,7 +6,9 @@ Three ways routed experts appear in a source, all read per (layer, expert) by by
 - fused HF tensors: `...layers.N.mlp.experts.gate_up_proj` (E, 2*ff, d) and
   `...experts.down_proj` (E, d, ff) (qwen3_5_moe; gate is the first half of gate_up);
 - stacked MLX tensors: `...layers.N.mlp.switch_mlp.{gate,up,down}_proj.{weight,scales,biases}`,
-  quantized (mlx-community int4) or plain float.
+  quantized (mlx-community int4) or plain float (`mlp.experts.*` and a `.bias` each in gpt-oss);
+- a family's own fused layout (`Family.fused_expert` / `read_fused`: gpt-oss' interleaved
+  gate_up tensors, float or the hub's MXFP4 blocks, which stay packed: `packed`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ _FUSED = re.compile(
     r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.experts\.(?P<proj>gate_up_proj|down_proj)$"
 )
 _STACKED = re.compile(
-    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.switch_mlp\."
-    r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<part>weight|scales|biases)$"
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.(switch_mlp|experts)\."
+    r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<part>weight|scales|biases|bias)$"
 )
 _DROPPED_PREFIXES = ("mtp.", "model.mtp.", "vision_tower", "model.visual")
 
@@ -41,7 +43,7 @@ _DROPPED_PREFIXES = ("mtp.", "model.mtp.", "vision_tower", "model.visual")
 class LayerExperts:
     """The source tensors holding one layer's routed experts."""
 
-    kind: str  # "per_expert" | "fused" | "stacked"
+    kind: str  # "per_expert" | "fused" | "stacked" | "family"
     tensors: dict[str, TensorInfo] = attrs.field(factory=dict)  # key: see _classify
 
 
@@ -55,6 +57,9 @@ class Source:
     experts: dict[int, LayerExperts]  # model layer index -> expert tensors
     resident_keys: list[str]
     quantized: bool  # an MLX checkpoint with "quantization" in its config
+    family: Family
+    # the experts' quantization when an HF source stores them packed (gpt-oss MXFP4)
+    packed: dict[str, Any] | None = None
 
     @property
     def format(self) -> str:
@@ -73,6 +78,12 @@ class Source:
             for proj in PROJECTIONS:
                 info = le.tensors[f"{expert}.{proj}"]
                 out[proj] = (read_raw(info), info.dtype)
+        elif le.kind == "family":
+
+            def read(key: str, e: int) -> tuple[Any, str]:
+                return read_raw(le.tensors[key], (e, e + 1))[0], le.tensors[key].dtype
+
+            out = self.family.read_fused(read, set(le.tensors), expert)
         elif le.kind == "fused":
             gu, down = le.tensors["gate_up_proj"], le.tensors["down_proj"]
             both = read_raw(gu, (expert, expert + 1))[0]  # (2*ff, d)
@@ -83,7 +94,7 @@ class Source:
         else:
             for name, info in le.tensors.items():
                 raw = read_raw(info, (expert, expert + 1))[0]
-                key = name if self.quantized else name.split(".")[0]
+                key = name if self.quantized or name.endswith(".bias") else name.split(".")[0]
                 out[key] = (raw, info.dtype)
         return out
 
@@ -126,7 +137,9 @@ def _classify(
     for name, info in tensors.items():
         if name.startswith(_DROPPED_PREFIXES):
             continue  # multi-token-prediction / vision weights: mlx-lm drops them too
-        if m := per_expert.match(name):
+        if hit := family.fused_expert(name):
+            add(str(hit[0]), "family", hit[1], info)
+        elif m := per_expert.match(name):
             proj = family.hf_projections[m["proj"]]
             add(m["layer"], "per_expert", f"{m['e']}.{proj}", info)
         elif m := _FUSED.match(name):
@@ -166,6 +179,16 @@ def open_source(path: Path) -> Source:
             "match config.json"
         )
     quantized = "quantization" in config
+    hf_quant = config.get("quantization_config")
+    packed = None
+    if not quantized and isinstance(hf_quant, dict):
+        packed = family.hf_quantization(hf_quant)
+        if packed is None:
+            raise ConversionError(
+                f"{cfg_path}: a Hugging Face quantized checkpoint (quant_method "
+                f"{hf_quant.get('quant_method')!r}) is not supported; convert the bf16/fp16 "
+                "checkpoint or an mlx-lm / mlx-community quantized one"
+            )
     for layer, le in experts.items():
         if (
             quantized
@@ -180,7 +203,14 @@ def open_source(path: Path) -> Source:
         tensors=len(tensors),
         moe_layers=len(experts),
     )
-    return Source(path, config, tensors, experts, resident, quantized)
+    return Source(path, config, tensors, experts, resident, quantized, family, packed)
+
+
+def expert_bias_dtype(source: Source) -> str | None:
+    """The dtype of the experts' own projection biases (gpt-oss), None when they have none."""
+    le = next(iter(source.experts.values()))
+    found = [i.dtype for k, i in le.tensors.items() if k.endswith(("_bias", ".bias"))]
+    return found[0] if found else None
 
 
 def expert_count(le: LayerExperts) -> int:

@@ -51,6 +51,10 @@ def read_config(path: Path) -> dict[str, Any]:
         "quantization_config"
     )
     if isinstance(hf_quant, dict) and "quantization" not in config:
+        packed = models.family_of(config).hf_quantization(hf_quant)  # gpt-oss MXFP4 experts
+        if packed is not None:
+            config["quantization"] = packed
+    if isinstance(hf_quant, dict) and "quantization" not in config:
         raise ModelLoadError(
             f"{file}: a Hugging Face quantized checkpoint (quant_method "
             f"{hf_quant.get('quant_method')!r}) is not supported; use the bf16/fp16 "

@@ -41,7 +41,7 @@ class StreamingMoE(nn.Module):
     def __init__(self, original: nn.Module, layer: int, family: Family, stream: LayerStream):
         super().__init__()
         for name, child in original.children().items():
-            if name != "switch_mlp":
+            if name != family.switch_attr:
                 setattr(self, name, child)
         for attr in ("norm_topk_prob", "top_k", "num_experts_per_tok", "num_experts"):
             if hasattr(original, attr):
@@ -49,7 +49,7 @@ class StreamingMoE(nn.Module):
         object.__setattr__(self, "layer", layer)
         object.__setattr__(self, "family", family)
         object.__setattr__(self, "stream", stream)
-        object.__setattr__(self, "activation", original.switch_mlp.activation)
+        object.__setattr__(self, "activation", original[family.switch_attr].activation)
 
     def __call__(self, x: mx.array) -> mx.array:
         # x: (1, 1, d_model), the post-attention-norm hidden of one token
@@ -103,11 +103,11 @@ def expert_ffn(
     q = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> Any:
-        return mx.gather_qmm(
+        out = mx.gather_qmm(
             inp,
             views[f"{name}.weight"],
             views[f"{name}.scales"],
-            views[f"{name}.biases"],
+            views.get(f"{name}.biases"),  # none in mxfp4 records
             rhs_indices=idx,
             transpose=True,
             group_size=q["group_size"],
@@ -115,6 +115,8 @@ def expert_ffn(
             mode=q.get("mode", "affine"),
             sorted_indices=sorted_indices,
         )
+        bias = views.get(f"{name}.bias")  # experts with biased projections (gpt-oss)
+        return out if bias is None else out + mx.expand_dims(bias[idx], -2)
 
     up = proj("up_proj", h)  # (..., d_ff)
     gate = proj("gate_proj", h)

@@ -160,10 +160,11 @@ def batch_k(top_k: int, max_batch: int, n_experts: int) -> int:
 
 
 def model_top_k(block: nn.Module) -> int:
-    for attr in ("top_k", "num_experts_per_tok"):
-        k = getattr(block, attr, None)
-        if isinstance(k, int):
-            return k
+    for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):  # granitemoe
+        for attr in ("top_k", "num_experts_per_tok"):
+            k = getattr(owner, attr, None)
+            if isinstance(k, int):
+                return k
     raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
 
 
@@ -313,11 +314,11 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
     from edge0.layout.safetensors_io import MX_DTYPES
 
     text = manifest.config.get("text_config") or manifest.config
-    dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
+    dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
     k = opts.top_k or int(text["num_experts_per_tok"])
     moe = list(manifest.moe_layers)
-    expert = sum(int(np.prod(f.shape)) * (dtype.size if f.dtype != "uint32" else 4)
-                 for f in manifest.fields)  # fmt: skip  # one expert once loaded (floats cast)
+    expert = sum(int(np.prod(f.shape)) * (4 if f.dtype == "uint32" else 1 if f.dtype == "uint8"
+                 else dtype.size) for f in manifest.fields)  # fmt: skip  # one expert, floats cast
     resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
     if opts.mode == "resident":
         return Footprint(resident, len(moe) * manifest.n_experts * expert, 0, 0, 0, 0, k,

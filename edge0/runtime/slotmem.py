@@ -31,6 +31,7 @@ from edge0.layout.records import VIEW_DTYPES
 ALIGN = 4096
 MX_DTYPES = {
     "uint32": mx.uint32,
+    "uint8": mx.uint8,  # mxfp4 scales
     "float16": mx.float16,
     "bfloat16": mx.bfloat16,
     "float32": mx.float32,

@@ -89,6 +89,53 @@ def _glm45_air() -> Any:
                          dtype="bfloat16")  # fmt: skip
 
 
+_YARN_OSS = {
+    "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+    "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096,
+}  # fmt: skip
+
+
+def _gpt_oss(layers: int, experts: int) -> Any:
+    from transformers import GptOssConfig
+
+    return GptOssConfig(vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                        num_hidden_layers=layers, num_attention_heads=64, num_key_value_heads=8,
+                        head_dim=64, num_local_experts=experts, num_experts_per_tok=4,
+                        sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                        rope_parameters=_YARN_OSS, tie_word_embeddings=False,
+                        dtype="bfloat16")  # fmt: skip
+
+
+def _granite_31_3b_a800m() -> Any:
+    from transformers import GraniteMoeConfig
+
+    return GraniteMoeConfig(vocab_size=49155, hidden_size=1536, intermediate_size=512,
+                            num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8,
+                            num_local_experts=40, num_experts_per_tok=8,
+                            max_position_embeddings=131072, embedding_multiplier=12.0,
+                            logits_scaling=6.0, residual_multiplier=0.22,
+                            attention_multiplier=0.015625, tie_word_embeddings=True,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e7},
+                            dtype="bfloat16")  # fmt: skip
+
+
+def _kimi_k2() -> Any:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(vocab_size=163840, hidden_size=7168, intermediate_size=18432,
+                           moe_intermediate_size=2048, num_hidden_layers=61,
+                           num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384,
+                            n_shared_experts=1, num_experts_per_tok=8, first_k_dense_replace=1,
+                           n_group=1, topk_group=1, q_lora_rank=1536, kv_lora_rank=512,
+                           qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                           routed_scaling_factor=2.827, max_position_embeddings=131072,
+                           rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0,
+                                            "factor": 32.0, "original_max_position_embeddings":
+                                            4096, "beta_fast": 1.0, "beta_slow": 1.0,
+                                            "mscale": 1.0, "mscale_all_dim": 1.0},
+                           dtype="bfloat16")  # fmt: skip
+
+
 FLAGSHIPS = {
     "mixtral-8x7b": _mixtral_8x7b,
     "olmoe-1b-7b": _olmoe_1b_7b,
@@ -96,27 +143,55 @@ FLAGSHIPS = {
     "deepseek-v2-lite": _deepseek_v2_lite,
     "moonlight-16b-a3b": _moonlight_16b_a3b,
     "glm-4.5-air": _glm45_air,
+    "gpt-oss-20b": lambda: _gpt_oss(24, 32),
+    "gpt-oss-120b": lambda: _gpt_oss(36, 128),
+    "granite-3.1-3b-a800m": _granite_31_3b_a800m,
+    "kimi-k2": _kimi_k2,
 }
+# shapes whose released experts are not affine int4: the mode their checkpoints keep
+EXPERT_MODES = {"gpt-oss-20b": "mxfp4", "gpt-oss-120b": "mxfp4"}
+
+
+def expert_params(shape: str, bits: int, group_size: int) -> dict[str, Any]:
+    """The experts' quantization of a shape: MXFP4 where its checkpoint has it, else affine."""
+    if EXPERT_MODES.get(shape) == "mxfp4":
+        return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    return {"group_size": group_size, "bits": bits, "mode": "affine"}
+
+
+def expert_spec(model: Any, params: dict[str, Any]) -> Any:
+    """(switch layers, E, record layout) of a float-shaped model's experts."""
+    from edge0.layout.quant import switch_modules
+    from edge0.layout.records import record_layout
+
+    switch = switch_modules(model)
+    first = switch[next(iter(switch))][1]
+    n_experts, d_ff, d_model = first.gate_proj.weight.shape
+    bias = "bfloat16" if "bias" in first.gate_proj else None  # gpt-oss
+    scales = "uint8" if params["mode"] == "mxfp4" else "bfloat16"
+    spec = record_layout(d_model, d_ff, params["bits"], params["group_size"], scales,
+                         params["mode"], bias)  # fmt: skip
+    return tuple(switch), int(n_experts), spec
+
+
+# released under their own model_type, built with another architecture's config class
+MODEL_TYPES = {"kimi-k2": "kimi_k2"}
 
 
 def flagship_config(name: str) -> dict[str, Any]:
     out: dict[str, Any] = FLAGSHIPS[name]().to_dict()
+    out["model_type"] = MODEL_TYPES.get(name, out["model_type"])
     return out
 
 
 def plan_sizes(shape: str, bits: int = 4, group_size: int = 64) -> dict[str, Any]:
     """Bytes of a shape in the edge0 layout (resident file, one record, all experts), no writes."""
     from edge0.layout.model import build_float_model
-    from edge0.layout.quant import switch_modules
-    from edge0.layout.records import record_layout
     from edge0.synth.layout import _plan_bytes, resident_plan, shape_config
 
     config = shape_config(shape)
     model = build_float_model(config)
-    switch = switch_modules(model)
-    layers = tuple(switch)
-    n_experts, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape
-    spec = record_layout(d_model, d_ff, bits, group_size, "bfloat16")
+    layers, n_experts, spec = expert_spec(model, expert_params(shape, bits, group_size))
     plan, _ = resident_plan(model, {"group_size": group_size, "bits": bits, "mode": "affine"})
     tc = config.get("text_config") or config
     k = int(tc["num_experts_per_tok"])
@@ -127,6 +202,7 @@ def plan_sizes(shape: str, bits: int = 4, group_size: int = 64) -> dict[str, Any
         "moe_layers": len(layers),
         "experts": int(n_experts),
         "top_k": k,
+        "expert_mode": expert_params(shape, bits, group_size)["mode"],
         "record_bytes": spec.record_size,
         "resident_bytes": sum(_plan_bytes(p) for p in plan),
         "experts_bytes": len(layers) * int(n_experts) * spec.record_size,

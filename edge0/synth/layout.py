@@ -26,10 +26,11 @@ from edge0.layout.manifest import (
 )
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import cast_allowed, quant_params, quantized_shapes, switch_modules
-from edge0.layout.records import RecordSpec, field_views, record_layout
+from edge0.layout.records import RecordSpec, field_views
 from edge0.layout.safetensors_io import SafetensorsWriter
 from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
+from edge0.synth.flagships import expert_params, expert_spec
 from edge0.synth.shapes import SHAPES, shape_config
 
 log = get_logger(__name__)
@@ -152,6 +153,12 @@ def fill_record(record: np.ndarray, spec: RecordSpec, rand: Rand, bits: int) -> 
         proj, part = f.name.split(".")
         if part == "weight":
             rand.words(views[f.name])
+        elif part == "bias":  # gpt-oss experts' own biases
+            views[f.name][...] = bf16_bits(rand.normal(f.shape, 0.02))
+        elif part == "scales" and f.dtype == "uint8":  # mxfp4: e8m0 exponents, ~2^-7
+            fan_in = views[f"{proj}.weight"].shape[1] * 32 // bits
+            exp = 127 + int(np.round(np.log2(1.0 / np.sqrt(fan_in) / 3)))
+            views[f.name][...] = rand.rng.integers(exp - 1, exp + 2, f.shape, dtype=np.uint8)
         elif part == "scales":
             fan_in = views[f"{proj}.weight"].shape[1] * 32 // bits
             s, b = rand.scales(f.shape, fan_in, bits)
@@ -176,10 +183,8 @@ def synthesize(
     config = shape_config(shape)
     model = build_float_model(config)
     defaults = {"group_size": group_size, "bits": bits, "mode": "affine"}
-    switch = switch_modules(model)
-    layers = tuple(switch)
-    n_experts, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape
-    spec = record_layout(d_model, d_ff, bits, group_size, "bfloat16")
+    experts = expert_params(shape, bits, group_size)  # MXFP4 where the release has it
+    layers, n_experts, spec = expert_spec(model, experts)
     plan, overrides = resident_plan(model, defaults)
     config["quantization"] = {**defaults, **overrides}
     config["quantization_config"] = dict(config["quantization"])
@@ -201,14 +206,14 @@ def synthesize(
         level = 3 if compress == "zstd" else None
         with RecordWriter(tmp, spec.record_size, level) as writer:
             for _ in range(n_records):
-                fill_record(record, spec, rand, bits)
+                fill_record(record, spec, rand, experts["bits"])
                 writer.write(record)
                 bar.update(spec.record_size)
         manifest = Manifest(
             FORMAT_VERSION,
             config["model_type"],
             config,
-            dict(defaults),
+            dict(experts),
             layers,
             n_experts,
             spec.record_size,

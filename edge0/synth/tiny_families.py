@@ -81,6 +81,18 @@ def _deepseek_v2(vocab: int) -> Any:
                                              "mscale_all_dim": 0.707})  # fmt: skip
 
 
+def _kimi_k2(vocab: int) -> Any:
+    """Kimi-K2: DeepSeek-V3's architecture under its own model_type (one group, scaled 2.827)."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
+                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
+                            num_experts_per_tok=2, n_group=1, topk_group=1,
+                            first_k_dense_replace=1, routed_scaling_factor=2.827, q_lora_rank=32,
+                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                            v_head_dim=16)  # fmt: skip
+
+
 def _glm4_moe(vocab: int) -> Any:
     from transformers import Glm4MoeConfig
 
@@ -101,6 +113,31 @@ def _qwen3_next(vocab: int) -> Any:
                            linear_value_head_dim=16, norm_topk_prob=True)  # fmt: skip
 
 
+def _gpt_oss(vocab: int) -> Any:
+    from transformers import GptOssConfig
+
+    # gpt-oss-20b's rope (YaRN x32 over 4096) but truncated: mlx-lm's YaRN always rounds the
+    # correction range, the hub config's `truncate: false` would differ (docs/models.md);
+    # sliding window 4 so the prompt crosses it
+    rope = {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": True, "original_max_position_embeddings": 4096, "rope_theta": 150000.0,
+    }  # fmt: skip
+    return GptOssConfig(**dict(_common(vocab), num_hidden_layers=4, max_position_embeddings=131072),
+                        intermediate_size=FF, num_key_value_heads=KV, head_dim=HEAD_DIM,
+                        num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
+                        rope_parameters=rope)  # fmt: skip
+
+
+def _granitemoe(vocab: int) -> Any:
+    from transformers import GraniteMoeConfig
+
+    return GraniteMoeConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
+                            num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=12.0,
+                            logits_scaling=8.0, residual_multiplier=0.22,
+                            attention_multiplier=0.0625)  # fmt: skip
+
+
 CONFIGS: dict[str, Callable[[int], Any]] = {
     "mixtral": _mixtral,
     "olmoe": _olmoe,
@@ -109,13 +146,19 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "deepseek_v2": _deepseek_v2,
     "glm4_moe": _glm4_moe,
     "qwen3_next": _qwen3_next,
+    "gpt_oss": _gpt_oss,
+    "kimi_k2": _kimi_k2,
+    "granitemoe": _granitemoe,
 }
+# model_types transformers has no class of its own for: the architecture it runs them as
+REFERENCE_TYPES = {"kimi_k2": "deepseek_v3"}
 
 
 def config_dict(model_type: str, vocab: int) -> dict[str, Any]:
     """config.json of the tiny `model_type` checkpoint (transformers' to_dict, bf16)."""
     out: dict[str, Any] = CONFIGS[model_type](vocab).to_dict()
     out["dtype"] = "bfloat16"
+    out["model_type"] = model_type
     return out
 
 
@@ -125,6 +168,8 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
     import transformers
     from safetensors import safe_open
 
+    model_type = config["model_type"]
+    config = dict(config, model_type=REFERENCE_TYPES.get(model_type, model_type))
     cfg = transformers.AutoConfig.for_model(**config)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -147,8 +192,12 @@ def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarr
             return 1.0 + 0.1 * z
         return 0.1 * z
     gain = 1.0
-    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+    routers = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "router.weight",
+               "router.layer.weight")  # fmt: skip
+    if name.endswith(routers):
         gain = 2.0  # decisive routing: no near-ties between fp32 implementations
+    elif name.endswith("experts.gate_up_proj"):
+        gain = 6.0  # gpt-oss: pre-activations past swiglu_limit, so the clamps take effect
     elif name.endswith("lm_head.weight"):
         gain = 1.5
     elif name.endswith("embed_tokens.weight"):

@@ -101,7 +101,7 @@ class RoutedMoE(nn.Module):
             inds = self._plan_sets(x, scores)
         inds = mx.stop_gradient(inds)  # (B, S, K)
         w = self.family.weights(self, scores, inds)  # (B, S, K)
-        y = self.switch_mlp(x, inds)  # (B, S, K, d)
+        y = self[self.family.switch_attr](x, inds)  # (B, S, K, d)
         y = (y * w[..., None].astype(y.dtype)).sum(axis=-2)
         return self.family.extra(self, x, y)
 

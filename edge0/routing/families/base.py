@@ -29,6 +29,10 @@ class Family:
     expert_keys: ClassVar[tuple[str, ...]] = ("num_experts",)
     # attribute of a decoder layer holding the sparse block
     block_attr: ClassVar[str] = "mlp"
+    # attributes of the sparse block holding the routed experts (a SwitchGLU) and the
+    # router's linear (a dotted path where the router wraps it: granitemoe `router.layer`)
+    switch_attr: ClassVar[str] = "switch_mlp"
+    router_attr: ClassVar[str] = "gate"
     # HF per-expert projection names -> edge0's (gate_proj, up_proj, down_proj)
     hf_projections: ClassVar[dict[str, str]] = {p: p for p in PROJECTIONS}
     routing: ClassVar[str] = "softmax, top-k"
@@ -59,6 +63,23 @@ class Family:
             rf"(?P<e>\d+)\.(?P<proj>{projs})\.weight$"
         )
 
+    def fused_expert(self, name: str) -> tuple[int, str] | None:
+        """(layer, key) when `name` is one of the family's own fused expert tensors."""
+        return None
+
+    def read_fused(self, read: Any, keys: set[str], expert: int) -> dict[str, Any]:
+        """One expert from the family's fused tensors: `read(key, e)` -> (raw, dtype).
+
+        Returns {"gate_proj": (raw, dtype), ..., "gate_proj.bias": ...} (float), or the
+        packed fields {"gate_proj.weight": ..., "gate_proj.scales": ...} when `hf_quantization`
+        says the source's experts are packed.
+        """
+        raise NotImplementedError(f"{self.name} has no fused expert layout of its own")
+
+    def hf_quantization(self, hf_quant: dict[str, Any]) -> dict[str, Any] | None:
+        """The MLX quantization of an HF `quantization_config` whose experts are read packed."""
+        return None
+
     def prepare_hf(self, weights: dict[str, mx.array], tc: dict[str, Any]) -> dict[str, mx.array]:
         """HF tensors -> what the mlx-lm module's `sanitize` expects (default: as they are)."""
         return weights
@@ -73,9 +94,13 @@ class Family:
         return model.sanitize(weights) if hasattr(model, "sanitize") else weights
 
     # -- routing -------------------------------------------------------------------------
+    def router(self, block: nn.Module) -> nn.Module:
+        """The router's linear (E outputs) inside a sparse block."""
+        return router_at(block, self.router_attr)
+
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         """Raw router logits (..., E) (what the prerouter's linear path is initialised from)."""
-        out: mx.array = block.gate(x)
+        out: mx.array = self.router(block)(x)
         return out
 
     def scores(self, block: nn.Module, x: mx.array) -> mx.array:
@@ -113,6 +138,32 @@ class Family:
             for attr in ("top_k", "num_experts_per_tok"):
                 if owner is not None and isinstance(getattr(owner, attr, None), int):
                     setattr(owner, attr, k)
+
+
+class LogitsTopK(Family):
+    """Top-k of the router logits (mlx-lm's op order), softmax over the k (gpt-oss, Granite)."""
+
+    routing = "top-k of logits, softmax over the k"
+
+    def scores(self, block: nn.Module, x: mx.array) -> mx.array:
+        return self.router_logits(block, x)
+
+    def select(self, block: nn.Module, scores: mx.array, k: int) -> tuple[mx.array, mx.array]:
+        inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]  # mlx-lm's order
+        return inds, self.weights(block, scores, inds)
+
+    def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
+        return mx.softmax(mx.take_along_axis(scores, inds, axis=-1), axis=-1, precise=True)
+
+
+def router_at(block: nn.Module, path: str) -> nn.Module:
+    """The module at dotted `path` inside `block` (KeyError when a step is missing)."""
+    module = block
+    for step in path.split("."):
+        if step not in module:
+            raise KeyError(path)
+        module = module[step]
+    return module
 
 
 def sigmoid_gated_shared(block: nn.Module, x: mx.array, y: mx.array) -> mx.array:

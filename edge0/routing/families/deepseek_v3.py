@@ -19,7 +19,8 @@ from edge0.routing.families.base import Family, dense_first_then_sparse
 
 class DeepseekV3(Family):
     name = "deepseek_v3"
-    model_types: ClassVar[dict[str, str]] = {"deepseek_v3": "deepseek_v3"}
+    # Kimi-K2 is DeepSeek-V3's architecture under its own model_type (mlx-lm remaps it)
+    model_types: ClassVar[dict[str, str]] = {"deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
     expert_keys = ("n_routed_experts",)
     routing = "sigmoid + correction bias, group-limited top-k, renormalised, scaled"
     shared = "ungated (n_shared_experts)"
