@@ -27,6 +27,7 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.runtime.chunk_moe import chunk_experts
+from edge0.runtime.prefill_memory import bounded_recurrence
 from edge0.runtime.runner import greedy
 
 if TYPE_CHECKING:
@@ -34,41 +35,6 @@ if TYPE_CHECKING:
     from edge0.runtime.layers import LayerStream
     from edge0.runtime.runner import Runner
     from edge0.runtime.steps import Steps
-
-DEFAULT_CHUNK = 256  # prompt tokens per forward (docs/benchmarks/prefill.md)
-
-
-def chunk_bytes_per_token(config: dict[str, Any], top_k: int) -> int:
-    """MLX memory a prompt chunk holds per token at its peak (an estimate from the config).
-
-    Gated DeltaNet layers (qwen3_5_moe, qwen3_next) on the CPU run mlx-lm's
-    sequential ops path, which keeps one (value heads x Dv x Dk) fp32 state per
-    token of the chunk alive until the layer is evaluated: measured 537 MiB at 256
-    tokens on the 35B-A3B shape (2 MiB state). Plus the (token, k) pair outputs.
-    """
-    c: dict[str, Any] = config.get("text_config") or config
-    d = int(c.get("hidden_size", 0))
-    state = 0
-    if c.get("linear_num_value_heads"):
-        state = (int(c["linear_num_value_heads"]) * int(c.get("linear_value_head_dim", 0))
-                 * int(c.get("linear_key_head_dim", 0)) * 4)  # fmt: skip
-    return state * 21 // 20 + 3 * top_k * d * 4 + 16 * d * 4
-
-
-WORKING_SHARE = 4  # a chunk may hold 1/4 of the plan's working reserve (measured, prefill.md)
-
-
-def chunk_for_budget(chunk: int, per_token: int, working: int) -> int:
-    """The largest chunk <= `chunk` whose estimated peak fits its share of the working reserve.
-
-    Measured on the 35B-A3B shape under --memory-budget 3GiB: at 174 tokens (the
-    whole reserve) peak RSS reached 3290 MiB, 218 MiB over; decode's own
-    temporaries use most of the reserve, so a chunk gets a quarter (48 tokens there).
-    """
-    if per_token <= 0 or working <= 0:
-        return chunk
-    return max(1, min(chunk, working // WORKING_SHARE // per_token))
-
 
 @attrs.define
 class ChunkState:
@@ -192,7 +158,7 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
-        with last_position_only(runner.model):
+        with last_position_only(runner.model), bounded_recurrence(runner.model):
             logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
         nxt = runner.sampler(logits)
         t1, c1 = time.perf_counter(), time.thread_time()
