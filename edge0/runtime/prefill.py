@@ -9,7 +9,11 @@ resident layers handle multi-token input with the KV cache as they are):
      inputs one-token prefill gives it), predicting the first decode step;
   3. the union of the chunk's experts is staged and computed in groups
      (edge0.runtime.chunk_moe); the experts predicted for the first decode step
-     are staged last, so they are still in the slots when decode starts.
+     are staged last, so they are still in the slots when decode starts;
+  4. with `OVERLAP` "router", the next streamed layer's router runs on this
+     layer's input too (in the same eval): its union for the chunk is predicted,
+     and its first group is read while this layer's last group and the next
+     layer's attention compute (docs/benchmarks/prefill.md measures it).
 After the prompt, the predictions of the last token become the first decode
 step's plan and prefetch, as if the prompt had run one token at a time.
 """
@@ -36,6 +40,9 @@ if TYPE_CHECKING:
     from edge0.runtime.runner import Runner
     from edge0.runtime.steps import Steps
 
+OVERLAP = "router"  # "router": read the next layer's predicted first group early; "none"
+
+
 @attrs.define
 class ChunkState:
     """One chunk in flight: its first position and the predictions for the first decode step."""
@@ -44,6 +51,9 @@ class ChunkState:
     start: int  # request position of the chunk's first token
     pending: dict[int, tuple[LayerStream, list[int]]] = attrs.field(factory=dict)  # by target
     next_token: int = -1  # sampled after the chunk's last token
+    following: dict[int, StreamingMoE] = attrs.field(factory=dict)  # layer -> next streamed block
+    predicted: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> its predicted union
+    ahead: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> experts read early
 
     def substep(self) -> None:
         """Start the next scheduler sub-step (every graph so far is evaluated)."""
@@ -52,9 +62,10 @@ class ChunkState:
         if steps.scheduler is not None:
             steps.scheduler.begin_step(steps.step)
 
-    def prefetch(self, layer: int, experts: list[int]) -> None:
+    def prefetch(self, layer: int, experts: list[int], ahead: int = 1) -> None:
+        """Stage `experts` of `layer` for the sub-step `ahead` of this one."""
         assert self.steps.scheduler is not None
-        self.steps.scheduler.prefetch(layer, self.steps.step + 1, experts)
+        self.steps.scheduler.prefetch(layer, self.steps.step + ahead, experts)
 
     def acquire(self, layer: int, experts: list[int]) -> list[int]:
         """Slots of `experts` of `layer` for this sub-step (blocks until they are staged)."""
@@ -80,10 +91,17 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     last = inds[:, -1:, :]  # (1, 1, K): the executed set of the chunk's last token
     prev_mx = inds[:, -2:-1, :] if t > 1 else stream.prev_inds
     graph = head.graph(x[:, -1:, :], last, prev_mx, stream.top_k) if head is not None else None
+    st, nxt = steps.chunk, None
+    assert st is not None
+    following = st.following.get(stream.layer)
+    if following is not None:  # the next streamed layer's router on this layer's input
+        nxt = fam.select(following, fam.scores(following, x), stream.top_k)[0]
     t0, c0 = time.perf_counter(), time.thread_time()
-    mx.eval([a for a in (inds, w, graph) if a is not None])  # one eval per layer
+    mx.eval([a for a in (inds, w, graph, nxt) if a is not None])  # one eval per layer
     steps.span("eval", stream.layer, t0, time.perf_counter(), time.thread_time() - c0)
     true = np.array(inds.reshape(t, -1))  # (T, K)
+    if following is not None and nxt is not None:
+        st.predicted[following.layer] = by_count(np.array(nxt).reshape(-1))
     _after_routing(stream, x, true, last, graph)
     y = chunk_experts(block, x, true)  # (1, T, K, d)
     y = (y * w[..., None]).sum(axis=-2)
@@ -116,6 +134,27 @@ def _after_routing(
                                          stream.top_k)  # fmt: skip
     if experts is not None:
         st.pending[head.target.layer] = (head.target, experts)
+
+
+def by_count(experts: np.ndarray) -> list[int]:
+    """The distinct experts of `experts`, the most frequent first (ties: lower index first)."""
+    ids, counts = np.unique(experts, return_counts=True)
+    return [int(e) for e in ids[np.argsort(-counts, kind="stable")]]
+
+
+def next_blocks(model: nn.Module, steps: Steps) -> dict[int, StreamingMoE]:
+    """Each streaming block's layer -> the next streamed (slot-served) block, in compute order."""
+    from edge0.runtime.block import StreamingMoE
+    from edge0.runtime.layers import ResidentExperts
+
+    blocks = sorted((m.layer, m) for _, m in model.named_modules() if isinstance(m, StreamingMoE))
+    streamed = [b for _, b in blocks if not isinstance(b.stream.experts, ResidentExperts)]
+    out: dict[int, StreamingMoE] = {}
+    for layer, _ in blocks:
+        later = [b for b in streamed if b.layer > layer]
+        if later:
+            out[layer] = later[0]
+    return out
 
 
 class _LastPosition(nn.Module):
@@ -155,6 +194,8 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     t0, c0 = time.perf_counter(), time.thread_time()
     steps.begin_step(prefill=True, prefetch=False)  # one record, one fence for the chunk
     st = ChunkState(steps, steps.pos)
+    if OVERLAP == "router" and steps.scheduler is not None:
+        st.following = next_blocks(runner.model, steps)
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
