@@ -13,7 +13,8 @@ resident layers handle multi-token input with the KV cache as they are):
   4. with `OVERLAP` "router", the next streamed layer's router runs on this
      layer's input too (in the same eval): its union for the chunk is predicted,
      and its first group is read while this layer's last group and the next
-     layer's attention compute (docs/benchmarks/prefill.md measures it).
+     layer's attention compute, when the chunk is long enough for its union to
+     cover most of a layer (`COVER`; docs/benchmarks/prefill.md measures it).
 After the prompt, the predictions of the last token become the first decode
 step's plan and prefetch, as if the prompt had run one token at a time.
 """
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from edge0.runtime.steps import Steps
 
 OVERLAP = "router"  # "router": read the next layer's predicted first group early; "none"
+# ... when the chunk's T x K picks are at least COVER x E: its union then covers most of a
+# layer (each expert missed with probability ~exp(-T K / E) <= 14%), so few early reads miss
+COVER = 2
 
 
 @attrs.define
@@ -93,7 +97,9 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     graph = head.graph(x[:, -1:, :], last, prev_mx, stream.top_k) if head is not None else None
     st, nxt = steps.chunk, None
     assert st is not None
-    following = st.following.get(stream.layer)
+    following = (
+        st.following.get(stream.layer) if t * stream.top_k >= COVER * scores.shape[-1] else None
+    )
     if following is not None:  # the next streamed layer's router on this layer's input
         nxt = fam.select(following, fam.scores(following, x), stream.top_k)[0]
     t0, c0 = time.perf_counter(), time.thread_time()
