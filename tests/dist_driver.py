@@ -73,6 +73,9 @@ async def main(path: str, options: dict[str, Any]) -> dict[str, Any]:
                 return out
             out["tokens"].append(toks)
         out["stats"] = await eng._compute.run(lambda: gather_stats(node))
+        out["split"] = [[r.start, r.stop] for r in node.split.ranges]
+        plan = eng.setup.memory_plan
+        out["plan"] = None if plan is None else plan.line()
     finally:
         await eng_cm.__aexit__(None, None, None)
     return out

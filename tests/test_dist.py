@@ -14,8 +14,10 @@ import pytest
 from runtime_helpers import build_store
 
 from edge0.dist.hosts import parse_hosts
+from edge0.layout.manifest import Manifest
 from edge0.model.generate import SamplingSettings
 from edge0.runtime.engine import Engine
+from edge0.runtime.slots import pool_size
 
 DRIVER = Path(__file__).parent / "dist_driver.py"
 PROMPTS = [[5, 17, 42, 7, 99], [3, 1, 4, 1, 5, 9]]
@@ -76,6 +78,29 @@ def test_two_ranks_match_one_process_in_every_mode(hybrid4: Path) -> None:
         assert all(s["steps"] == len(PROMPTS[1]) + 7 for s in stats)  # the last request's steps
         if mode != "resident":  # each rank read only its own layers' experts (rank 0 keeps layer 0)
             assert stats[0]["reads"] > 0 and stats[1]["reads"] > 0, mode
+            assert_own_reads(got)
+
+
+def assert_own_reads(got: dict[str, Any]) -> None:
+    """Every rank read experts, and only those of its own layers."""
+    for s, (a, b) in zip(got["stats"], got["split"], strict=True):
+        assert s["reads"] > 0 and a <= s["read_layer_min"] <= s["read_layer_max"] < b, (s, a, b)
+
+
+def test_two_ranks_under_a_per_rank_memory_budget_match_one_process(hybrid4: Path) -> None:
+    opts = mode_options("route")
+    proc = start(hybrid4, hosts=2, rank_timeout=60, memory_budget="2GiB", **opts)
+    want = single(hybrid4, **opts)
+    got = result(proc)
+    assert got["tokens"] == want
+    assert got["plan"].startswith("memory budget 2048 MiB") and "RAM cache" in got["plan"]
+    assert_own_reads(got)
+    manifest = Manifest.load(hybrid4)
+    k = int((manifest.config.get("text_config") or manifest.config)["num_experts_per_tok"])
+    for s, (a, b) in zip(got["stats"], got["split"], strict=True):
+        # the rank's own streamed layers (layer 0's experts stay on rank 0): its plan's pool
+        streamed = [i for i in manifest.moe_layers[1:] if a <= i < b]
+        assert s["slots"] == pool_size(k, len(streamed)), (s, a, b)
 
 
 @pytest.mark.slow

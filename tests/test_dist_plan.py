@@ -7,19 +7,22 @@ import json
 import random
 from pathlib import Path
 
+import attrs
 import mlx.core as mx
 import numpy as np
 import pytest
 from runtime_helpers import build_store
 
+from edge0.dist.budget import layer_bytes
 from edge0.dist.hosts import parse_hosts
 from edge0.dist.link import STEP, Codec, Message, hidden_words, words_hidden
 from edge0.dist.pipeline import settings_words, words_settings
-from edge0.dist.plan import balance, layer_costs, parse_layers, plan_split
+from edge0.dist.plan import balance, parse_layers, plan_split
 from edge0.errors import ConfigError
-from edge0.layout.manifest import RESIDENT_FILE, Manifest
-from edge0.layout.safetensors_io import read_header
+from edge0.layout.load import resident_bytes
+from edge0.layout.manifest import Manifest
 from edge0.model.generate import SamplingSettings
+from edge0.runtime.setup import EngineOptions, footprint
 
 
 def brute_force(costs: list[int], size: int) -> int:
@@ -63,14 +66,21 @@ def test_parse_layers() -> None:
 def test_layer_costs_count_every_resident_tensor_and_the_slot_tables(tmp_path: Path) -> None:
     path = build_store(tmp_path, "qwen3_5_moe")
     manifest = Manifest.load(path)
-    costs = layer_costs(path, manifest, k=2)
-    resident = sum(t.nbytes for t in read_header(path / RESIDENT_FILE).values())
-    slots = len(manifest.moe_layers) * 4 * manifest.record_size
-    assert sum(costs) == resident + slots
+    opts = EngineOptions(mode="reactive", top_k=2, first_layer="wrap")  # nothing kept, no heads
+    lb = layer_bytes(path, manifest, opts, 0)
+    costs = lb.costs()
+    loaded = resident_bytes(path, manifest, mx.float32)  # fp32 on the CPU backend
+    fp = lb.fp
+    assert sum(costs) == loaded + len(manifest.moe_layers) * 2 * fp.slot + fp.kv + fp.state
     first = manifest.moe_layers[0]
-    kept = layer_costs(path, manifest, k=2, resident=(first,))
-    assert kept[first] - costs[first] == (manifest.n_experts - 4) * manifest.record_size
-    assert plan_split(path, manifest, 2, 2, layers="1,3").text() == "1,3"
+    kept = layer_bytes(path, manifest, attrs.evolve(opts, first_layer="resident"), 0).costs()
+    assert kept[first] - costs[first] == fp_expert_bytes(path, manifest) - 2 * fp.slot
+    assert plan_split(costs, 2, layers="1,3").text() == "1,3"
+
+
+def fp_expert_bytes(path: Path, manifest: Manifest) -> int:
+    opts = EngineOptions(mode="reactive", top_k=2)
+    return footprint(path, manifest, opts, 0).resident_experts  # all experts of layer 0
 
 
 def test_hosts_local_count_list_and_hostfile(tmp_path: Path) -> None:

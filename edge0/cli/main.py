@@ -63,10 +63,11 @@ def _register() -> None:
     main.add_command(train.command)
     main.add_command(eval_cmd.command)
 
-    from edge0.cli import bench, bench_run
+    from edge0.cli import bench, bench_batch, bench_run
 
     main.add_command(bench.command)
     bench_run.register(bench.command)
+    bench.command.add_command(bench_batch.command)
 
 
 _register()

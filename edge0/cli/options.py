@@ -108,6 +108,19 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+SERVE_MAX_BATCH = 4  # `edge0 serve`: requests decoded together (docs/benchmarks/batch.md)
+
+
+def max_batch_option(default: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--max-batch: up to this many requests decode together, one token each per step."""
+    return click.option(
+        "--max-batch", type=click.IntRange(1), default=default, show_default=True,
+        help="Requests decoded together, one token each per step; each streamed layer reads "
+             "the union of their experts once (the slot pool grows with it; 1: one request "
+             "at a time, in arrival order).",
+    )  # fmt: skip
+
+
 def engine_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
     """`Engine.open` keyword arguments from the values of `runtime_options`."""
     return dict(

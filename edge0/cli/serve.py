@@ -9,7 +9,13 @@ from typing import Any
 
 import click
 
-from edge0.cli.options import RUNTIME_KEYS, engine_kwargs, runtime_options
+from edge0.cli.options import (
+    RUNTIME_KEYS,
+    SERVE_MAX_BATCH,
+    engine_kwargs,
+    max_batch_option,
+    runtime_options,
+)
 from edge0.errors import ConfigError, Edge0Error
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -84,10 +90,11 @@ class _QuietStartupFailure(logging.Filter):
     show_default=True,
     help="Log one line per HTTP request (uvicorn's access log).",
 )
+@max_batch_option(SERVE_MAX_BATCH)
 @runtime_options
 def command(
     model: Path | None, host: str, port: int, api_key: str | None, model_name: str | None,
-    max_body: str, access_log: bool, **kw: Any,
+    max_body: str, access_log: bool, max_batch: int, **kw: Any,
 ) -> None:  # fmt: skip
     """Serve MODEL (an edge0-layout directory; default: the demo model) over HTTP.
 
@@ -126,7 +133,8 @@ def command(
         click.echo(f"edge0 serve: {model_id} ({engine.options.mode}) on "
                    f"http://{host}:{bound}/v1 (Ctrl-C stops)", err=True)  # fmt: skip
 
-    config = ServerConfig(model=path, engine=engine_kwargs(runtime), model_id=model_id,
+    engine = engine_kwargs(runtime) | {"max_batch": max_batch}
+    config = ServerConfig(model=path, engine=engine, model_id=model_id,
                           api_key=api_key or None, max_body=limit, on_ready=ready)  # fmt: skip
     app = create_app(config)
     quiet = _QuietStartupFailure(app)

@@ -9,22 +9,33 @@ import attrs
 import mlx.core as mx
 import mlx.nn as nn
 
+from edge0.dist.budget import LayerBytes, layer_bytes, rank_plan
 from edge0.dist.link import Link
 from edge0.dist.pipeline import StageScheduler
 from edge0.dist.plan import Split
 from edge0.dist.stage import Stage, load_stage
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
+from edge0.layout.safetensors_io import MX_DTYPES
 from edge0.log import get_logger
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.routing.families import family_for
-from edge0.routing.predictors import Predictor, make_predictor
+from edge0.routing.predictors import Predictor
 from edge0.routing.prerouter import PrerouterSet
-from edge0.runtime.block import StreamingMoE
-from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
+from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts
+from edge0.runtime.memory import with_ram
 from edge0.runtime.scheduler import ComputeThread
-from edge0.runtime.setup import EngineOptions, Setup, model_top_k, resident_stacks
+from edge0.runtime.setup import (
+    EngineOptions,
+    Setup,
+    choose_predictor,
+    install_streams,
+    kept_layers,
+    make_streams,
+    model_top_k,
+    resident_stacks,
+)
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotPool, pool_size
 from edge0.runtime.steps import Steps
@@ -51,29 +62,20 @@ class Node:
     wrap_to: int | None = None  # rank 0: own first layer, predicted by the last rank (wrap)
     procs: list[Any] = attrs.Factory(list)  # rank 0: the processes of the ranks it spawned
     part: Any = None  # rank 0: the StageRunner of the latest request (its stats)
-
-
-def _set_top_k(block: nn.Module, k: int) -> None:
-    for attr in ("top_k", "num_experts_per_tok"):
-        if isinstance(getattr(block, attr, None), int):
-            setattr(block, attr, k)
+    n_slots: int = 0  # this rank's slot pool
+    load_read: int = -1  # bytes this process read while loading its layers (-1: unknown)
 
 
 def _predictor(model: nn.Module, opts: EngineOptions, path: Path) -> tuple[int, Predictor | None]:
     """Before pruning: top-k and the predictor over all MoE layers (heads read the routers)."""
     blocks = sparse_blocks(model)
     k = opts.top_k or model_top_k(blocks[0][2])
-    if opts.mode not in ("hint", "route"):
-        return k, None
-    name = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
-    layers = [i for i, _, _ in blocks]
-    return k, make_predictor(name, model, layers, path, wrap=opts.first_layer == "wrap",
-                             recording=opts.recording)  # fmt: skip
+    return k, choose_predictor(model, [i for i, _, _ in blocks], opts, path)
 
 
 def load_node(
     path: Path, manifest: Manifest, opts: EngineOptions, split: Split, rank: int, link: Link,
-    tracer: Tracer,
+    tracer: Tracer, n_slots: int | None = None,
 ) -> tuple[Node, Any, SlotMemory | None, SlotPool | None]:
     """On the compute thread: load this rank's layers and install its streaming blocks."""
     size = len(split.ranges)
@@ -86,18 +88,21 @@ def load_node(
     if k > manifest.n_experts:
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     config = manifest.config.get("text_config") or manifest.config
-    dtype = _float_dtype(stage)
+    # the hidden state's dtype: the compute dtype the loader cast to (not a kept narrower one)
+    dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
     node = Node(rank, size, split, stage, Steps(opts.mode, k, tracer), link,
                 int(config["hidden_size"]), dtype)  # fmt: skip
     blocks = sparse_blocks(stage.model)
+    family = family_for(manifest.model_type)
     if opts.mode == "resident":
         for _, _, block in blocks:
-            _set_top_k(block, k)
+            family.set_top_k(block, k)
         return node, tokenizer, None, None
     all_moe = list(manifest.moe_layers)
-    keep = all_moe[:1] if opts.first_layer == "resident" and len(all_moe) > 1 else []
+    keep = kept_layers(all_moe, opts)
     streamed = [i for i, _, _ in blocks if i not in keep]
-    n_slots = pool_size(k, len(streamed))  # one pool shared by this rank's streamed layers
+    # one pool shared by this rank's streamed layers (sized by the rank's memory plan if any)
+    n_slots = n_slots or pool_size(k, len(streamed))
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
     table = SlotPool(streamed, n_slots)
     steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
@@ -108,22 +113,11 @@ def load_node(
             steps.resident_experts[i] = resident_stacks(path, manifest, i)
     if opts.record_routing:
         steps.recording = {}
-    stream_cls = RoutedStream if opts.mode == "route" else LayerStream
-    quant = manifest.quantization
-    streams: dict[int, LayerStream] = {}
-    for i, _, _ in blocks:
-        where: ResidentExperts | SlotExperts = (
-            ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
-            else SlotExperts(i, memory.views[i], steps)
-        )  # fmt: skip
-        streams[i] = stream_cls(i, steps, where, quant)
+    streams = make_streams([i for i, _, _ in blocks], steps, memory, manifest, opts.mode)
     if predictor is not None:
-        _wire_heads(node, predictor, streams, [i for i in all_moe if i not in keep], quant,
-                    opts.first_layer == "wrap")
-    steps.layers = dict(streams)
-    family = family_for(manifest.model_type)
-    for i, attr, block in blocks:
-        setattr(stage.model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
+        _wire_heads(node, predictor, streams, [i for i in all_moe if i not in keep],
+                    manifest.quantization, opts.first_layer == "wrap")  # fmt: skip
+    install_streams(stage.model, blocks, family, steps, streams)
     return node, tokenizer, memory, table
 
 
@@ -148,28 +142,45 @@ def _wire_heads(node: Node, predictor: Predictor, streams: dict[int, LayerStream
         node.wrap_to = streamed[0]  # predicted by the last rank's wrap-around head
 
 
-def _float_dtype(stage: Stage) -> mx.Dtype:
-    from mlx.utils import tree_flatten
-
-    flat: Any = tree_flatten(stage.inner.layers[stage.own[0]].parameters())
-    for _, v in flat:
-        if mx.issubdtype(v.dtype, mx.floating):
-            return v.dtype
-    return mx.float32
+def read_bytes() -> int:
+    """Bytes this process has read through read()/pread() so far (Linux /proc/self/io; MLX
+    reads safetensors that way), or -1 where the counter is missing (macOS)."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
 
 
 async def build_node(path: Path, opts: EngineOptions, split: Split, rank: int, link: Link,
-                     compute: ComputeThread) -> tuple[Setup, Node]:  # fmt: skip
-    """Load rank `rank` and open its tier stack and scheduler (a memory budget is refused with --hosts)."""
+                     compute: ComputeThread, baseline: int,
+                     lb: LayerBytes | None = None) -> tuple[Setup, Node]:  # fmt: skip
+    """Load rank `rank` and open its tier stack and scheduler; under `--memory-budget`, the
+    rank's own plan (from `baseline`, its RSS before loading) sizes its slot pool and RAM
+    cache, and a budget it cannot hold is refused before anything is loaded."""
     manifest = Manifest.load(path)
     tracer = Tracer(chrome=opts.trace is not None)
+    spec, mplan = opts.tiers, None
+    if opts.memory_budget is not None:
+        lb = lb or layer_bytes(path, manifest, opts, baseline)
+        mplan = rank_plan(opts.memory_budget, lb, split.ranges, rank)
+        if isinstance(spec, str):
+            spec = with_ram(spec, mplan.cache)
+        log.info("memory_plan", rank=rank, line=mplan.line(), tiers=spec)
+    n_slots = mplan.n_slots if mplan is not None and mplan.n_slots else None
+    read0 = read_bytes()
     node, tokenizer, memory, table = await compute.run(
-        lambda: load_node(path, manifest, opts, split, rank, link, tracer)
+        lambda: load_node(path, manifest, opts, split, rank, link, tracer, n_slots)
     )
+    node.load_read = read_bytes() - read0 if read0 >= 0 else -1
     setup = Setup(opts, path, node.stage.model, tokenizer, manifest, node.ctx, tracer)
+    setup.memory_plan = mplan
     if memory is None or table is None:
         return setup, node
-    spec = opts.tiers
+    node.n_slots = table.n_slots
     setup.tier = open_tiers(spec, path, manifest)
     remote = set(manifest.moe_layers) - set(table.layers)
     setup.scheduler = StageScheduler(setup.tier, memory, table, list(table.layers), tracer,

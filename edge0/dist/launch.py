@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from edge0.dist.budget import LayerBytes, rank_plan
 from edge0.dist.build import Node, build_node
 from edge0.dist.hosts import Cluster, parse_hosts
 from edge0.dist.link import PING, STOP, Codec, Link, Message
@@ -33,8 +34,10 @@ from edge0.dist.plan import Split, plan_split
 from edge0.errors import ConfigError, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
+from edge0.runtime.memory import MemoryPlan
 from edge0.runtime.scheduler import ComputeThread
 from edge0.runtime.setup import EngineOptions, Setup
+from edge0.runtime.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.launch")
 T = TypeVar("T")
@@ -61,18 +64,23 @@ def options_from_json(text: str) -> EngineOptions:
     return EngineOptions(**d)
 
 
-def split_for(path: Path, manifest: Manifest, opts: EngineOptions, size: int) -> Split:
-    from edge0.model.loader import activation_dtype
+def split_for(path: Path, manifest: Manifest, opts: EngineOptions, size: int,
+              baseline: int = 0) -> tuple[Split, LayerBytes]:  # fmt: skip
+    """The split (`--layers`, else balanced by each layer's fixed bytes) and the per-layer
+    bytes the ranks' memory plans are made from (with this process's `baseline`)."""
+    from edge0.dist.budget import layer_bytes
 
-    cfg = manifest.config.get("text_config") or manifest.config
-    k = opts.top_k or int(cfg.get("num_experts_per_tok") or 1)
-    scale = 2 if activation_dtype().size == 4 else 1  # bf16 weights upcast to fp32 on CPU
-    moe = manifest.moe_layers
-    if opts.mode == "resident":
-        resident = tuple(moe)
-    else:
-        resident = moe[:1] if opts.first_layer == "resident" and len(moe) > 1 else ()
-    return plan_split(path, manifest, size, k, opts.layers, scale, resident)
+    lb = layer_bytes(path, manifest, opts, baseline)
+    return plan_split(lb.costs(), size, opts.layers), lb
+
+
+def rank_plans(opts: EngineOptions, lb: LayerBytes, split: Split) -> list[MemoryPlan]:
+    """Under `--memory-budget`: every rank's plan (refuses before any rank is started)."""
+    assert opts.memory_budget is not None
+    plans = [rank_plan(opts.memory_budget, lb, split.ranges, r) for r in range(len(split.ranges))]
+    for r, p in enumerate(plans):
+        log.info("rank_memory_plan", rank=r, line=p.line())
+    return plans
 
 
 def codec_for(manifest: Manifest, opts: EngineOptions, itemsize: int = 4) -> Codec:
@@ -187,11 +195,7 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
 
     global _OPENED
     assert opts.hosts is not None
-    if opts.memory_budget is not None:  # the plan is made for one process's whole model
-        raise ConfigError(
-            "--memory-budget with --hosts is not supported yet (the memory plan covers one "
-            "process holding every layer); drop one of the two"
-        )
+    baseline = current_rss_bytes()  # before any weights (each rank measures its own)
     if _OPENED:  # mx.distributed keeps one global group per process
         raise ConfigError(
             "this process already joined a pipeline; open one Engine with hosts= per process"
@@ -202,10 +206,12 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
     if opts.hosts == LAUNCHED:  # mlx.launch set MLX_RANK / MLX_HOSTFILE and started the others
         ranks = Launched()
         size = int(len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())))
-        split = split_for(path, manifest, opts, size)
+        split, lb = split_for(path, manifest, opts, size, baseline)
     else:
         cluster = parse_hosts(opts.hosts)
-        split = split_for(path, manifest, opts, cluster.size)
+        split, lb = split_for(path, manifest, opts, cluster.size, baseline)
+        if opts.memory_budget is not None:  # every rank's plan, before any rank is started
+            rank_plans(opts, lb, split)
         os.environ["MLX_RANK"] = "0"
         ringfile = Path(tempfile.mkstemp(prefix="edge0-ring-", suffix=".json")[1])
         ringfile.write_text(cluster.ring_json())
@@ -216,7 +222,7 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
              layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges],
              cost=list(split.cost))  # fmt: skip
     try:
-        setup, node = await build_node(path, opts, split, 0, link, compute)
+        setup, node = await build_node(path, opts, split, 0, link, compute, baseline, lb)
         _OPENED = True
         await _join(link, ranks, START_TIMEOUT_S)  # after loading, as the other ranks do
         await _ready(link, node, ranks)

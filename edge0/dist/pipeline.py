@@ -44,9 +44,12 @@ from edge0.runtime.steps import Steps
 
 log = get_logger("edge0.dist.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
-# steps, time inside mx.eval, time blocked on reads, expert reads
+# steps, time inside mx.eval, time blocked on reads, expert reads; then the rank's slot pool,
+# the bytes it read while loading (-1: unknown) and the lowest / highest layer whose experts
+# it has read (-1: none)
 STAT_NAMES = ("rank", "peak_rss_mib", "steps", "wall_s", "cpu_s", "eval_s", "wait_s",
-              "read_mib", "reads")  # fmt: skip
+              "read_mib", "reads", "slots", "load_read_mib", "read_layer_min",
+              "read_layer_max")  # fmt: skip
 STAT_WORDS = len(STAT_NAMES)
 
 
@@ -57,6 +60,13 @@ class StageScheduler(Scheduler):
         super().__init__(*args, **kw)
         self.remote = remote
         self.outbox: dict[int, tuple[int, list[int]]] = {}  # layer -> (step, experts)
+        self.read_layers: set[int] = set()  # layers whose experts this rank has read
+
+    def _issue(self, layer: int, step: int, expert: int, kind: str) -> Any:
+        got = super()._issue(layer, step, expert, kind)
+        if got is not None and got[1] is not None:
+            self.read_layers.add(layer)
+        return got
 
     def prefetch(self, layer: int, step: int, experts: list[int]) -> int:
         if layer in self.remote:
@@ -115,13 +125,17 @@ class StageRunner:
         got = sched.outbox.pop(self.exit_to, None)
         return None if got is None or got[0] != self.ctx.step + 1 else got[1]
 
-    def stats(self, rank: int) -> list[float]:
+    def stats(self, node: Any) -> list[float]:
         recs = self.ctx.records[self.first_record :]
         sched = self.ctx.scheduler
         b, n = (sched.stats.bytes, sched.stats.issued) if sched is not None else (0, 0)
-        return [float(rank), peak_rss_bytes() / 2**20, len(recs), sum(r.wall for r in recs),
-                sum(r.cpu for r in recs), sum(r.eval for r in recs), sum(r.wait for r in recs),
-                (b - self.reads0[0]) / 2**20, float(n - self.reads0[1])]  # fmt: skip
+        read = sorted(getattr(sched, "read_layers", ())) or [-1]
+        loaded = node.load_read / 2**20 if node.load_read >= 0 else -1.0
+        return [float(node.rank), peak_rss_bytes() / 2**20, len(recs),
+                sum(r.wall for r in recs), sum(r.cpu for r in recs), sum(r.eval for r in recs),
+                sum(r.wait for r in recs), (b - self.reads0[0]) / 2**20,
+                float(n - self.reads0[1]), float(node.n_slots), loaded, float(read[0]),
+                float(read[-1])]  # fmt: skip
 
 
 def settings_words(s: SamplingSettings) -> np.ndarray:
@@ -180,7 +194,7 @@ def gather_stats(node: Any) -> list[dict[str, float]]:
     if node.size * STAT_WORDS > words.size:
         raise ConfigError(f"per-rank stats of {node.size} ranks do not fit one message")
     if node.part is not None:
-        words[:STAT_WORDS] = pack_floats(node.part.stats(0))
+        words[:STAT_WORDS] = pack_floats(node.part.stats(node))
     node.link.send(1, Message(STATS, payload=words), "rank 0: asking for rank stats")
     back = node.link.recv(node.size - 1, "rank 0: waiting for rank stats")
     assert back.payload is not None
@@ -231,7 +245,7 @@ def serve(node: Any) -> None:
             assert m.payload is not None
             if part is not None:
                 m.payload[rank * STAT_WORDS : (rank + 1) * STAT_WORDS] = pack_floats(
-                    part.stats(rank))
+                    part.stats(node))
             link.send(nxt, m, f"rank {rank}: passing stats to rank {nxt}")
         elif m.kind in (PING, STOP):
             link.send(nxt, m, f"rank {rank}: passing a message to rank {nxt}")

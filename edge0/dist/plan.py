@@ -1,18 +1,11 @@
-"""The `--layers` split: contiguous layer ranges per rank, balancing resident + streamed memory."""
+"""The `--layers` split: contiguous layer ranges per rank, balancing each rank's fixed memory."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import attrs
 
 from edge0.errors import ConfigError
-from edge0.layout.manifest import RESIDENT_FILE, Manifest
-from edge0.layout.safetensors_io import read_header
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_FLOATS = ("bfloat16", "float16")
+from edge0.layout.manifest import Manifest
 
 
 @attrs.frozen
@@ -20,7 +13,7 @@ class Split:
     """`ranges[r]` = the model layers rank r owns (contiguous, in order, covering all)."""
 
     ranges: tuple[range, ...]
-    cost: tuple[int, ...] = ()  # estimated bytes per rank (resident + slot tables)
+    cost: tuple[int, ...] = ()  # per rank: the balanced bytes (edge0.dist.budget)
 
     def owner(self, layer: int) -> int:
         for r, rng in enumerate(self.ranges):
@@ -53,29 +46,6 @@ def parse_layers(text: str, n_layers: int, size: int) -> Split:
             f"{n_layers} layers"
         )
     return Split(_ranges(counts))
-
-
-def layer_costs(
-    path: Path, manifest: Manifest, k: int, scale_floats: int = 1, resident: tuple[int, ...] = ()
-) -> list[int]:
-    """Bytes each layer holds on its rank: resident tensors + 2K slots of each streamed layer
-    (all E experts for the MoE layers in `resident`)."""
-    n_layers = _n_layers(manifest)
-    costs = [0] * n_layers
-    first, last = 0, n_layers - 1
-    for info in read_header(path / RESIDENT_FILE).values():
-        nbytes = info.nbytes * (scale_floats if info.dtype in _FLOATS else 1)
-        m = _LAYER.search(info.name)
-        if m is not None and int(m.group(1)) < n_layers:
-            costs[int(m.group(1))] += nbytes
-        elif "embed" in info.name:
-            costs[first] += nbytes
-        else:  # final norm, lm_head
-            costs[last] += nbytes
-    for layer in manifest.moe_layers:
-        n = manifest.n_experts if layer in resident else 2 * k
-        costs[layer] += n * manifest.record_size
-    return costs
 
 
 def _min_max(weights: list[int], size: int, cap: list[int] | None = None,
@@ -128,15 +98,12 @@ def balance(costs: list[int], size: int) -> Split:
     return Split(ranges, tuple(sum(costs[x] for x in rng) for rng in ranges))
 
 
-def plan_split(
-    path: Path, manifest: Manifest, size: int, k: int, layers: str | None = None,
-    scale_floats: int = 1, resident: tuple[int, ...] = (),
-) -> Split:  # fmt: skip
-    """The split for `size` ranks: `layers` when given, else balanced by `layer_costs`."""
-    n_layers = _n_layers(manifest)
+def plan_split(costs: list[int], size: int, layers: str | None = None) -> Split:
+    """The split for `size` ranks: `layers` when given, else balanced by `costs` (bytes per
+    layer: edge0.dist.budget.LayerBytes.costs)."""
     if layers:
-        return parse_layers(layers, n_layers, size)
-    return balance(layer_costs(path, manifest, k, scale_floats, resident), size)
+        return parse_layers(layers, len(costs), size)
+    return balance(costs, size)
 
 
 def _n_layers(manifest: Manifest) -> int:

@@ -88,7 +88,7 @@ def load_stage(
     """Load only `own` layers of an edge0 layout; `before_prune(model)` runs on the whole lazy
     model (predictors read routers of the next rank's first layer). Returns (stage, its result,
     tokenizer). Every check `load_layout` makes is made (edge0.layout.load._open)."""
-    from edge0.layout.load import _open, read_expert_stacks
+    from edge0.layout.load import _open, cast_params, read_expert_stacks
     from edge0.model.loaded import activation_dtype, load_tokenizer
     from edge0.model.lora import maybe_apply_adapters
 
@@ -98,7 +98,9 @@ def load_stage(
         model.load_weights([(f"{switch[i][0]}.{n}", a) for i in own if i in switch
                             for n, a in read_expert_stacks(path, manifest, i).items()],
                            strict=False)  # fmt: skip
-    model.set_dtype(activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype]))
+    # the dtypes one process keeps (edge0.layout.load.load_layout): what the memory plan counts
+    cast_params(model, activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype]),
+                keep=True)  # fmt: skip
     maybe_apply_adapters(model, path, enabled=adapter)  # evaluates the model when present
     result = before_prune(model)
     stage = Stage(model, own, first, last)

@@ -26,6 +26,7 @@ from edge0.log import get_logger
 from edge0.runtime.engine import run as run_async
 from edge0.runtime.scheduler import ComputeThread
 from edge0.runtime.setup import EngineOptions
+from edge0.runtime.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.worker")
 JOINING = "rank_joining"
@@ -35,6 +36,7 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
     """Join the ring as `rank` (MLX_RANK / MLX_HOSTFILE set), load, serve until STOP."""
     from edge0.dist.launch import START_TIMEOUT_S, codec_for, split_for
 
+    baseline = current_rss_bytes()  # before any weights: this rank's memory plan starts here
     manifest = Manifest.load(path)
     link = Link(codec_for(manifest, opts), opts.rank_timeout)
     compute = ComputeThread()
@@ -42,8 +44,8 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
         # load first, join after: ranks that join the ring at about the same time connect at
         # once (the ring backend retries a refused connection with a growing back-off)
         size = len(json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text()))
-        split = split or split_for(path, manifest, opts, size)
-        setup, node = await build_node(path, opts, split, rank, link, compute)
+        split = split or split_for(path, manifest, opts, size, baseline)[0]
+        setup, node = await build_node(path, opts, split, rank, link, compute, baseline)
         log.info(JOINING, rank=rank)  # rank 0 waits for this line in our log before it joins
         link.init(START_TIMEOUT_S, f"rank {rank}: joining the ring")
         if setup.scheduler is not None:
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("rank_exit", rank=args.rank, error=str(exc))
         return 1
     except Edge0Error as exc:
-        print(f"edge0: error: rank {args.rank}: {exc}", file=sys.stderr)
+        where = "" if str(exc).startswith(f"rank {args.rank} ") else f"rank {args.rank}: "
+        print(f"edge0: error: {where}{exc}", file=sys.stderr)
         return 2
     finally:
         os.unlink(ring)

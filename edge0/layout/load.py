@@ -74,12 +74,17 @@ def cast_params(model: nn.Module, dtype: mx.Dtype, keep: bool) -> None:
 def resident_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> int:
     """Bytes the resident weights take once loaded with compute dtype `dtype` (experts
     "none"), from the safetensors header and the model's skeleton: nothing is read."""
+    return sum(resident_tensor_bytes(path, manifest, dtype).values())
+
+
+def resident_tensor_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> dict[str, int]:
+    """`resident_bytes` per stored tensor name (edge0.dist sums a rank's own layers)."""
     header = read_header(path / RESIDENT_FILE)
     meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
     model = _build(path, manifest)  # lazy: no memory until evaluated
     _quantize(model, manifest, meta)
     modules = dict(model.named_modules())
-    total = 0
+    out = {}
     for name, m in meta.items():
         where, _, leaf = name.rpartition(".")
         target = m.dtype
@@ -87,8 +92,8 @@ def resident_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> int:
             modules.get(where), leaf, m.dtype, dtype
         ):
             target = dtype
-        total += int(np.prod(m.shape, dtype=np.int64)) * target.size
-    return total
+        out[name] = int(np.prod(m.shape, dtype=np.int64)) * target.size
+    return out
 
 
 @attrs.frozen

@@ -14,6 +14,8 @@ thread:
   4. `stream.slots(...)`: blocks until this layer's experts are staged;
   5. gather_qmm over the slot views with an expert->slot index (same expert order
      as the resident block, so outputs are bit-identical for the same set).
+In a batched decode step (`steps.batch`, edge0.runtime.batch) the call hands its
+row's hidden state to the batch, which runs these steps once for all rows.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class StreamingMoE(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         # x: (1, 1, d_model), the post-attention-norm hidden of one token
+        batch = self.stream.steps.batch
+        if batch is not None:  # one row of a batched step waits for the batch's layer
+            return batch.join(self, x)
         if x.shape[0] == 1 and x.shape[1] > 1 and self.stream.steps.chunk is not None:
             from edge0.runtime.prefill import block_call
 

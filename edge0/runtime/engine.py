@@ -1,8 +1,11 @@
 """The async API: `async with Engine.open(path) as eng:`, then `async for p in eng.generate(...)`.
 
 One engine owns one model, one compute thread, one tier stack and one scheduler.
-One worker task serves requests FIFO; each request's tokens go into its own queue
-(edge0.runtime.requests), so no consumer, however slow or stuck, holds the engine.
+One worker task serves the requests: with max_batch=1 one after another, FIFO
+(edge0.runtime.solo); with max_batch > 1 up to that many decode together, one token
+each per step, joining and leaving between steps (edge0.runtime.batcher). Each
+request's tokens go into its own queue (edge0.runtime.requests), so no consumer,
+however slow or stuck, holds the engine.
 A caller that closes its stream or is cancelled ends its request after the step
 already running on the compute thread. A tier error ends that request with the
 error; the next request runs normally. `SyncEngine` wraps it for plain code.
@@ -12,27 +15,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import attrs
-import mlx.core as mx
 import structlog
 
 from edge0 import log as edge0_log
 from edge0.errors import PromptError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
+from edge0.runtime.batcher import Batcher
 from edge0.runtime.requests import EngineClosedError, Request
-from edge0.runtime.runner import Runner, greedy
-from edge0.runtime.scheduler import ComputeThread, ReadStats
+from edge0.runtime.scheduler import ComputeThread
 from edge0.runtime.setup import EngineOptions, Setup, build
-from edge0.runtime.stats import peak_mlx_bytes, peak_rss_bytes
-from edge0.runtime.summary import RunStats, diff_reads, fill
+from edge0.runtime.solo import run_request
+from edge0.runtime.summary import RunStats
+from edge0.runtime.sync_engine import SyncEngine, run
+
+__all__ = ["Engine", "SyncEngine", "run"]
 
 log = get_logger("edge0.runtime.engine")
 HEARTBEAT_S = 0.005
@@ -54,6 +56,7 @@ class Engine:
         self._lags: list[float] = []
         self._heartbeat: asyncio.Task[None] | None = None
         self.last_stats: RunStats | None = None
+        self.batcher = Batcher(self) if self.options.max_batch > 1 else None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -65,7 +68,8 @@ class Engine:
         predictor=None (heads when prerouter.safetensors exists, else init; or
         oracle, temporal), memory_budget=None ("3GiB"), trace=None (a .json path),
         first_layer="resident" (or "wrap", "reactive"), io_workers=2,
-        sync_every=None (route: layers per host sync).
+        sync_every=None (route: layers per host sync), max_batch=1 (requests decoded
+        together), token_buffer=64 (unread tokens before a batched request pauses).
         """
         if not structlog.is_configured():  # a library stays quiet unless the app configures logs
             edge0_log.configure("warning")
@@ -152,13 +156,19 @@ class Engine:
 
     async def tokens(
         self, ids: list[int], *, max_tokens: int = 128, sampling: SamplingSettings | None = None,
-        stop: bool = True,
+        stop: bool = True, stats_to: list[RunStats] | None = None,
     ) -> AsyncIterator[int]:  # fmt: skip
-        """Stream generated token ids; the request's stats land in `last_stats`."""
+        """Stream generated token ids; the request's stats land in `last_stats` (and, when
+        the stream runs to its end, in `stats_to`: with batching, `last_stats` may be
+        another request's)."""
         req = self._submit(ids, max_tokens, sampling, stop)
-        async with contextlib.aclosing(req.stream()) as stream:
-            async for tok in stream:
-                yield tok
+        try:
+            async with contextlib.aclosing(req.stream()) as stream:
+                async for tok in stream:
+                    yield tok
+        finally:  # ended (or failed) by the engine: its stats are final
+            if stats_to is not None and req.state == "done" and req.stats is not None:
+                stats_to.append(req.stats)
 
     def _submit(
         self, ids: list[int], max_tokens: int, sampling: SamplingSettings | None, stop: bool
@@ -189,6 +199,8 @@ class Engine:
                       sampling or SamplingSettings(), frozenset(eos))  # fmt: skip
         self._pending.put_nowait(req)
         self._idle.clear()
+        if self.batcher is not None:
+            self.batcher.notify()
         return req
 
     async def wait_idle(self) -> None:
@@ -197,6 +209,8 @@ class Engine:
 
     async def _serve(self) -> None:
         """The engine's one worker: runs queued requests in order; no consumer can stall it."""
+        if self.batcher is not None:
+            await self.batcher.serve()
         while True:
             if self._pending.empty():
                 self._idle.set()
@@ -207,7 +221,7 @@ class Engine:
                 continue
             req.state = "running"
             try:
-                await self._run(req)
+                await run_request(self, req)
             except asyncio.CancelledError:
                 req.finish(EngineClosedError("the engine closed during this request"))
                 raise
@@ -215,142 +229,3 @@ class Engine:
                 req.finish(exc)
             else:
                 req.finish()
-
-    async def _run(self, req: Request) -> None:
-        """One request's steps on the compute thread; tokens go to its queue as they come."""
-        ctx, sched = self.setup.ctx, self.setup.scheduler
-        settings = req.settings
-        runner = await self._compute.run(  # the sampler is seeded on this thread
-            lambda: self.setup.make_runner(req.id, settings.sampler(), settings)
-        )
-        first_record = len(ctx.records)
-        reads0 = attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
-        await self._compute.run(mx.reset_peak_memory)
-        self._lags = []
-        stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
-                         predictor=getattr(ctx.predictor, "name", ""),
-                         prefill_chunk=_chunk(runner))  # fmt: skip
-        stats.finish_reason = "cancelled"
-        t0 = time.perf_counter()
-        io_at_decode: float | None = None
-        bytes_at_decode: int | None = None
-        try:
-            tok = await self._compute.run(lambda: _prefill(runner, req.ids, req.max_tokens > 1))
-            t1 = time.perf_counter()
-            stats.prefill_s = t1 - t0
-            if sched is not None and reads0 is not None:
-                io_at_decode, bytes_at_decode = t1, sched.stats.bytes
-                stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(req.ids)
-            n = 0
-            while True:
-                if tok in req.eos:
-                    stats.finish_reason = "stop"
-                    break
-                n += 1
-                stats.generated_tokens = n
-                stats.decode_s = time.perf_counter() - t1
-                req.put(tok)
-                if n >= req.max_tokens:
-                    stats.finish_reason = "length"
-                    break
-                if req.cancelled:
-                    break
-                more = n + 1 < req.max_tokens  # else no prefetch: no step uses it
-                tok = await self._compute.run(functools.partial(runner.feed, tok, False, more))
-                stats.decode_steps += 1
-            stats.decode_s = time.perf_counter() - t1
-        except Exception:
-            stats.finish_reason = "error"
-            raise
-        finally:
-            self._compute.submit(runner.finish)  # after its last step: cancel queued prefetches
-            req.stats = stats
-            self._finish(stats, first_record, reads0, io_at_decode, bytes_at_decode)
-
-    def _finish(
-        self, stats: RunStats, first_record: int, reads0: ReadStats | None,
-        io_at_decode: float | None, bytes_at_decode: int | None,
-    ) -> None:  # fmt: skip
-        ctx, sched = self.setup.ctx, self.setup.scheduler
-        reads = diff_reads(sched.stats, reads0) if sched and reads0 else ReadStats()
-        decode_io, decode_bytes = 0.0, 0
-        if sched is not None and io_at_decode is not None and bytes_at_decode is not None:
-            decode_io = sched.io_time(io_at_decode, time.perf_counter())
-            decode_bytes = sched.stats.bytes - bytes_at_decode
-        fill(stats, ctx.records[first_record:], reads, decode_io, decode_bytes)
-        stats.peak_mlx_bytes = peak_mlx_bytes()
-        stats.peak_rss_bytes = peak_rss_bytes()
-        lags = sorted(self._lags) or [0.0]
-        stats.loop_max_lag_ms = lags[-1] * 1e3
-        stats.loop_p99_lag_ms = lags[int(0.99 * (len(lags) - 1))] * 1e3
-        self.last_stats = stats
-        log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})
-
-
-def _chunk(runner: Any) -> int:
-    """Prompt tokens per forward: a pipeline's rank 0 (edge0.dist) feeds one token per step."""
-    return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
-
-
-def _prefill(runner: Runner, ids: list[int], decode: bool) -> int:
-    """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
-    and, when a decode step follows (`decode`), prefetches."""
-    if _chunk(runner) > 1 and len(ids) > 1:  # chunked: only the last chunk draws
-        return runner.prefill(ids, decode=decode)
-    sampler, runner.sampler = runner.sampler, greedy
-    try:
-        runner.prefill(ids[:-1], decode=False)
-    finally:
-        runner.sampler = sampler
-    return runner.feed(ids[-1], prefill=True, prefetch=decode)
-
-
-class SyncEngine:
-    """Blocking wrapper: `with SyncEngine(path, mode="route") as eng: for p in eng.generate(...)`.
-
-    Runs a private event loop (uvloop when installed) only while a call is active.
-    """
-
-    def __init__(self, path: str | Path, **options: Any) -> None:
-        self._runner = asyncio.Runner(loop_factory=_loop_factory())
-        self._cm = Engine.open(path, **options)
-        try:
-            self.engine: Engine = self._runner.run(self._cm.__aenter__())
-        except BaseException:
-            self._runner.close()
-            raise
-
-    def generate(self, prompt: str | list[int], **kw: Any) -> Iterator[str | RunStats]:
-        agen: Any = self.engine.generate(prompt, **kw)
-        try:
-            while True:
-                try:
-                    yield self._runner.run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            self._runner.run(agen.aclose())
-
-    def close(self) -> None:
-        self._runner.run(self._cm.__aexit__(None, None, None))
-        self._runner.close()
-
-    def __enter__(self) -> SyncEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _loop_factory() -> Any:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
-        return None
-    return uvloop.new_event_loop
-
-
-def run(main: Any) -> Any:
-    """asyncio.run with uvloop when installed."""
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(main)

@@ -6,14 +6,15 @@ queue holds at most `max_tokens` ids). The consumer drains the queue at its own 
 A consumer that closes its stream, is cancelled or is garbage-collected marks the
 request cancelled; the worker stops it after the step in flight. A consumer that
 merely stops pulling costs the engine at most its own request's remaining steps, so no
-later request ever waits on a consumer. A batching engine can keep this contract and
-fill several queues per step.
+later request ever waits on a consumer. The batching worker (edge0.runtime.batcher)
+fills several queues per step and pauses a request whose consumer leaves
+`token_buffer` tokens unread (`backlog`); `on_pull` tells it when to look again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import attrs
@@ -41,12 +42,18 @@ class Request:
     state: str = "queued"  # queued -> running -> done
     cancelled: bool = False  # the consumer went away: stop after the step in flight
     stats: RunStats | None = None
+    on_pull: Callable[[], None] | None = None  # the consumer took a token or went away
     _out: asyncio.Queue[Any] = attrs.field(factory=asyncio.Queue)
     _done: asyncio.Event = attrs.field(factory=asyncio.Event)
 
     # --- worker side -------------------------------------------------------------------
     def put(self, token: int) -> None:
         self._out.put_nowait(token)
+
+    @property
+    def backlog(self) -> int:
+        """Tokens put and not yet taken by the consumer."""
+        return self._out.qsize()
 
     def finish(self, error: BaseException | None = None) -> None:
         """End the stream: the consumer gets `error` raised, or the end of its tokens."""
@@ -62,6 +69,8 @@ class Request:
         try:
             while True:
                 item = await self._out.get()
+                if self.on_pull is not None:
+                    self.on_pull()
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -70,6 +79,8 @@ class Request:
         finally:  # never waits for the worker: a stuck read must not trap the consumer
             if self.state != "done":
                 self.cancelled = True
+                if self.on_pull is not None:
+                    self.on_pull()
 
     async def wait(self) -> None:
         """Until the worker has finished (or skipped) this request."""

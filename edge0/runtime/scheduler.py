@@ -111,6 +111,7 @@ class ReadStats:
     hits: int = 0  # served from a cache tier
     staged_hits: int = 0  # compute found the expert already staged or in flight
     staged_misses: int = 0  # compute had to issue a demand read
+    fences: int = 0  # acquire found the pool full of unevaluated readers (FenceNeeded)
     read_busy_s: float = 0.0  # wall time with at least one read in flight
     by_tier: dict[str, int] = attrs.field(factory=dict)
 
@@ -256,6 +257,12 @@ class Scheduler:
             self._errors.clear()
             self._intervals.clear()  # read spans of earlier requests: io_time never asks again
 
+    def forget_failures(self) -> None:
+        """Failed reads are forgotten (a batch ended the requests that needed them)."""
+        with self._lock:
+            self.table.clear_failed()
+            self._errors.clear()
+
     def end_request(self) -> int:
         """The request ended: its prefetches still queued are cancelled, never read."""
         n = 0
@@ -352,6 +359,7 @@ class Scheduler:
                         if not table.any_loading():
                             self._submit(new)
                             if not fenced:  # slots wait on unevaluated graphs: evaluate first
+                                self.stats.fences += 1
                                 raise FenceNeeded(layer)
                             raise RuntimeError(f"slot pool is over capacity at layer {layer}")
                         self._submit(new)

@@ -76,6 +76,10 @@ class EngineOptions:
     hosts: str | int | None = None
     layers: str | None = None
     rank_timeout: float = 120.0  # seconds a rank may take for one step before rank 0 gives up
+    # requests decoded together, one token each per step (edge0.runtime.batcher); the slot
+    # pool and the KV reserve of a memory plan grow with it
+    max_batch: int = 1
+    token_buffer: int = 64  # unread tokens of a batched request before it is paused
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -96,6 +100,12 @@ class EngineOptions:
             raise ConfigError(f"context must be at least 1 token, got {self.context}")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ConfigError(f"--prefill-chunk must be at least 1, got {self.prefill_chunk}")
+        if self.max_batch < 1:
+            raise ConfigError(f"--max-batch must be at least 1, got {self.max_batch}")
+        if self.token_buffer < 1:
+            raise ConfigError(f"token_buffer must be at least 1, got {self.token_buffer}")
+        if self.max_batch > 1 and self.hosts is not None:
+            raise ConfigError("--max-batch > 1 is not supported with --hosts; use --max-batch 1")
         if self.io_workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
 
@@ -125,6 +135,11 @@ class Setup:
         return Runner(self.model, self.ctx, request, sampler)
 
 
+def batch_k(top_k: int, max_batch: int, n_experts: int) -> int:
+    """Experts a layer may need in one step: the union of `max_batch` rows' sets."""
+    return min(n_experts, top_k * max_batch)
+
+
 def model_top_k(block: nn.Module) -> int:
     for attr in ("top_k", "num_experts_per_tok"):
         k = getattr(block, attr, None)
@@ -152,18 +167,10 @@ def prepare(
         for _, _, block in blocks:
             family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
         return Steps("resident", k, tracer), None, None
-    predictor: Predictor | None = None
-    if opts.mode in ("hint", "route"):
-        name = opts.predictor or (
-            "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
-        )
-        predictor = make_predictor(
-            name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
-            recording=opts.recording,
-        )  # fmt: skip
-    keep = layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+    predictor = choose_predictor(model, layers, opts, model_dir)
+    keep = kept_layers(layers, opts)
     streamed = [i for i in layers if i not in keep]
-    n_slots = n_slots or pool_size(k, len(streamed))
+    n_slots = n_slots or pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
     table = SlotPool(streamed, n_slots)
     steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
@@ -174,23 +181,53 @@ def prepare(
     sync_every = opts.sync_every or SYNC_EVERY
     if opts.mode == "route" and sync_every > 1:
         steps.groups = SyncGroups(sync_every, steps)
-    stream_cls = RoutedStream if opts.mode == "route" else LayerStream
-    quant = manifest.quantization
+    streams = make_streams(layers, steps, memory, manifest, opts.mode)
+    if predictor is not None:  # heads only for layers that are streamed
+        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
+        for owner, target in predictor.targets.items():
+            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+    install_streams(model, blocks, family, steps, streams)
+    return steps, memory, table
+
+
+def choose_predictor(model: nn.Module, layers: list[int], opts: EngineOptions,
+                     model_dir: Path | None) -> Predictor | None:  # fmt: skip
+    """hint/route: the asked-for predictor, else trained heads when the model has them, else
+    init; built over every MoE layer `layers` before the sparse blocks are replaced."""
+    if opts.mode not in ("hint", "route"):
+        return None
+    name = opts.predictor or (
+        "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
+    )
+    return make_predictor(name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
+                          recording=opts.recording)  # fmt: skip
+
+
+def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
+    """The MoE layers whose experts stay resident (not streamed) outside resident mode."""
+    return layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+
+
+def make_streams(layers: list[int], steps: Steps, memory: SlotMemory, manifest: Manifest,
+                 mode: str) -> dict[int, LayerStream]:  # fmt: skip
+    """One stream per MoE layer: over its resident experts when kept, else over its slots."""
+    stream_cls = RoutedStream if mode == "route" else LayerStream
     streams: dict[int, LayerStream] = {}
     for i in layers:
         where: ResidentExperts | SlotExperts = (
             ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
             else SlotExperts(i, memory.views[i], steps)
         )  # fmt: skip
-        streams[i] = stream_cls(i, steps, where, quant)
-    if predictor is not None:  # heads only for layers that are streamed
-        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
-        for owner, target in predictor.targets.items():
-            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+        streams[i] = stream_cls(i, steps, where, manifest.quantization)
+    return streams
+
+
+def install_streams(model: nn.Module, blocks: list[Any], family: Any, steps: Steps,
+                    streams: dict[int, LayerStream]) -> None:  # fmt: skip
+    """Replace each sparse block of `model` by its streaming block."""
     steps.layers = dict(streams)
     for i, attr, block in blocks:
         setattr(model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
-    return steps, memory, table
 
 
 async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
@@ -258,17 +295,20 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
                                                                         opts.context))  # fmt: skip
     if opts.mode == "resident":
         return Footprint(resident, len(moe) * manifest.n_experts * expert, 0, 0, 0, 0, k,
-                         kv_bytes(manifest.config, opts.context), state_bytes(manifest.config),
+                         opts.max_batch * kv_bytes(manifest.config, opts.context),
+                         opts.max_batch * state_bytes(manifest.config),
                          working_bytes(manifest.config, opts.context), baseline,
                          *chunk)  # fmt: skip
     kept = 1 if opts.first_layer == "resident" and len(moe) > 1 else 0
     predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
     owners = len(moe) - 1 + int(opts.first_layer == "wrap")
     heads = head_bytes(path, manifest, predictor, owners) if opts.mode in ("hint", "route") else 0
+    b = opts.max_batch  # the union of b rows' sets per layer; a KV cache and state per row
     return Footprint(
         resident, kept * manifest.n_experts * expert, heads,
-        slot_bytes(manifest, 1, dtype) - ALIGN, manifest.record_size, len(moe) - kept, k,
-        kv_bytes(manifest.config, opts.context), state_bytes(manifest.config),
+        slot_bytes(manifest, 1, dtype) - ALIGN, manifest.record_size, len(moe) - kept,
+        batch_k(k, b, manifest.n_experts),
+        b * kv_bytes(manifest.config, opts.context), b * state_bytes(manifest.config),
         working_bytes(manifest.config, opts.context), baseline, *chunk,
     )  # fmt: skip
 

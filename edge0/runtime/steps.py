@@ -21,6 +21,7 @@ from edge0.runtime.syncs import SyncGroups
 from edge0.runtime.trace import Tracer
 
 if TYPE_CHECKING:
+    from edge0.runtime.batch import BatchStep
     from edge0.runtime.prefill import ChunkState
 
 MODES = ("resident", "reactive", "hint", "route")
@@ -85,6 +86,7 @@ class Steps:
         self.cur = StepRecord(-1, True)
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill)
         self.chunk: ChunkState | None = None  # the prompt chunk being computed
+        self.batch: BatchStep | None = None  # a batched decode step (edge0.runtime.batch)
 
     def attach(self, scheduler: Scheduler) -> None:
         """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""

@@ -2,7 +2,8 @@
 
 The engine lives in the server's own event loop: the lifespan opens it before
 the first request and closes it at shutdown. Requests queue for it first-come
-first-served (the engine's FIFO); each route runs as a task of that loop.
+first-served; up to `--max-batch` of them decode together (edge0.runtime.batcher);
+each route runs as a task of that loop.
 """
 
 from __future__ import annotations

@@ -69,11 +69,13 @@ class Generation:
         """The new text, piece by piece (never an empty piece)."""
         engine, stops = self.backend.engine, self.sampling.stop
         detok = TextStream(engine.tokenizer)
-        before, pending = engine.last_stats, ""
+        ours: list[RunStats] = []  # this request's stats, when its stream ends by itself
+        pending = ""
         self.backend.metrics.started()
         try:
             tokens = engine.tokens(self.ids, max_tokens=self.sampling.max_tokens or 1 << 30,
-                                   sampling=sampling_settings(self.sampling))  # fmt: skip
+                                   sampling=sampling_settings(self.sampling),
+                                   stats_to=ours)  # fmt: skip
             async with contextlib.aclosing(cast(AsyncGenerator[int, None], tokens)) as toks:
                 async for tok in toks:
                     if self.first_token_s is None:
@@ -104,11 +106,9 @@ class Generation:
                 self.backend.metrics.tier_error()
             raise
         finally:
-            # the worker sets last_stats just before it ends a stream; a stream we closed
-            # (stop string, client gone) gets its stats later, and they are not ours to read
+            # a stream we closed (stop string, client gone) gets its stats later: none here
             natural = self.finish_reason in ("", "error")
-            stats = engine.last_stats
-            self.stats = stats if natural and stats is not before else None
+            self.stats = ours[0] if natural and ours else None
             if not self.finish_reason:  # the engine's: stop (end of sequence) or length
                 self.finish_reason = self.stats.finish_reason if self.stats else "length"
             self.backend.metrics.finished(self)

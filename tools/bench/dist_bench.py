@@ -58,6 +58,13 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
             out["rank_read_mib"] = [s["read_mib"] for s in stats]
             out["rank_cpu_ms"] = [s["cpu_s"] / s["steps"] * 1e3 for s in stats]
             out["rank_wall_ms"] = [s["wall_s"] / s["steps"] * 1e3 for s in stats]
+            out["load_read_mib"] = [s["load_read_mib"] for s in stats]  # read while loading
+            out["slots"] = [int(s["slots"]) for s in stats]
+            out["read_layers"] = [[int(s["read_layer_min"]), int(s["read_layer_max"])]
+                                  for s in stats]  # fmt: skip
+            out["split"] = [[r.start, r.stop - 1] for r in node.split.ranges]
+            plan = eng.setup.memory_plan
+            out["plan0"] = None if plan is None else plan.line()
             out["ring_bytes_per_token"] = ranks * node.link.codec.nbytes  # n hops per token
             out["ring_trip_ms"] = statistics.median(trips) * 1e3
         else:
@@ -67,6 +74,9 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
             out["rank_wall_ms"] = [sum(r.wall for r in recs) / len(recs) * 1e3]
             out["ring_bytes_per_token"] = 0
             out["ring_trip_ms"] = 0.0
+            out["load_read_mib"] = [-1.0]  # not measured for one process
+            plan = eng.setup.memory_plan
+            out["plan0"] = None if plan is None else plan.line()
     return out
 
 
@@ -90,14 +100,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| tiers | ranks | decode tok/s (median) | vs 1 rank (per-round median) | "
              "peak RSS per rank, MiB | compute-thread CPU ms/step per rank | "
              "blocked ms/step (rank 0) | ring bytes/token | ring trip ms | "
-             "ms/token outside the ranks' steps |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "ms/token outside the ranks' steps | read while loading per rank, MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(
             f"| `{r['tiers']}` | {r['ranks']} | {r['decode_tps']:.2f} | {r['ratio']:.2f} | "
             f"{' / '.join(f'{m:.0f}' for m in r['peak_rss_mib'])} | "
             f"{' / '.join(f'{m:.1f}' for m in r['rank_cpu_ms'])} | {r['blocked_ms']:.2f} | "
-            f"{r['ring_bytes_per_token']} | {r['ring_trip_ms']:.2f} | {r['outside_ms']:.1f} |"
+            f"{r['ring_bytes_per_token']} | {r['ring_trip_ms']:.2f} | {r['outside_ms']:.1f} | "
+            f"{' / '.join(f'{m:.0f}' for m in r['raw'][0]['load_read_mib'])} |"
         )
     return "\n".join(lines)
 

@@ -1,0 +1,148 @@
+"""Per-rank `--memory-budget`: what each layer holds on its rank, and each rank's memory plan.
+
+The plan of one process (edge0.runtime.memory) covers every layer; on a pipeline
+each rank holds only its own layers' resident tensors, kept experts, predictor
+heads, KV cache and recurrent state, plus a slot pool of K x (L_r + 2) slots for
+its L_r streamed layers, its own process baseline and decode working memory.
+`LayerBytes` splits the one-process `Footprint` by layer (from the file headers:
+nothing is loaded), `LayerBytes.footprint` adds a rank's layers back up, and
+`rank_plan` runs the same `memory.plan` on it: every rank refuses a budget it
+cannot hold before anything is loaded, naming the rank, its layers and the fix.
+The default `--layers` split balances `LayerBytes.costs` (edge0.dist.plan).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attrs
+
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.layout.safetensors_io import MX_DTYPES, read_header
+from edge0.runtime.memory import MemoryPlan, kv_bytes, plan, state_bytes
+from edge0.runtime.setup import EngineOptions, Footprint, footprint, kept_layers
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_HEAD = re.compile(r"^heads\.(\d+)\.")
+
+
+@attrs.frozen
+class LayerBytes:
+    """Bytes each layer holds on the rank that owns it, and the parts outside the layers."""
+
+    fp: Footprint  # the one-process footprint (slot size, top-k, working memory, baseline)
+    resident: tuple[int, ...]  # per layer: its resident tensors, as loaded
+    experts: tuple[int, ...]  # per layer: all its experts when they stay resident
+    heads: tuple[int, ...]  # per layer: the predictor head it owns
+    kv: tuple[int, ...]  # per layer: KV cache (full attention) for the planned context
+    state: tuple[int, ...]  # per layer: recurrent state (linear attention)
+    streamed: tuple[bool, ...]  # per layer: its experts stream through the rank's slot pool
+    embed: int  # the embedding: the first rank, and the last one when the head is tied to it
+    head: int  # final norm and lm_head: the last rank
+    tied: bool
+    adapter: int  # a recovery LoRA adapter: every rank applies all of it while loading
+
+    def costs(self) -> list[int]:
+        """What the `--layers` split balances: each layer's fixed bytes, the embedding on the
+        first layer, the head on the last (a rank's slot slack, baseline and working memory
+        are the same on every rank and do not move the balance)."""
+        slot = self.fp.top_k * self.fp.slot
+        out = [r + e + h + kv + st + (slot if s else 0) for r, e, h, kv, st, s in
+               zip(self.resident, self.experts, self.heads, self.kv, self.state, self.streamed,
+                   strict=True)]  # fmt: skip
+        out[0] += self.embed
+        out[-1] += self.head + (self.embed if self.tied and len(out) > 1 else 0)
+        return out
+
+    def footprint(self, own: range, first: bool, last: bool) -> Footprint:
+        """The Footprint of a rank owning layers `own` (first / last rank of the pipeline)."""
+        embed = self.embed if first or (last and self.tied) else 0
+        return attrs.evolve(
+            self.fp,
+            resident=self.adapter + sum(self.resident[i] for i in own) + embed
+            + (self.head if last else 0),
+            resident_experts=sum(self.experts[i] for i in own),
+            heads=sum(self.heads[i] for i in own),
+            layers=sum(1 for i in own if self.streamed[i]),
+            kv=sum(self.kv[i] for i in own),
+            state=sum(self.state[i] for i in own),
+        )  # fmt: skip
+
+
+def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int) -> LayerBytes:
+    """Split the one-process footprint of `opts` by layer (from the headers)."""
+    from edge0.layout.load import resident_tensor_bytes
+    from edge0.model.loaded import activation_dtype
+    from edge0.routing.prerouter import PrerouterSet
+
+    fp = footprint(path, manifest, opts, baseline)
+    text = manifest.config.get("text_config") or manifest.config
+    n = int(text["num_hidden_layers"])
+    dtype = activation_dtype(MX_DTYPES[manifest.field("gate_proj.scales").dtype])
+    resident, embed, head = [0] * n, 0, 0
+    tensors = resident_tensor_bytes(path, manifest, dtype)
+    for name, nbytes in tensors.items():
+        m = _LAYER.search(name)
+        if m is not None and int(m.group(1)) < n:
+            resident[int(m.group(1))] += nbytes
+        elif "embed" in name:
+            embed += nbytes
+        else:  # final norm, lm_head
+            head += nbytes
+    moe = list(manifest.moe_layers)
+    kept = moe if opts.mode == "resident" else kept_layers(moe, opts)
+    experts = [fp.resident_experts // len(kept) if i in kept else 0 for i in range(n)]
+    heads = [0] * n
+    if fp.heads:
+        predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
+        if predictor == "heads":
+            from edge0.routing.prerouter import WEIGHTS_FILE
+
+            for name, info in read_header(path / WEIGHTS_FILE).items():
+                m = _HEAD.match(name)
+                if m is not None:
+                    heads[int(m.group(1))] += info.nbytes
+        else:  # untrained router copies, one per head owner (footprint's `owners`)
+            owners = moe[:-1] + (moe[-1:] if opts.first_layer == "wrap" else [])
+            for i in owners:
+                heads[i] = fp.heads // len(owners)
+    kinds = _layer_kinds(text, n)
+    per_kv = kv_bytes({**text, "layer_types": ["full_attention"]}, opts.context)
+    per_state = (state_bytes({**text, "layer_types": ["linear_attention"]})
+                 if text.get("layer_types") else 0)  # fmt: skip
+    streamed = tuple(opts.mode != "resident" and i in moe and i not in kept for i in range(n))
+    tied = bool(text.get("tie_word_embeddings", manifest.config.get("tie_word_embeddings")))
+    return LayerBytes(
+        fp, tuple(resident), tuple(experts), tuple(heads),
+        tuple(per_kv if k == "full_attention" else 0 for k in kinds),
+        tuple(per_state if k == "linear_attention" else 0 for k in kinds),
+        streamed, embed, head, tied, fp.resident - sum(tensors.values()),
+    )  # fmt: skip
+
+
+def _layer_kinds(text: dict[str, object], n: int) -> list[str]:
+    """full_attention / linear_attention per layer (explicit list, interval, or all full)."""
+    types = text.get("layer_types")
+    if isinstance(types, list):
+        return [str(t) for t in types]
+    interval = int(str(text.get("full_attention_interval") or 1))
+    if interval > 1:
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(n)]  # fmt: skip
+    return ["full_attention"] * n
+
+
+def rank_plan(budget: str | int, lb: LayerBytes, ranges: tuple[range, ...],
+              rank: int) -> MemoryPlan:  # fmt: skip
+    """Rank `rank`'s memory plan; ConfigError naming the rank, its layers and the fix."""
+    own = ranges[rank]
+    fp = lb.footprint(own, rank == 0, rank == len(ranges) - 1)
+    try:
+        return plan(budget, fp)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"rank {rank} (layers {own.start}-{own.stop - 1}): {exc}, or give rank {rank} "
+            "fewer layers with --layers"
+        ) from None
