@@ -97,9 +97,9 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     graph = head.graph(x[:, -1:, :], last, prev_mx, stream.top_k) if head is not None else None
     st, nxt = steps.chunk, None
     assert st is not None
-    following = (
-        st.following.get(stream.layer) if t * stream.top_k >= COVER * scores.shape[-1] else None
-    )
+    following = st.following.get(stream.layer)
+    if following is not None and t * stream.top_k < COVER * scores.shape[-1]:
+        following = None  # a short chunk: its union covers little of a layer
     if following is not None:  # the next streamed layer's router on this layer's input
         nxt = fam.select(following, fam.scores(following, x), stream.top_k)[0]
     t0, c0 = time.perf_counter(), time.thread_time()
