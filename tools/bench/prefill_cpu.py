@@ -30,10 +30,13 @@ async def one(model: str, n: int, chunk: int, tiers: str, k: int, overlap: str) 
         ids = encode_prompts(eng.tokenizer, 1, n)[0]
         async for _ in eng.tokens(ids[:4], max_tokens=1, stop=False):
             pass
+        sched = eng.setup.scheduler
+        miss0 = sched.stats.staged_misses if sched is not None else 0
         c0 = time.process_time()
         async for _ in eng.tokens(ids, max_tokens=1, stop=False):
             pass
         cpu = time.process_time() - c0
+        misses = (sched.stats.staged_misses - miss0) if sched is not None else 0
         s = eng.last_stats
         assert s is not None
         return {
@@ -42,6 +45,7 @@ async def one(model: str, n: int, chunk: int, tiers: str, k: int, overlap: str) 
             "blocked": s.prefill_blocked_ms / n,
             "mib": s.prefill_bytes_per_token / 2**20,
             "tps": n / s.prefill_s,
+            "misses": misses,  # experts compute found neither staged nor in flight
         }
 
 
@@ -62,6 +66,7 @@ def main() -> None:
                 print(f"round {r + 1} chunk {c} overlap {ov}: {got['tps']:.2f} prompt tok/s, "
                       f"CPU {got['cpu']:.0f} ms/tok, wall {got['wall']:.0f} ms/tok, blocked "
                       f"{got['blocked']:.1f} ms/tok, {got['mib']:.2f} MiB/tok, "
+                      f"{got['misses']} demand reads, "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
 
 
