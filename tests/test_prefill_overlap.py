@@ -24,6 +24,7 @@ def test_stage_order_puts_early_reads_first_and_decode_last() -> None:
     union = [0, 1, 2, 3, 4, 5]
     assert stage_order(union, [1, 4], [5, 9, 2]) == [5, 2, 0, 3, 1, 4]  # 9: not in the union
     assert stage_order(union, None, None) == union
+    assert stage_order(union, [1, 4], [4, 5]) == [5, 0, 2, 3, 1, 4]  # decode's set stays last
     assert by_count(np.array([3, 1, 3, 2, 1, 3])) == [3, 1, 2]
 
 
@@ -82,6 +83,15 @@ def test_each_layer_after_the_first_is_read_ahead(
 def test_read_ahead_is_exact(store: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     one = asyncio.run(generate(store, PROMPT, 1, mode=mode, predictor="init"))
     monkeypatch.setattr(prefill, "OVERLAP", "router")
+    clash: list[int] = []  # early reads of experts kept for the first decode step
+
+    def spy(self: ChunkState, layer: int, experts: list[int], ahead: int = 1) -> None:
+        if ahead == 0:
+            clash.extend(set(experts) & set(self.decode_set(layer) or []))
+        PREFETCH(self, layer, experts, ahead)
+
+    monkeypatch.setattr(ChunkState, "prefetch", spy)
     got = asyncio.run(generate(store, PROMPT, 8, mode=mode, predictor="init"))
+    assert clash == []
     assert got["tokens"] == one["tokens"]
     np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)

@@ -35,10 +35,10 @@ def run_pairs(
 def stage_order(union: list[int], last: list[int] | None, early: list[int] | None = None
                 ) -> list[int]:  # fmt: skip
     """The union with the experts read `early` first and those named in `last` at the end
-    (they stay staged for decode)."""
-    head = [e for e in early or [] if e in set(union)]
-    rest = [e for e in union if e not in set(head)]
+    (they stay staged for decode: the end wins over `early`)."""
     tail = set(last or [])
+    head = [e for e in early or [] if e in set(union) and e not in tail]
+    rest = [e for e in union if e not in set(head)]
     return head + [e for e in rest if e not in tail] + [e for e in rest if e in tail]
 
 
@@ -50,7 +50,8 @@ def read_ahead(block: StreamingMoE, g: int) -> None:
     nxt = st.following.get(block.stream.layer)
     if nxt is None or nxt.layer not in st.predicted:
         return
-    early = st.predicted.pop(nxt.layer)[:g]
+    keep = set(st.decode_set(nxt.layer) or [])  # staged last there, for the first decode step
+    early = [e for e in st.predicted.pop(nxt.layer) if e not in keep][:g]
     st.ahead[nxt.layer] = early
     st.prefetch(nxt.layer, early, ahead=0)
 
