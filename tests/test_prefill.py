@@ -239,45 +239,6 @@ def test_head_runs_on_the_last_position_only(loaded_model: Any, family: str) -> 
     assert model(ids, cache=make_prompt_cache(model)).shape == full.shape  # restored
 
 
-def test_chunk_fits_the_working_reserve() -> None:
-    from edge0.runtime.prefill import chunk_bytes_per_token, chunk_for_budget
-
-    mib = 1 << 20
-    assert chunk_for_budget(256, 2 * mib, 406 * mib) == 50  # a quarter of the reserve
-    assert chunk_for_budget(256, 2 * mib, 1) == 1 and chunk_for_budget(256, 0, 1) == 256
-    text = {"hidden_size": 2048, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
-            "linear_key_head_dim": 128}  # fmt: skip
-    hybrid = chunk_bytes_per_token({"text_config": text}, 8)
-    plain = chunk_bytes_per_token({"hidden_size": 2048}, 8)
-    assert hybrid - plain == 32 * 128 * 128 * 4 * 21 // 20  # one DeltaNet state per token
-
-
-def test_memory_budget_caps_the_chunk(
-    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Under --memory-budget the chunk shrinks to fit its share of the plan's working reserve;
-    still exact."""
-    from edge0.layout.manifest import Manifest
-    from edge0.runtime import prefill
-    from edge0.runtime.memory import working_bytes
-
-    family = "qwen3_5_moe" if "qwen3_5_moe" in stores else MODEL_TYPES[0]
-    path = stores[family]
-    config = Manifest.load(path).config
-    per_token = prefill.chunk_bytes_per_token(config, 2)
-    # the tiny models' reserve holds hundreds of chunk tokens: a smaller share makes it bite
-    monkeypatch.setattr(prefill, "WORKING_SHARE", working_bytes(config, 4096) // (5 * per_token))
-    got = run(generate(path, PROMPT, 256, mode="reactive", memory_budget="4GiB",
-                       tiers="pread"))  # fmt: skip
-    setup = got["engine"].setup
-    assert setup.ctx.top_k == 2
-    want = prefill.chunk_for_budget(256, per_token, setup.memory_plan.working)
-    assert setup.ctx.prefill_chunk == want and 1 < want < len(PROMPT)
-    one = run(generate(path, PROMPT, 1, mode="reactive"))
-    assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
-
-
 @pytest.mark.parametrize("family", OTHER_FAMILIES)
 @pytest.mark.parametrize(("mode", "predictor"), [("reactive", None), ("route", "init")])
 def test_chunked_prefill_every_family(

@@ -32,12 +32,28 @@ def run_pairs(
     return expert_ffn(block, views, h, idx, sorted_indices=True)
 
 
-def stage_order(union: list[int], last: list[int] | None) -> list[int]:
-    """The union with the experts named in `last` moved to the end (they stay staged for decode)."""
-    if not last:
-        return union
-    tail = set(last)
-    return [e for e in union if e not in tail] + [e for e in union if e in tail]
+def stage_order(union: list[int], last: list[int] | None, early: list[int] | None = None
+                ) -> list[int]:  # fmt: skip
+    """The union with the experts read `early` first and those named in `last` at the end
+    (they stay staged for decode: the end wins over `early`)."""
+    tail = set(last or [])
+    head = [e for e in early or [] if e in set(union) and e not in tail]
+    rest = [e for e in union if e not in set(head)]
+    return head + [e for e in rest if e not in tail] + [e for e in rest if e in tail]
+
+
+def read_ahead(block: StreamingMoE, g: int) -> None:
+    """Stage the next streamed layer's predicted first group (`g` experts) for this sub-step:
+    its layer computes next, at the same step; the reads overlap the compute until then."""
+    st = block.stream.steps.chunk
+    assert st is not None
+    nxt = st.following.get(block.stream.layer)
+    if nxt is None or nxt.layer not in st.predicted:
+        return
+    keep = set(st.decode_set(nxt.layer) or [])  # staged last there, for the first decode step
+    early = [e for e in st.predicted.pop(nxt.layer) if e not in keep][:g]
+    st.ahead[nxt.layer] = early
+    st.prefetch(nxt.layer, early, ahead=0)
 
 
 def group_size(n_slots: int, layers: int, top_k: int) -> int:
@@ -62,12 +78,14 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
     flat = inds.reshape(-1)  # (T*K,) pair p = (token p // K, slot p % K)
     x2 = x.reshape(t, x.shape[-1])  # (T, d)
     resident = isinstance(stream.experts, ResidentExperts)
+    assert steps.memory is not None
+    g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
     if resident:  # every expert in memory: one sorted gather over all pairs
         groups = [sorted(set(flat.tolist()))]
+        read_ahead(block, g)
     else:
-        union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer))
-        assert steps.memory is not None
-        g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
+        early = st.ahead.pop(layer, None)
+        union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer), early)
         groups = [union[i : i + g] for i in range(0, len(union), g)]
     pair_parts: list[np.ndarray] = []
     out_parts: list[mx.array] = []
@@ -80,6 +98,8 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
             if j + 1 < len(groups):
                 st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
             slot_of = dict(zip(group, st.acquire(layer, group), strict=True))
+            if j + 1 == len(groups):
+                read_ahead(block, g)  # the next layer's first group, into the other half
         pairs = np.nonzero(np.isin(flat, np.asarray(group)))[0]
         slot_ids = np.asarray([slot_of[int(e)] for e in flat[pairs]], dtype=np.uint32)
         order = np.argsort(slot_ids, kind="stable")  # sorted indices for gather_qmm

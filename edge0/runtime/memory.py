@@ -8,6 +8,7 @@ peak RSS = process baseline (interpreter and libraries: RSS before loading)
          + slot pool (K x (L + 2) records and their compute-dtype sidecar)
          + KV cache for the planned context + recurrent state (linear-attention layers)
          + decode working memory (measured: docs/memory.md)
+         + a prompt chunk (`--prefill-chunk`: its activations; chosen here when not given)
          + what the budget has left, which goes to more slots or to the RAM cache.
 A RAM cache smaller than one step's reads (L x K records) would almost never hit
 (measured: 15 of 5,391 reads on the 35B shape), so such a remainder buys slots;
@@ -34,6 +35,8 @@ KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many tokens
 # with tools/memprobe.py: 14 / 28 / 52 MiB at d_model 512 / 1024 / 2048, the same at K=2, 4, 8
 WORKING_BASE = 16 * _MIB
 WORKING_PER_1K_D = 24 * _MIB
+DEFAULT_CHUNK = 256  # prompt tokens per forward without a budget (docs/benchmarks/prefill.md)
+PROMPT_SHARE = 2  # an unasked prompt chunk takes at most 1/2 of what the fixed parts leave
 
 
 @attrs.frozen
@@ -51,6 +54,8 @@ class Footprint:
     state: int
     working: int
     overhead: int
+    chunk_fixed: int = 0  # a prompt chunk's memory whatever its length (prefill_memory)
+    chunk_token: int = 0  # ... and per chunk token
 
     @property
     def min_slots(self) -> int:
@@ -72,6 +77,8 @@ class MemoryPlan:
     n_slots: int = 0
     extra_slots: int = 0  # slots bought with what the budget left
     choice: str = ""  # where the remainder went, and why
+    prompt: int = 0  # a prompt chunk's working memory
+    prefill_chunk: int = 1  # prompt tokens per forward that `prompt` holds
 
     def line(self) -> str:
         return (
@@ -79,6 +86,7 @@ class MemoryPlan:
             f"heads {self.heads / _MIB:.0f} + slots {self.slots / _MIB:.0f} "
             f"({self.n_slots} slots) + KV {self.kv / _MIB:.0f} + "
             f"process {self.overhead / _MIB:.0f} + working {self.working / _MIB:.0f} + "
+            f"prompt chunk {self.prompt / _MIB:.0f} ({self.prefill_chunk} tokens) + "
             f"RAM cache {self.cache / _MIB:.0f} MiB; {self.choice}"
         )
 
@@ -92,8 +100,12 @@ def to_bytes(value: str | int) -> int:
         raise ConfigError(f"--memory-budget: {exc}") from None
 
 
-def plan(budget: str | int, fp: Footprint) -> MemoryPlan:
-    """Split `budget`; ConfigError naming the parts when it cannot hold the fixed ones."""
+def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPlan:
+    """Split `budget`; ConfigError naming the parts when it cannot hold the fixed ones.
+
+    `chunk`: the asked-for `--prefill-chunk` (ConfigError when it cannot fit what the
+    fixed parts leave); None: the plan chooses one (`prompt_chunk`).
+    """
     total = to_bytes(budget)
     n_min = fp.min_slots
     kv = fp.kv + fp.state
@@ -108,6 +120,8 @@ def plan(budget: str | int, fp: Footprint) -> MemoryPlan:
             f"({kv / _MIB:.0f}), process ({fp.overhead / _MIB:.0f}) and decode working memory "
             f"({fp.working / _MIB:.0f}) need; raise the budget, lower --top-k or the context"
         )
+    tokens, prompt = prompt_chunk(total, left, fp, chunk)
+    left -= prompt
     step = fp.layers * fp.top_k * fp.record  # one decode step's reads
     extra, cache = 0, 0
     if not fp.layers:
@@ -123,7 +137,32 @@ def plan(budget: str | int, fp: Footprint) -> MemoryPlan:
         choice = f"the {left / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
     n = n_min + extra
     return MemoryPlan(total, resident, n * fp.slot + ALIGN if n else 0, kv, cache, fp.overhead,
-                      fp.working, fp.heads, n, extra, choice)  # fmt: skip
+                      fp.working, fp.heads, n, extra, choice, prompt, tokens)  # fmt: skip
+
+
+def chunk_cost(fp: Footprint, tokens: int) -> int:
+    """Bytes a prompt chunk of `tokens` holds (0 for one token: decode's working memory)."""
+    return 0 if tokens <= 1 else fp.chunk_fixed + tokens * fp.chunk_token
+
+
+def prompt_chunk(total: int, left: int, fp: Footprint, chunk: int | None) -> tuple[int, int]:
+    """(tokens, bytes) of the prompt chunk: the asked one if it fits in `left`, else an error;
+    unasked, the largest up to DEFAULT_CHUNK within PROMPT_SHARE of `left` (1 if none fits)."""
+    if chunk is not None:
+        need = chunk_cost(fp, chunk)
+        if need > left:
+            fit = max(1, (left - fp.chunk_fixed) // fp.chunk_token) if fp.chunk_token else 1
+            raise ConfigError(
+                f"--prefill-chunk {chunk} needs {need / _MIB:.0f} MiB but --memory-budget "
+                f"{total / _MIB:.0f} MiB leaves {left / _MIB:.0f} MiB after the fixed parts; "
+                f"use --prefill-chunk {fit} or less, or raise the budget"
+            )
+        return chunk, need
+    share = left // PROMPT_SHARE
+    tokens = DEFAULT_CHUNK
+    if fp.chunk_token:
+        tokens = min(DEFAULT_CHUNK, max(1, (share - fp.chunk_fixed) // fp.chunk_token))
+    return (tokens, chunk_cost(fp, tokens)) if tokens > 1 else (1, 0)
 
 
 def _text(config: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,12 @@ resident layers handle multi-token input with the KV cache as they are):
      inputs one-token prefill gives it), predicting the first decode step;
   3. the union of the chunk's experts is staged and computed in groups
      (edge0.runtime.chunk_moe); the experts predicted for the first decode step
-     are staged last, so they are still in the slots when decode starts.
+     are staged last, so they are still in the slots when decode starts;
+  4. with `OVERLAP` "router", the next streamed layer's router runs on this
+     layer's input too (in the same eval): its union for the chunk is predicted,
+     and its first group is read while this layer's last group and the next
+     layer's attention compute, when the chunk is long enough for its union to
+     cover most of a layer (`COVER`; docs/benchmarks/prefill.md measures it).
 After the prompt, the predictions of the last token become the first decode
 step's plan and prefetch, as if the prompt had run one token at a time.
 """
@@ -27,6 +32,7 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.runtime.chunk_moe import chunk_experts
+from edge0.runtime.prefill_memory import bounded_recurrence
 from edge0.runtime.runner import greedy
 
 if TYPE_CHECKING:
@@ -35,39 +41,10 @@ if TYPE_CHECKING:
     from edge0.runtime.runner import Runner
     from edge0.runtime.steps import Steps
 
-DEFAULT_CHUNK = 256  # prompt tokens per forward (docs/benchmarks/prefill.md)
-
-
-def chunk_bytes_per_token(config: dict[str, Any], top_k: int) -> int:
-    """MLX memory a prompt chunk holds per token at its peak (an estimate from the config).
-
-    Gated DeltaNet layers (qwen3_5_moe, qwen3_next) on the CPU run mlx-lm's
-    sequential ops path, which keeps one (value heads x Dv x Dk) fp32 state per
-    token of the chunk alive until the layer is evaluated: measured 537 MiB at 256
-    tokens on the 35B-A3B shape (2 MiB state). Plus the (token, k) pair outputs.
-    """
-    c: dict[str, Any] = config.get("text_config") or config
-    d = int(c.get("hidden_size", 0))
-    state = 0
-    if c.get("linear_num_value_heads"):
-        state = (int(c["linear_num_value_heads"]) * int(c.get("linear_value_head_dim", 0))
-                 * int(c.get("linear_key_head_dim", 0)) * 4)  # fmt: skip
-    return state * 21 // 20 + 3 * top_k * d * 4 + 16 * d * 4
-
-
-WORKING_SHARE = 4  # a chunk may hold 1/4 of the plan's working reserve (measured, prefill.md)
-
-
-def chunk_for_budget(chunk: int, per_token: int, working: int) -> int:
-    """The largest chunk <= `chunk` whose estimated peak fits its share of the working reserve.
-
-    Measured on the 35B-A3B shape under --memory-budget 3GiB: at 174 tokens (the
-    whole reserve) peak RSS reached 3290 MiB, 218 MiB over; decode's own
-    temporaries use most of the reserve, so a chunk gets a quarter (48 tokens there).
-    """
-    if per_token <= 0 or working <= 0:
-        return chunk
-    return max(1, min(chunk, working // WORKING_SHARE // per_token))
+OVERLAP = "router"  # "router": read the next layer's predicted first group early; "none"
+# ... when the chunk's T x K picks are at least COVER x E: its union then covers most of a
+# layer (each expert missed with probability ~exp(-T K / E) <= 14%), so few early reads miss
+COVER = 2
 
 
 @attrs.define
@@ -78,6 +55,9 @@ class ChunkState:
     start: int  # request position of the chunk's first token
     pending: dict[int, tuple[LayerStream, list[int]]] = attrs.field(factory=dict)  # by target
     next_token: int = -1  # sampled after the chunk's last token
+    following: dict[int, StreamingMoE] = attrs.field(factory=dict)  # layer -> next streamed block
+    predicted: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> its predicted union
+    ahead: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> experts read early
 
     def substep(self) -> None:
         """Start the next scheduler sub-step (every graph so far is evaluated)."""
@@ -86,9 +66,10 @@ class ChunkState:
         if steps.scheduler is not None:
             steps.scheduler.begin_step(steps.step)
 
-    def prefetch(self, layer: int, experts: list[int]) -> None:
+    def prefetch(self, layer: int, experts: list[int], ahead: int = 1) -> None:
+        """Stage `experts` of `layer` for the sub-step `ahead` of this one."""
         assert self.steps.scheduler is not None
-        self.steps.scheduler.prefetch(layer, self.steps.step + 1, experts)
+        self.steps.scheduler.prefetch(layer, self.steps.step + ahead, experts)
 
     def acquire(self, layer: int, experts: list[int]) -> list[int]:
         """Slots of `experts` of `layer` for this sub-step (blocks until they are staged)."""
@@ -114,10 +95,19 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     last = inds[:, -1:, :]  # (1, 1, K): the executed set of the chunk's last token
     prev_mx = inds[:, -2:-1, :] if t > 1 else stream.prev_inds
     graph = head.graph(x[:, -1:, :], last, prev_mx, stream.top_k) if head is not None else None
+    st, nxt = steps.chunk, None
+    assert st is not None
+    following = st.following.get(stream.layer)
+    if following is not None and t * stream.top_k < COVER * scores.shape[-1]:
+        following = None  # a short chunk: its union covers little of a layer
+    if following is not None:  # the next streamed layer's router on this layer's input
+        nxt = fam.select(following, fam.scores(following, x), stream.top_k)[0]
     t0, c0 = time.perf_counter(), time.thread_time()
-    mx.eval([a for a in (inds, w, graph) if a is not None])  # one eval per layer
+    mx.eval([a for a in (inds, w, graph, nxt) if a is not None])  # one eval per layer
     steps.span("eval", stream.layer, t0, time.perf_counter(), time.thread_time() - c0)
     true = np.array(inds.reshape(t, -1))  # (T, K)
+    if following is not None and nxt is not None:
+        st.predicted[following.layer] = by_count(np.array(nxt).reshape(-1))
     _after_routing(stream, x, true, last, graph)
     y = chunk_experts(block, x, true)  # (1, T, K, d)
     y = (y * w[..., None]).sum(axis=-2)
@@ -150,6 +140,27 @@ def _after_routing(
                                          stream.top_k)  # fmt: skip
     if experts is not None:
         st.pending[head.target.layer] = (head.target, experts)
+
+
+def by_count(experts: np.ndarray) -> list[int]:
+    """The distinct experts of `experts`, the most frequent first (ties: lower index first)."""
+    ids, counts = np.unique(experts, return_counts=True)
+    return [int(e) for e in ids[np.argsort(-counts, kind="stable")]]
+
+
+def next_blocks(model: nn.Module, steps: Steps) -> dict[int, StreamingMoE]:
+    """Each streaming block's layer -> the next streamed (slot-served) block, in compute order."""
+    from edge0.runtime.block import StreamingMoE
+    from edge0.runtime.layers import ResidentExperts
+
+    blocks = sorted((m.layer, m) for _, m in model.named_modules() if isinstance(m, StreamingMoE))
+    streamed = [b for _, b in blocks if not isinstance(b.stream.experts, ResidentExperts)]
+    out: dict[int, StreamingMoE] = {}
+    for layer, _ in blocks:
+        later = [b for b in streamed if b.layer > layer]
+        if later:
+            out[layer] = later[0]
+    return out
 
 
 class _LastPosition(nn.Module):
@@ -189,10 +200,12 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     t0, c0 = time.perf_counter(), time.thread_time()
     steps.begin_step(prefill=True, prefetch=False)  # one record, one fence for the chunk
     st = ChunkState(steps, steps.pos)
+    if OVERLAP == "router" and steps.scheduler is not None:
+        st.following = next_blocks(runner.model, steps)
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
-        with last_position_only(runner.model):
+        with last_position_only(runner.model), bounded_recurrence(runner.model):
             logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
         nxt = runner.sampler(logits)
         t1, c1 = time.perf_counter(), time.thread_time()

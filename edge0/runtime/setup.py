@@ -22,6 +22,7 @@ from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
 from edge0.runtime.memory import (
+    DEFAULT_CHUNK,
     Footprint,
     MemoryPlan,
     head_bytes,
@@ -38,7 +39,7 @@ from edge0.runtime.policy import (
     check_policy,
     layer_heads_for,
 )
-from edge0.runtime.prefill import DEFAULT_CHUNK, chunk_bytes_per_token, chunk_for_budget
+from edge0.runtime.prefill_memory import chunk_bytes_per_token, chunk_fixed_bytes
 from edge0.runtime.runner import Runner
 from edge0.runtime.scheduler import ComputeThread, Scheduler
 from edge0.runtime.slotmem import ALIGN, SlotMemory, slot_bytes
@@ -75,8 +76,8 @@ class EngineOptions:
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = True  # apply MODEL/adapters/ (recovery LoRA) when present
     context: int = KV_CONTEXT  # tokens of context a memory budget plans for (prompt + output)
-    # prompt tokens per forward; 1: one token per step; None: DEFAULT_CHUNK, or 1 under a
-    # memory budget (the plan holds decode's working memory, not a chunk's)
+    # prompt tokens per forward; 1: one token per step; None: DEFAULT_CHUNK, or what the
+    # memory plan chooses under a budget (an asked-for chunk must fit the plan)
     prefill_chunk: int | None = None
     # several ranks (edge0.dist): hosts "2", "ip,ip" or hosts.json; layers per rank "4,4"
     hosts: str | int | None = None
@@ -271,7 +272,8 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     spec = opts.tiers
     memory_plan = None
     if opts.memory_budget is not None:  # from the headers: refuses before anything is loaded
-        memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline))
+        memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline),
+                           opts.prefill_chunk)  # fmt: skip
         if isinstance(spec, str):
             spec = with_ram(spec, memory_plan.cache)
         log.info("memory_plan", line=memory_plan.line(), tiers=spec)
@@ -289,16 +291,12 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     ctx, memory, table = await compute.run(
         lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots)
     )
-    ctx.prefill_chunk = opts.prefill_chunk or (DEFAULT_CHUNK if memory_plan is None else 1)
+    ctx.prefill_chunk = (memory_plan.prefill_chunk if memory_plan is not None
+                         else opts.prefill_chunk or DEFAULT_CHUNK)  # fmt: skip
     setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
     setup.memory_plan = memory_plan
     if memory is None or table is None:
         return setup
-    if memory_plan is not None and opts.prefill_chunk is not None:
-        # an asked-for chunk's estimated peak must fit its share of the working reserve
-        per_token = chunk_bytes_per_token(manifest.config, ctx.top_k)
-        ctx.prefill_chunk = chunk_for_budget(opts.prefill_chunk, per_token, memory_plan.working)
-        log.info("prefill_chunk", chunk=ctx.prefill_chunk, asked=opts.prefill_chunk)
     setup.tier = open_tiers(spec, path, manifest)
     layers = list(table.order)
     if not layers:
@@ -320,11 +318,14 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
     expert = sum(int(np.prod(f.shape)) * (4 if f.dtype == "uint32" else 1 if f.dtype == "uint8"
                  else dtype.size) for f in manifest.fields)  # fmt: skip  # one expert, floats cast
     resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
+    chunk = (chunk_fixed_bytes(manifest.config), chunk_bytes_per_token(manifest.config, k,
+                                                                        opts.context))  # fmt: skip
     if opts.mode == "resident":
         return Footprint(resident, len(moe) * manifest.n_experts * expert, 0, 0, 0, 0, k,
                          opts.max_batch * kv_bytes(manifest.config, opts.context),
                          opts.max_batch * state_bytes(manifest.config),
-                         working_bytes(manifest.config, opts.context), baseline)  # fmt: skip
+                         working_bytes(manifest.config, opts.context), baseline,
+                         *chunk)  # fmt: skip
     kept = 1 if opts.first_layer == "resident" and len(moe) > 1 else 0
     predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
     owners = len(moe) - 1 + int(opts.first_layer == "wrap")
@@ -335,7 +336,7 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
         slot_bytes(manifest, 1, dtype) - ALIGN, manifest.record_size, len(moe) - kept,
         batch_k(k, b, manifest.n_experts),
         b * kv_bytes(manifest.config, opts.context), b * state_bytes(manifest.config),
-        working_bytes(manifest.config, opts.context), baseline,
+        working_bytes(manifest.config, opts.context), baseline, *chunk,
     )  # fmt: skip
 
 

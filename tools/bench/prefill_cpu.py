@@ -5,8 +5,11 @@ process spends on a prompt (compute thread, tier workers, event loop) does not
 depend on how many other processes share the cores. Each variant opens its own
 Engine (route, K=4 by default), runs a 4-token warm-up request, then one prompt
 of `--prompt-len` tokens with `max_tokens=1`; variants are interleaved per round.
+`--overlap none,router` also compares reading the next layer's predicted first
+group during this layer's compute (edge0.runtime.prefill.OVERLAP) for each chunk.
 
 Usage: .venv/bin/python tools/bench/prefill_cpu.py MODEL --prompt-len 96 --chunks 1,96,32
+       [--overlap none,router] [--tiers 'throttle:bw=80MB/s,lat=100us>pread']
 """
 
 from __future__ import annotations
@@ -17,18 +20,23 @@ import os
 import time
 
 from edge0.bench.worker import encode_prompts
+from edge0.runtime import prefill
 from edge0.runtime.engine import Engine
 
 
-async def one(model: str, n: int, chunk: int, tiers: str, k: int) -> dict[str, float]:
+async def one(model: str, n: int, chunk: int, tiers: str, k: int, overlap: str) -> dict[str, float]:
+    prefill.OVERLAP = overlap
     async with Engine.open(model, mode="route", top_k=k, tiers=tiers, prefill_chunk=chunk) as eng:
         ids = encode_prompts(eng.tokenizer, 1, n)[0]
         async for _ in eng.tokens(ids[:4], max_tokens=1, stop=False):
             pass
+        sched = eng.setup.scheduler
+        miss0 = sched.stats.staged_misses if sched is not None else 0
         c0 = time.process_time()
         async for _ in eng.tokens(ids, max_tokens=1, stop=False):
             pass
         cpu = time.process_time() - c0
+        misses = (sched.stats.staged_misses - miss0) if sched is not None else 0
         s = eng.last_stats
         assert s is not None
         return {
@@ -36,6 +44,8 @@ async def one(model: str, n: int, chunk: int, tiers: str, k: int) -> dict[str, f
             "wall": s.prefill_s / n * 1e3,
             "blocked": s.prefill_blocked_ms / n,
             "mib": s.prefill_bytes_per_token / 2**20,
+            "tps": n / s.prefill_s,
+            "misses": misses,  # experts compute found neither staged nor in flight
         }
 
 
@@ -47,13 +57,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tiers", default="pread")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--overlap", default=prefill.OVERLAP)
     a = ap.parse_args()
     for r in range(a.rounds):
         for c in (int(x) for x in a.chunks.split(",")):
-            got = asyncio.run(one(a.model, a.prompt_len, c, a.tiers, a.k))
-            print(f"round {r + 1} chunk {c}: CPU {got['cpu']:.0f} ms/tok, wall {got['wall']:.0f} "
-                  f"ms/tok, blocked {got['blocked']:.0f} ms/tok, {got['mib']:.2f} MiB/tok, "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+            for ov in a.overlap.split(","):
+                got = asyncio.run(one(a.model, a.prompt_len, c, a.tiers, a.k, ov))
+                print(f"round {r + 1} chunk {c} overlap {ov}: {got['tps']:.2f} prompt tok/s, "
+                      f"CPU {got['cpu']:.0f} ms/tok, wall {got['wall']:.0f} ms/tok, blocked "
+                      f"{got['blocked']:.1f} ms/tok, {got['mib']:.2f} MiB/tok, "
+                      f"{got['misses']} demand reads, "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
