@@ -113,7 +113,7 @@ def test_expert_widths_below_the_group_size_use_a_smaller_group(hf: Path, tmp_pa
     assert asyncio.run(streamed()) == ref
 
     class Src:
-        quantized, path = False, hf
+        quantized, path, packed = False, hf, None
 
     with pytest.raises(ConversionError, match="not a multiple"):  # no supported group fits 48
         _expert_params(Src(), ExpertShape((0,), 4, 48, 48), {"group_size": 64, "bits": 4})  # type: ignore[arg-type]
