@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from edge0.bench.run import Variant
+from edge0.bench.run import Variant, paired_ratios
 
 
 def parse_chunks(text: str) -> list[int | None]:
@@ -28,22 +27,11 @@ def prefill_ratios(
     variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     """Prefill tok/s of each chunked variant over the same variant at chunk 1, per round."""
-    out = []
-    for v in variants:
-        if v.prefill_chunk in (None, 1):
-            continue
-        base = attrs.evolve(v, prefill_chunk=1)
-        if base.label not in runs:
-            continue
-        per_round = [
-            a["summary"]["prefill_tps"] / b["summary"]["prefill_tps"]
-            for a, b in zip(runs[v.label], runs[base.label], strict=True)
-            if a.get("summary") and b.get("summary") and b["summary"]["prefill_tps"]
-        ]
-        if per_round:
-            out.append({"variant": v.label, "over": base.label, "per_round": per_round,
-                        "median": statistics.median(per_round)})  # fmt: skip
-    return out
+    return paired_ratios(
+        variants, runs,
+        lambda v: None if v.prefill_chunk in (None, 1) else attrs.evolve(v, prefill_chunk=1),
+        "prefill_tps",
+    )  # fmt: skip
 
 
 def ratio_lines(rs: list[dict[str, Any]]) -> str:

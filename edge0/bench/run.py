@@ -228,24 +228,35 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "decode_spread": spread}  # fmt: skip
 
 
-def ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
-    """Decode tok/s of hint/route over reactive at the same K and tiers: per-round and median."""
+def paired_ratios(
+    variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]],
+    base_of: Callable[[Variant], Variant | None], key: str,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """`key` of each variant over its base variant (`base_of`; None: no base), per round
+    (the rounds ran interleaved) and their median."""
     out = []
     for v in variants:
-        if v.mode not in ("hint", "route"):
-            continue
-        base = attrs.evolve(v, mode="reactive")
-        if base.label not in runs:
+        base = base_of(v)
+        if base is None or base.label not in runs:
             continue
         per_round = [
-            a["summary"]["decode_tps"] / b["summary"]["decode_tps"]
+            a["summary"][key] / b["summary"][key]
             for a, b in zip(runs[v.label], runs[base.label], strict=True)
-            if a.get("summary") and b.get("summary") and b["summary"]["decode_tps"]
+            if a.get("summary") and b.get("summary") and b["summary"][key]
         ]
         if per_round:
             out.append({"variant": v.label, "over": base.label, "per_round": per_round,
                         "median": statistics.median(per_round)})  # fmt: skip
     return out
+
+
+def ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """Decode tok/s of hint/route over reactive at the same K and tiers: per-round and median."""
+    return paired_ratios(
+        variants, runs,
+        lambda v: attrs.evolve(v, mode="reactive") if v.mode in ("hint", "route") else None,
+        "decode_tps",
+    )  # fmt: skip
 
 
 def markdown(variants: Sequence[Variant], summaries: dict[str, dict[str, Any]]) -> str:
