@@ -123,7 +123,17 @@ class DiskTier:
             )
 
     # --- the Tier interface ----------------------------------------------
+    blocking: ClassVar[bool] = True  # `read_blocking` may be called from any thread
+
     async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        if self._closed:
+            raise RuntimeError(f"tier {self.name!r} is closed")
+        # one hop to a worker thread for the whole read, retries included
+        return await run_in_pool(self._pool, self.read_blocking, key, dest)
+
+    def read_blocking(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        """`read_into` on the calling thread (blocks it; thread-safe): the scheduler's own
+        reader threads call it so that no read needs the event loop."""
         started = time.perf_counter()
         if self._closed:
             raise RuntimeError(f"tier {self.name!r} is closed")
@@ -136,7 +146,7 @@ class DiskTier:
         while True:
             attempt += 1
             try:
-                await run_in_pool(self._pool, self._attempt, offset, length, view, crc, check)
+                self._attempt(offset, length, view, crc, check)
                 break
             except (OSError, ReadFault) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

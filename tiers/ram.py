@@ -1,13 +1,18 @@
 """`ram`: a byte-budgeted in-memory cache of expert records over an inner tier (LRU or LFUDA).
 
 Record copies (into the caller's buffer on a hit, into the cache after a miss)
-run in the tier's own worker threads, never on the event loop: the loop only
-does the bookkeeping (lookups, eviction order, coalescing).
+run in worker threads, never on the event loop. Over a tier that reads on any
+thread (`blocking`: the disk tiers) the whole read, hit or miss, is one call of
+`read_blocking` in a worker thread (the scheduler's reader threads call it
+directly: no read needs the loop); over another tier (throttle) the loop does
+the bookkeeping (lookups, eviction order, coalescing) between thread hops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -77,9 +82,19 @@ class RamTier:
         self._entries: dict[ExpertKey, np.ndarray] = {}  # key -> (record_size,) uint8 copy
         self._pinned: set[ExpertKey] = set()
         self._inflight: dict[ExpertKey, asyncio.Future[_Outcome]] = {}
+        # the blocking path: its cache bookkeeping under one lock, misses coalesced per key
+        self._mu = threading.Lock()
+        self._waiting: dict[ExpertKey, concurrent.futures.Future[_Outcome]] = {}
+
+    @property
+    def blocking(self) -> bool:
+        """Whether `read_blocking` works (the inner tier reads on any thread too)."""
+        return bool(getattr(self.inner, "blocking", False))
 
     # --- the Tier interface ----------------------------------------------
     async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        if self.blocking:  # one thread hop for the whole read
+            return await run_in_pool(self._pool, self.read_blocking, key, dest)
         started = time.perf_counter()
         while True:
             rec = self._entries.get(key)
@@ -103,6 +118,55 @@ class RamTier:
                 return ReadInfo(info.tier, rec.nbytes, started, now, waited=now - started)
             # the leader was cancelled: loop and read it ourselves
 
+    def read_blocking(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        """The read on the calling thread (only when `blocking`): a hit is a copy; a miss
+        reads the inner tier, and readers of the same key meanwhile wait for that read."""
+        started = time.perf_counter()
+        while True:
+            with self._mu:
+                rec = self._entries.get(key)
+                fut = None if rec is not None else self._waiting.get(key)
+                if rec is not None:
+                    if key not in self._pinned:
+                        self._policy.touch(key)
+                    self.stats.hits += 1
+                elif fut is None:  # this reader reads it
+                    mine: concurrent.futures.Future[_Outcome] = concurrent.futures.Future()
+                    self._waiting[key] = mine
+            if rec is not None:  # 1. hit
+                _copy(rec, byte_view(dest, rec.nbytes))
+                return ReadInfo(self.name, rec.nbytes, started, time.perf_counter(), hit=True)
+            if fut is None:  # 2. miss
+                return self._miss_blocking(key, dest, started, mine)
+            rec, err, info = fut.result()  # 3. another thread reads this key: use its copy
+            if err is not None:
+                raise err
+            if rec is not None and info is not None:
+                _copy(rec, byte_view(dest, rec.nbytes))
+                with self._mu:
+                    self.stats.coalesced += 1
+                now = time.perf_counter()
+                return ReadInfo(info.tier, rec.nbytes, started, now, waited=now - started)
+
+    def _miss_blocking(self, key: ExpertKey, dest: memoryview, started: float,
+                       fut: concurrent.futures.Future[_Outcome]) -> ReadInfo:  # fmt: skip
+        outcome: _Outcome = (None, None, None)
+        try:
+            info = self.inner.read_blocking(key, dest)  # type: ignore[attr-defined]
+            rec = _snapshot(flat_bytes(dest))
+            outcome = (rec, None, info)
+            with self._mu:
+                self.stats.misses += 1
+                self._insert(key, rec)
+            return attrs.evolve(info, started=started, finished=time.perf_counter())
+        except TierReadError as exc:
+            outcome = (None, exc, None)
+            raise
+        finally:  # success or error: release the waiters either way
+            with self._mu:
+                del self._waiting[key]
+            fut.set_result(outcome)
+
     async def aclose(self) -> None:
         self._entries.clear()
         self.stats.bytes_used = 0
@@ -112,12 +176,20 @@ class RamTier:
     # --- pinning and inspection -------------------------------------------
     def pin(self, keys: Iterable[ExpertKey]) -> None:
         """Never evict these keys (now cached or cached later) until `unpin`."""
+        with self._mu:
+            self._pin(keys)
+
+    def _pin(self, keys: Iterable[ExpertKey]) -> None:
         for key in keys:
             if key not in self._pinned and key in self._entries:
                 self._policy.remove(key)
             self._pinned.add(key)
 
     def unpin(self, keys: Iterable[ExpertKey]) -> None:
+        with self._mu:
+            self._unpin(keys)
+
+    def _unpin(self, keys: Iterable[ExpertKey]) -> None:
         for key in keys:
             if key in self._pinned:
                 self._pinned.discard(key)

@@ -1,255 +1,48 @@
-"""The scheduler: tier workers on the event loop fill slots; compute waits only for its own.
+"""The scheduler: compute's side of the slot table — step boundaries, slot claims, the fence.
 
 Threads (FACTS.md: MLX streams are thread-affine, eval releases the GIL):
-- the event loop thread runs the tier workers (coroutines draining the ticket
-  queue) and never blocks on compute;
-- one compute thread (`ComputeThread`) builds and evaluates every MLX graph; at
-  each streamed layer it calls `acquire`, which reserves slots, issues tickets
-  for misses and blocks that thread (a threading.Condition) until its slots are
-  ready; `prefetch` issues tickets for the next step and returns at once.
+- reader threads (or, over a tier stack that needs the loop, tier workers on the
+  event loop) read tickets into slots (edge0.runtime.fetcher, readers);
+- one compute thread (edge0.runtime.compute) builds and evaluates every MLX
+  graph; at each streamed layer it calls `acquire`, which claims the layer's
+  slots, issues tickets for misses and blocks that thread (a threading.Condition)
+  until its slots are ready; `prefetch` issues tickets for the next step and
+  returns at once.
 The slot pool (edge0.runtime.slots) is changed only under `self._lock`; its fence
 moves when compute has evaluated a layer's input (`acquire(fenced=True)`, or
-`evaluated` for route mode's deferred sync groups).
+`evaluated` for route mode's deferred sync groups). A step's prefetched sets
+are claimed together: the first `acquire` of a step that finds its layer's
+claim missing claims, in one pass, every later layer whose prefetched set is
+staged and ready, so the other layers' `acquire`s find their slots waiting.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import concurrent.futures
-import contextlib
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
-import attrs
+from typing import Any
 
 from edge0.errors import Edge0Error, TierReadError
-from edge0.log import get_logger
-from edge0.runtime.slotmem import SlotMemory
-from edge0.runtime.slots import SlotPool, SlotState
-from edge0.runtime.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
-from edge0.runtime.trace import Tracer
-from edge0.storage.tier import ExpertKey, Tier
+from edge0.runtime.compute import ComputeThread
+from edge0.runtime.fetcher import Fetcher, ReadStats
+from edge0.runtime.route_slots import RouteSlots
+from edge0.runtime.slots import SlotState
+from edge0.runtime.tickets import DEMAND, FetchTicket
 
-T = TypeVar("T")
-log = get_logger("edge0.runtime.scheduler")
+__all__ = ["ComputeThread", "FenceNeeded", "ReadStats", "Scheduler"]
 
 
 class FenceNeeded(Exception):
     """acquire found the pool full of slots that unevaluated graphs may still read."""
 
 
-class ComputeThread:
-    """One thread that runs every MLX job, in submission order.
+class Scheduler(RouteSlots, Fetcher):
+    """Issues fetch tickets, runs their reads, and hands compute its slots."""
 
-    Before it ends it releases the MLX streams it created (`mx.clear_streams`): a thread
-    that exits holding them aborts the process about one run in 40 (FACTS.md).
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="edge0-compute", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                job = self._jobs.get()
-                if job is None:
-                    return
-                fn, fut = job
-                if not fut.set_running_or_notify_cancel():
-                    continue
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                    fut.set_exception(exc)
-        finally:
-            _release_streams()
-
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._jobs.put((fn, fut))
-        return fut
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the compute thread and await its result without blocking the loop."""
-        return await asyncio.wrap_future(self.submit(fn))
-
-    def close(self) -> None:
-        """Finish the queued jobs, release the thread's MLX streams, and join it."""
-        self._jobs.put(None)
-        self._thread.join(timeout=30)
-        if self._thread.is_alive():
-            log.warning("compute_thread_stuck", waited_s=30)
-
-
-def _release_streams() -> None:
-    import mlx.core as mx
-
-    try:
-        mx.synchronize()  # nothing of this thread may still run on a stream it frees
-    except Exception as exc:  # noqa: BLE001 - a failed last job must not skip the release
-        log.warning("compute_sync_failed", error=str(exc))
-    mx.clear_streams()
-
-
-@attrs.define
-class ReadStats:
-    """Counters of the scheduler (cumulative; the engine takes differences per request)."""
-
-    issued: int = 0
-    demand: int = 0
-    prefetch: int = 0
-    consumed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    bytes: int = 0
-    hits: int = 0  # served from a cache tier
-    staged_hits: int = 0  # compute found the expert already staged or in flight
-    staged_misses: int = 0  # compute had to issue a demand read
-    fences: int = 0  # acquire found the pool full of unevaluated readers (FenceNeeded)
-    read_busy_s: float = 0.0  # wall time with at least one read in flight
-    by_tier: dict[str, int] = attrs.field(factory=dict)
-
-
-class Scheduler:
-    """Issues fetch tickets, runs the tier workers, and hands compute its slots."""
-
-    def __init__(
-        self,
-        tier: Tier,
-        memory: SlotMemory,
-        table: SlotPool,
-        layer_order: list[int],
-        tracer: Tracer,
-        workers: int = 2,
-    ) -> None:
-        self.tier = tier
-        self.memory = memory
-        self.table = table
-        self.order = {layer: i for i, layer in enumerate(layer_order)}
-        self.tracer = tracer
-        self.n_workers = workers
-        self.stats = ReadStats()
-        self.now = 0  # the step being computed
-        self.request = 0
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._loader: dict[tuple[int, int], FetchTicket] = {}  # (layer, slot) -> last ticket
-        self._errors: dict[tuple[int, int], BaseException] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: TicketQueue | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._in_flight = 0
-        self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
-        # (layer, step) -> experts prefetched for it: the only slots `acquire` may release
-        self._ahead: dict[tuple[int, int], set[int]] = {}
-        self._closed = False
-        self._busy_since = 0.0
-        self._intervals: collections.deque[tuple[float, float]] = collections.deque(maxlen=1 << 18)
-
-    # --- event loop side -------------------------------------------------------------
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._queue = TicketQueue()
-        self._tasks = [
-            asyncio.create_task(self._worker(i), name=f"edge0-tier-{i}")
-            for i in range(self.n_workers)
-        ]
-
-    async def aclose(self) -> None:
-        """Stop the workers; wake a compute thread still waiting for a read (it raises)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        self._tasks = []
-        with self._cond:
-            self._closed = True
-            for t in self._loader.values():
-                if t.outcome in ("queued", "running"):
-                    t.outcome = "cancelled"
-                    self.table.mark_failed(t.slot, t.layer, t.expert)
-            self._cond.notify_all()
-
-    def _enqueue(self, tickets: list[FetchTicket]) -> None:
-        assert self._queue is not None
-        for t in tickets:
-            self._queue.put(t)
-
-    async def _worker(self, wid: int) -> None:
-        assert self._queue is not None
-        while True:
-            t = await self._queue.get()
-            with self._lock:
-                if t.outcome != "queued":
-                    continue  # cancelled while queued
-                t.outcome, t.worker, t.started = "running", wid, time.perf_counter()
-                if self._in_flight == 0:
-                    self._busy_since = t.started
-                self._in_flight += 1
-            try:
-                info = await self.tier.read_into(
-                    ExpertKey(t.layer, t.expert), self.memory.dest(t.layer, t.slot)
-                )
-                if self.memory.widened:  # scales/biases into the compute dtype, off the loop
-                    await asyncio.to_thread(self.memory.widen, t.slot)
-            except asyncio.CancelledError:  # the engine is closing
-                self._finish(t, error=TierReadError("cancelled", layer=t.layer, expert=t.expert),
-                             quiet=True)  # fmt: skip
-                raise
-            except Exception as exc:  # noqa: BLE001 - any tier failure fails this read only
-                err = exc if isinstance(exc, Edge0Error) else TierReadError(
-                    f"{type(exc).__name__}: {exc}", layer=t.layer, expert=t.expert
-                )
-                self._finish(t, error=err)
-            else:
-                t.tier, t.nbytes, t.hit = info.tier, info.nbytes, info.hit
-                self._finish(t)
-            self.tracer.read(t)
-
-    def _finish(
-        self, t: FetchTicket, error: BaseException | None = None, quiet: bool = False
-    ) -> None:
-        with self._cond:
-            t.finished = time.perf_counter()
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self.stats.read_busy_s += t.finished - self._busy_since
-            self._intervals.append((t.started, t.finished))
-            if error is None:
-                t.outcome = "ok"
-                self.table.mark_ready(t.slot, t.layer, t.expert)
-                self.stats.bytes += t.nbytes
-                self.stats.hits += int(t.hit)
-                self.stats.by_tier[t.tier] = self.stats.by_tier.get(t.tier, 0) + 1
-            else:
-                t.outcome, t.error = ("cancelled" if quiet else "error"), error
-                self.stats.failed += int(not quiet)
-                self.table.mark_failed(t.slot, t.layer, t.expert)
-                self._errors[(t.layer, t.slot)] = error
-                if not quiet:
-                    log.warning("read_failed", layer=t.layer, expert=t.expert, error=str(error))
-            self._cond.notify_all()
-
-    def io_time(self, since: float, until: float) -> float:
-        """Wall time in [since, until] with at least one read in flight (union of reads)."""
-        with self._lock:
-            spans = sorted((max(a, since), min(b, until)) for a, b in self._intervals
-                           if b > since and a < until)  # fmt: skip
-        total, end = 0.0, since
-        for a, b in spans:
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        return total
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        # layer -> (experts, slots, table.steals when claimed): this step's claimed layers
+        self._claims: dict[int, tuple[list[int], list[int], int]] = {}
+        order = sorted(self.order, key=self.order.__getitem__)
+        self._later = {layer: order[i:] for i, layer in enumerate(order)}
 
     # --- compute thread side ------------------------------------------------------------
     def begin_request(self, request: int) -> None:
@@ -258,6 +51,8 @@ class Scheduler:
             self.table.clear_failed()
             self._errors.clear()
             self._ahead.clear()
+            self._planned.clear()
+            self._claims.clear()
             self._intervals.clear()  # read spans of earlier requests: io_time never asks again
 
     def forget_failures(self) -> None:
@@ -266,18 +61,6 @@ class Scheduler:
             self.table.clear_failed()
             self._errors.clear()
 
-    def end_request(self) -> int:
-        """The request ended: its prefetches still queued are cancelled, never read."""
-        n = 0
-        with self._lock:
-            for t in self._loader.values():
-                if t.outcome == "queued" and t.kind == PREFETCH and t.step > self.now:
-                    t.outcome = "cancelled"
-                    self.table.clear(t.slot)
-                    n += 1
-            self.stats.cancelled += n
-        return n
-
     def begin_step(self, step: int) -> None:
         """Compute starts `step`: every graph of earlier steps has been evaluated (the fence)."""
         with self._lock:
@@ -285,129 +68,16 @@ class Scheduler:
             self.table.advance(step - 1)
             for key in [k for k in self._ahead if k[1] < step]:
                 del self._ahead[key]  # predicted for a step that has passed
-
-    def _issue(
-        self, layer: int, step: int, expert: int, kind: str
-    ) -> tuple[int, FetchTicket | None] | None:
-        res = self.table.reserve(layer, expert, step)
-        if res is None:
-            return None
-        if not res.needs_read:
-            return res.slot, None
-        t = FetchTicket(self.request, step, layer, expert, res.slot, kind, self.order[layer])
-        self._loader[(layer, res.slot)] = t
-        self.stats.issued += 1
-        if kind == DEMAND:
-            self.stats.demand += 1
-        else:
-            self.stats.prefetch += 1
-        return res.slot, t
-
-    def _submit(self, tickets: list[FetchTicket]) -> None:
-        if not tickets:
-            return
-        if self._held is not None:  # inside `batched()`: one wake-up at its end
-            self._held.extend(tickets)
-            return
-        assert self._loop is not None, "Scheduler.start() was not awaited"
-        self._loop.call_soon_threadsafe(self._enqueue, tickets)
-
-    @contextlib.contextmanager
-    def batched(self) -> Iterator[None]:
-        """Prefetches issued inside reach the tier workers together: one event-loop wake-up."""
-        self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            self._submit(held)
-
-    def prefetch(self, layer: int, step: int, experts: list[int]) -> int:
-        """Stage `experts` of `layer` for `step` (one ahead); returns how many reads were issued."""
-        new = []
-        with self._lock:
-            ahead = self._ahead.get((layer, step))
-            if ahead is None:
-                self._ahead[(layer, step)] = set(experts)
-            else:
-                ahead.update(experts)
-            for e in experts:
-                got = self._issue(layer, step, e, PREFETCH)
-                if got is not None and got[1] is not None:
-                    new.append(got[1])
-            self._submit(new)
-        return len(new)
-
-    def servable(self, layer: int, experts: list[int]) -> set[int]:
-        """Those of `experts` of `layer` compute can have without waiting on storage: ready in
-        a slot, or held by the outermost tier's RAM cache (a copy; route policies)."""
-        table = self.table
-        with self._lock:
-            where = table.where[layer]
-            out = {e for e in experts if e in where and table.state(where[e]) is SlotState.READY}
-        if hasattr(type(self.tier), "__contains__"):  # a cache tier (tiers/ram.py)
-            out |= {e for e in experts if e not in out and ExpertKey(layer, e) in self.tier}  # type: ignore[operator]
-        return out
-
-    def keep(self, layer: int, step: int, experts: list[int]) -> int:
-        """Reserve `experts` of `layer` for `step` where a slot holds them (so no prefetch
-        takes their slots before `acquire`), and copy those the outermost tier caches in RAM
-        straight into free slots on the calling compute thread: a record copy instead of a
-        trip through the event loop and a worker. Returns how many were copied."""
-        table, n = self.table, 0
-        copy = getattr(self.tier, "copy_cached", None)
-        for e in experts:
-            with self._lock:
-                held = e in table.where[layer]
-                res = table.reserve(layer, e, step) if held or copy is not None else None
-            if res is None or held or copy is None:
-                continue
-            t0 = time.perf_counter()
-            nbytes = copy(ExpertKey(layer, e), self.memory.dest(layer, res.slot))
-            if nbytes and self.memory.widened:
-                self.memory.widen(res.slot)
-            with self._cond:
-                if not nbytes:  # evicted since it was asked: `acquire` reads it
-                    table.clear(res.slot)
-                    continue
-                table.mark_ready(res.slot, layer, e)
-                self._intervals.append((t0, time.perf_counter()))
-                self.stats.bytes += nbytes
-                self.stats.hits += 1
-                self.stats.by_tier[self.tier.name] = self.stats.by_tier.get(self.tier.name, 0) + 1
-                n += 1
-        return n
-
-    def fetch_within(self, layer: int, step: int, experts: list[int], timeout_s: float) -> set[int]:
-        """Read `experts` of `layer` for `step` (demand) and wait at most `timeout_s`; return
-        those ready by then. The others go on loading (used later if still staged) or are
-        released by `acquire`; an expert without a free slot is not waited for."""
-        table, end = self.table, time.perf_counter() + timeout_s
-        with self._cond:
-            slots: dict[int, int] = {}
-            new: list[FetchTicket] = []
-            for e in experts:
-                got = self._issue(layer, step, e, DEMAND)
-                if got is not None:
-                    slots[e] = got[0]
-                    new += [got[1]] if got[1] is not None else []
-            self._submit(new)
-            while True:
-                loading = [s for s in slots.values() if table.state(s) is SlotState.LOADING]
-                left = end - time.perf_counter()
-                if not loading or left <= 0 or self._closed:
-                    break
-                self._cond.wait(left)
-            return {e for e, s in slots.items() if table.state(s) is SlotState.READY}
+                self._planned.pop(key, None)
+            self._claims.clear()
 
     def evaluated(self, step: int, layer: int) -> None:
         """Compute evaluated every graph of `step` before `layer` (their slots may be reused)."""
         order = self.order.get(layer)
         if order is None:
             return
-        with self._cond:
+        with self._lock:  # (nobody waits for this: compute itself is the only waiter)
             self.table.advance(step, order - 1)
-            self._cond.notify_all()
 
     def acquire(self, layer: int, step: int, experts: list[int], fenced: bool = True) -> list[int]:
         """Slots holding `experts` of `layer`, ready for `step`; blocks until they are.
@@ -421,6 +91,16 @@ class Scheduler:
         with self._cond:
             if fenced:
                 table.advance(step, table.order[layer] - 1)
+            claim = self._claims.pop(layer, None)
+            if claim is None and (layer, step) in self._planned:
+                self._claim_step(step, layer)  # this and every later layer staged by now
+                claim = self._claims.pop(layer, None)
+            if claim is not None and claim[2] == table.steals and claim[0] == experts:
+                self._ahead.pop((layer, step), None)
+                self._planned.pop((layer, step), None)
+                self.stats.staged_hits += len(experts)
+                self._consume(layer, claim[1], experts)
+                return claim[1]
             self._release_unneeded(layer, step, experts)
             staged = table.claim(layer, experts, step)
             if staged is not None:  # every expert staged and ready: no ticket, no wait
@@ -459,6 +139,20 @@ class Scheduler:
             self._consume(layer, slots, experts)
         return slots
 
+    def _claim_step(self, step: int, first: int) -> None:
+        """Claim, in one pass, the slots of `first` and of every later layer whose one
+        prefetched set for `step` is staged and ready (no read, no wait): their acquire
+        then only checks that the set asked is that set and that no slot was stolen since.
+        Only a steal takes a claimed slot (its reader, this step's layer, is not evaluated)."""
+        table, planned, claims = self.table, self._planned, self._claims
+        for layer in self._later[first]:
+            experts = planned.get((layer, step))
+            if experts is None or layer in claims:
+                continue
+            slots = table.claim(layer, experts, step)
+            if slots is not None:
+                claims[layer] = (experts, slots, table.steals)
+
     def _consume(self, layer: int, slots: list[int], experts: list[int]) -> None:
         """Compute reads these slots: the tickets that filled them were used."""
         loader = self._loader
@@ -479,6 +173,7 @@ class Scheduler:
         Only a prefetch for (`layer`, `step`) gives a slot that reader before this acquire.
         """
         ahead = self._ahead.pop((layer, step), None)
+        self._planned.pop((layer, step), None)
         if not ahead:
             return
         table = self.table

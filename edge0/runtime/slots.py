@@ -99,9 +99,14 @@ class SlotPool:
         if tag <= self.evaluated:
             return
         self.evaluated = tag
-        while self._tags and self._tags[0] <= tag:
-            for s in self._readers.pop(heapq.heappop(self._tags)):
-                self._settle(s)
+        tags, readers, slots = self._tags, self._readers, self.slots
+        free, held, loading = self._free, self._held, SlotState.LOADING
+        while tags and tags[0] <= tag:
+            for s in readers.pop(heapq.heappop(tags)):  # `_settle`, inlined: the hot loop
+                if slots[s].state is loading:
+                    held.add(s)
+                else:
+                    free[s] = None
 
     def _settle(self, s: int) -> None:
         """File slot `s` (whose reader is evaluated) as free, or held while it loads."""

@@ -1,12 +1,15 @@
 """The storage-tier contract: read one expert record into a caller's buffer; close.
 
-A tier is any object with `read_into` and `aclose`. Tiers compose: a RAM cache
+A tier is any object with `read_into` and `aclose`; one that can also read on
+any thread says so (`blocking` and `read_blocking`: the scheduler's reader
+threads then read without the event loop). Tiers compose: a RAM cache
 wraps a throttle that wraps a disk tier. Concrete tiers live in the top-level
 `tiers/` package and are found by name through the `edge0.tiers` entry points.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -54,3 +57,15 @@ class Tier(Protocol):
     async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo: ...
 
     async def aclose(self) -> None: ...
+
+
+BlockingRead = Callable[[ExpertKey, memoryview], ReadInfo]
+
+
+def blocking_read(tier: Tier) -> BlockingRead | None:
+    """The tier's `read_blocking` (a read on the calling thread, safe from any thread) when it
+    has one and says so (`blocking`, True only if every tier it wraps reads that way too)."""
+    if not getattr(tier, "blocking", False):
+        return None
+    read: BlockingRead | None = getattr(tier, "read_blocking", None)
+    return read
