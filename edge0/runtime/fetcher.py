@@ -25,7 +25,7 @@ from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotPool
 from edge0.runtime.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
 from edge0.runtime.trace import Tracer
-from edge0.storage.tier import BlockingRead, ExpertKey, Tier, blocking_read
+from edge0.storage.tier import BlockingRead, ExpertKey, ReadInfo, Tier, blocking_read
 
 log = get_logger("edge0.runtime.scheduler")
 
@@ -145,13 +145,20 @@ class Fetcher:
         """One read on a reader thread, start to finish (the loop takes no part)."""
         if not self._begin(t, wid):
             return
+        assert self._blocking is not None
+        info: ReadInfo | Exception
         try:
-            assert self._blocking is not None
             info = self._blocking(ExpertKey(t.layer, t.expert), self.memory.dest(t.layer, t.slot))
             if self.memory.widened:  # scales/biases into the compute dtype
                 self.memory.widen(t.slot)
         except Exception as exc:  # noqa: BLE001 - any tier failure fails this read only
-            self._finish(t, error=_read_error(t, exc))
+            info = exc
+        self._complete(t, info)
+
+    def _complete(self, t: FetchTicket, info: ReadInfo | Exception) -> None:
+        """A read's outcome (what the tier returned, or its failure) into the slot table."""
+        if isinstance(info, Exception):
+            self._finish(t, error=_read_error(t, info))
         else:
             t.tier, t.nbytes, t.hit = info.tier, info.nbytes, info.hit
             self._finish(t)
@@ -163,6 +170,7 @@ class Fetcher:
             t = await self._queue.get()
             if not self._begin(t, wid):
                 continue  # cancelled while queued
+            info: ReadInfo | Exception
             try:
                 info = await self.tier.read_into(
                     ExpertKey(t.layer, t.expert), self.memory.dest(t.layer, t.slot)
@@ -174,11 +182,8 @@ class Fetcher:
                              quiet=True)  # fmt: skip
                 raise
             except Exception as exc:  # noqa: BLE001 - any tier failure fails this read only
-                self._finish(t, error=_read_error(t, exc))
-            else:
-                t.tier, t.nbytes, t.hit = info.tier, info.nbytes, info.hit
-                self._finish(t)
-            self.tracer.read(t)
+                info = exc
+            self._complete(t, info)
 
     def _finish(
         self, t: FetchTicket, error: BaseException | None = None, quiet: bool = False

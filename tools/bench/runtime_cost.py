@@ -10,7 +10,9 @@ side with this one; `@G` sets `sync_every` (route; checkouts that have it).
         --variants before:resident,before:route,now:resident,now:route --rounds 3
     .venv/bin/python tools/bench/runtime_cost.py MODEL --variants now:route --clients 4
 
-Prints one row per variant (medians over every measured request) and, per tree,
+Prints one row per variant (medians over every measured request; `loop CPU
+ms/token` is the event-loop thread's CPU time over a run's measured requests
+per token generated, a figure the machine's load inflates less than lag) and, per tree,
 the per-round route / resident ratio of compute-thread CPU per layer; with
 `--json` also every request's stats and tokens.
 """
@@ -54,11 +56,17 @@ async def main():
             import cProfile, time
             prof = cProfile.Profile(time.thread_time)
             await eng._compute.run(prof.enable)
+        import time
+        c0 = time.thread_time()  # this thread is the event loop's
         if args["clients"] > 1:
             await asyncio.gather(*(one(p) for p in ids[: args["clients"]]))
         else:
             for p in ids:
                 await one(p)
+        loop_cpu = time.thread_time() - c0
+        n_tok = sum(len(r["tokens"]) for r in out)
+        for r in out:  # the event loop's CPU time over the measured requests, per token
+            r["stats"]["loop_cpu_ms_per_token"] = loop_cpu / max(n_tok, 1) * 1e3
         if prof is not None:
             await eng._compute.run(prof.disable)
             prof.dump_stats(args["profile"])
@@ -74,6 +82,7 @@ COLUMNS = (
     ("blocked ms/step", "blocked_ms_per_step", "{:.2f}"),
     ("loop lag max ms", "loop_max_lag_ms", "{:.1f}"),
     ("loop lag p99 ms", "loop_p99_lag_ms", "{:.1f}"),
+    ("loop CPU ms/token", "loop_cpu_ms_per_token", "{:.2f}"),
 )
 
 
