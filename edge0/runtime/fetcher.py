@@ -291,7 +291,6 @@ class Fetcher:
         return len(new)
 
 
-
 def _read_error(t: FetchTicket, exc: Exception) -> BaseException:
     """A tier's failure as the error compute raises (an Edge0Error naming layer and expert)."""
     if isinstance(exc, Edge0Error):
