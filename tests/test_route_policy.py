@@ -80,13 +80,13 @@ def test_a_long_finite_deadline_waits_for_the_true_experts(
     assert any(r["kind"] == DEMAND for r in decode_reads(eng))  # the temporal guess missed
 
 
-def test_everything_in_ram_is_servable_so_available_first_is_exact_at_deadline_zero(
+def test_everything_in_ram_is_servable_so_available_first_sync_is_exact_at_deadline_zero(
     stores: dict[str, Path], tmp_path: Path
 ) -> None:
     path = stores["qwen3_5_moe"]
     ref, _ = decode(path, mode="resident", top_k=1)
     got, eng = decode(path, warm_cache=True, mode="route", predictor="temporal", top_k=1,
-                      tiers="ram:64MiB>pread", route_policy="available-first",
+                      tiers="ram:64MiB>pread", route_policy="available-first-sync",
                       route_deadline_ms=0.0, trace=tmp_path / "t.json")  # fmt: skip
     assert got == ref
     assert eng.last_stats.route_recall == 1.0
@@ -94,7 +94,7 @@ def test_everything_in_ram_is_servable_so_available_first_is_exact_at_deadline_z
     assert not any(r["kind"] == DEMAND for r in decode_reads(eng))
 
 
-@pytest.mark.parametrize("policy", ["available-first", "deadline"])
+@pytest.mark.parametrize("policy", ["available-first", "available-first-sync", "deadline"])
 def test_deadline_zero_never_reads_on_demand(
     stores: dict[str, Path], policy: str, tmp_path: Path
 ) -> None:

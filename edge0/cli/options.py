@@ -10,7 +10,7 @@ import click
 # the decode modes (edge0.runtime.runner.MODES; repeated here so `edge0 --help` does not import MLX)
 MODES = ("resident", "reactive", "hint", "route")
 # route policies (edge0.runtime.policy.POLICIES, repeated for the same reason)
-ROUTE_POLICIES = ("predicted", "available-first", "deadline")
+ROUTE_POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
 # the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
                 "context", "trace_file", "run_log_json", "io_workers", "adapter",

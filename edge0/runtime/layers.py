@@ -52,6 +52,10 @@ class SlotExperts:
         self.scheduler: Scheduler | None = None  # attached once the tier stack is open
 
     def index(self, experts: list[int], inds: mx.array) -> mx.array:
+        return mx.array([[self.acquire(experts)]], dtype=mx.uint32)  # (1, 1, K) slot indices
+
+    def acquire(self, experts: list[int]) -> list[int]:
+        """The slots of `experts` for this step, once staged (blocks on their reads)."""
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         steps = self.steps
         t0 = time.perf_counter()
@@ -65,7 +69,7 @@ class SlotExperts:
             slots = self.scheduler.acquire(self.layer, steps.step, experts)
         # wall time only: blocked on reads costs no CPU, the slot bookkeeping is overhead
         steps.span("wait", self.layer, t0, time.perf_counter())
-        return mx.array([[slots]], dtype=mx.uint32)  # (1, 1, K) slot indices
+        return slots
 
 
 class Lookahead:
@@ -79,8 +83,18 @@ class Lookahead:
         self.scheduler: Scheduler | None = None  # attached once the tier stack is open
         self.on_host: bool | None = None  # the predictor decides on the host (known once run)
 
-    def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
-        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor)."""
+    def graph(
+        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int, wide: bool = False
+    ) -> mx.array | None:
+        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor);
+        `wide`: followed by the wider prediction of an in-graph route policy (for `issue`)."""
+        policy = self.steps.policy
+        m = policy.width(k) if wide and policy is not None else k
+        ranked = getattr(self.predictor, "ranked", None)
+        if m > k and ranked is not None:  # in-graph available-first: the plan, then extras
+            self.on_host = False
+            got: mx.array | None = ranked(self.layer, x, inds, prev, m)
+            return got
         got = self.predictor.graph(self.layer, x, inds, prev, k)
         self.on_host = got is None
         return got
@@ -100,8 +114,11 @@ class Lookahead:
             steps.span("predict", self.layer, t0, time.perf_counter())
         if got is None:
             return
+        got, wide = got[:k], got[k:]
         self.target.offer(steps.step + 1, got)
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
+        if wide:  # the wider prediction: staged by the target layer if cached (DeviceChoice)
+            self.target.extras[(steps.step + 1) & 1] = (steps.step + 1, wide)
         self.scheduler.prefetch(self.target.layer, steps.step + 1, got)
 
 
@@ -119,6 +136,7 @@ class LayerStream:
         # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
         # in the step predicts step t+1 before this layer has used its plan for step t
         self.plans: list[tuple[int, list[int]] | None] = [None, None]
+        self.extras: list[tuple[int, list[int]] | None] = [None, None]  # staged beside a plan
         self.prev_experts: list[int] | None = None  # executed at the previous step
         self.prev_inds: mx.array | None = None
 
@@ -132,11 +150,22 @@ class LayerStream:
     def reset(self) -> None:
         """A new request: nothing predicted, no previous step."""
         self.plans = [None, None]
+        self.extras = [None, None]
         self.prev_experts = self.prev_inds = None
 
     def offer(self, step: int, experts: list[int]) -> None:
         """The owner's prediction of this layer's experts at `step`."""
         self.plans[step & 1] = (step, experts)
+
+    def extras_for(self, step: int) -> list[int]:
+        """The cached experts of the wider prediction staged for `step` beside its plan."""
+        got = self.extras[step & 1]
+        return got[1] if got is not None and got[0] == step else []
+
+    def acquire(self, experts: list[int]) -> list[int]:
+        """The slots of `experts` (a streamed layer) for this step, once staged."""
+        assert isinstance(self.experts, SlotExperts), f"layer {self.layer} has no slots"
+        return self.experts.acquire(experts)
 
     @property
     def plan(self) -> tuple[int, list[int]] | None:
@@ -169,7 +198,7 @@ class LayerStream:
         """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
         steps = self.steps
         head = self.head if steps.prefetching else None
-        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        pred = head.graph(x, inds, self.prev_inds, self.top_k, True) if head is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
         steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
@@ -187,11 +216,15 @@ class LayerStream:
         if work.true_inds is not None:
             true = work.true_inds.tolist()[0][0]  # type: ignore[index,assignment]  # (1, 1, K)
         experts = work.experts if work.experts is not None else true
+        if work.chosen is not None:  # the in-graph route policy's choice was the routing
+            experts = work.chosen.reshape(-1).tolist()  # type: ignore[assignment]
         assert experts is not None
         if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
-        if true is not None and work.experts is not None and steps.policy is None:
-            steps.count_recall(work.experts, true)  # the prediction was the routing
+        if true is not None and work.experts is not None and (
+            steps.policy is None or work.chosen is not None
+        ):
+            steps.count_recall(experts, true)  # the prediction (or the choice) was the routing
         self.prev_experts = experts
         if work.head is not None:
             work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)
@@ -238,13 +271,14 @@ class RoutedStream(LayerStream):
                 groups.flush([])
             return super().route(x, true_inds, inds, w, planned)
         head = self.head if steps.prefetching else None
-        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
-        read_true = planned is None or steps.recording is not None or (
+        pred = head.graph(x, inds, self.prev_inds, self.top_k, True) if head is not None else None
+        chosen = inds if steps.policy is not None and steps.policy.on_device else None
+        read_true = planned is None or steps.recording is not None or chosen is not None or (
             head is not None and pred is None)  # fmt: skip
         assert true_inds is not None or not read_true, "needs_true() said no true set"
 
         steps.cur.layers += 1
         self.prev_inds = inds
         groups.add(Deferred(self, x, true_inds if read_true else None, pred, planned,
-                            self.prev_experts, head))  # fmt: skip
+                            self.prev_experts, head, chosen))  # fmt: skip
         return planned if planned is not None else []  # [] only for resident experts (unused)

@@ -3,12 +3,21 @@ and what can be served without waiting on storage.
 
 `predicted` is route mode as the paper runs it: the set predicted one token ahead
 is the routing (no policy object; the block never reads the router on the host).
+
+- `available-first` (at deadline 0 with deferred syncs, --sync-every > 1: the
+  default) chooses in the graph (edge0.runtime.policy_graph): the K best experts
+  by true routing (the family's true top-K first, then by score) among those
+  ready in a slot when the layer is built: the predicted set, the RAM-cached
+  experts of a wider prediction (2K) staged with it, and a few slots of earlier
+  steps. No host sync beyond `predicted`'s. With a deadline above 0, or one sync
+  per layer, it runs as `available-first-sync`.
+
 The other policies read the layer's true router scores back (one host sync per
 routed layer, which --sync-every cannot defer) and choose, per layer:
 
-- `available-first`: the K best experts by true routing (the family's true top-K
-  first, then by score) among the predicted set (staged for this step) and those
-  servable now: ready in a slot, or in the outermost tier's RAM cache; missing
+- `available-first-sync`: the K best experts by true routing among the predicted
+  set (staged for this step) and those servable now: ready in a slot, or in the
+  outermost tier's RAM cache (copied into a slot on the compute thread); missing
   true experts are demand-read and waited for at most the deadline;
 - `deadline`: the same, plus a second horizon: after layer l's routing, a
   same-token head (prerouter-layer.*, or the training-free next-router rule)
@@ -30,12 +39,13 @@ import mlx.core as mx
 
 from edge0.errors import ConfigError
 from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.policy_graph import WIDTH, DeviceChoice, wide_k
 
 if TYPE_CHECKING:
     from edge0.runtime.layers import LayerStream
     from edge0.runtime.steps import Steps
 
-POLICIES = ("predicted", "available-first", "deadline")
+POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
 DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
 
@@ -48,8 +58,21 @@ def check_policy(name: str, deadline_ms: float | None) -> None:
         raise ConfigError(f"--route-deadline-ms must be 0 or more (or inf), got {deadline_ms}")
 
 
+def in_graph(name: str, deadline_ms: float, grouped: bool) -> bool:
+    """Whether the policy chooses on the device (no readback): available-first at deadline 0
+    with deferred syncs (a wait for a true expert, or --sync-every 1, runs it on the host)."""
+    return name == "available-first" and deadline_ms == 0 and grouped
+
+
+def staged_k(name: str, deadline_ms: float | None, grouped: bool, k: int, n_experts: int) -> int:
+    """Experts per layer a step may stage (the slot pool's K): the wider set in the graph."""
+    deadline = DEFAULT_DEADLINE_MS if deadline_ms is None else deadline_ms
+    return wide_k(k, n_experts) if in_graph(name, deadline, grouped) else k
+
+
 class RoutePolicy:
-    """One engine's policy (available-first or deadline): `choose` per routed layer-step."""
+    """One engine's policy (not `predicted`): `choose` per routed layer-step on the host, or
+    `device` (in the graph, `on_device`)."""
 
     def __init__(
         self, name: str, deadline_ms: float, steps: Steps,
@@ -60,6 +83,12 @@ class RoutePolicy:
         self.steps = steps
         self.layer_heads = heads = layer_heads if name == "deadline" else None
         self.ahead: dict[int, int] = dict(heads.target) if heads is not None else {}
+        self.on_device = in_graph(name, deadline_ms, steps.groups is not None)
+        self.device = DeviceChoice()
+
+    def width(self, k: int) -> int:
+        """Experts of the wider prediction each layer owns (K: none beyond the plan)."""
+        return WIDTH * k if self.on_device else k
 
     @property
     def exact(self) -> bool:
