@@ -58,6 +58,13 @@ def check_policy(name: str, deadline_ms: float | None) -> None:
         raise ConfigError(f"--route-deadline-ms must be 0 or more (or inf), got {deadline_ms}")
 
 
+def host_rank(true: list[int], scores: list[float]) -> list[int]:
+    """Every expert, best first: the true top-K in the router's order, then by true score
+    (ties by expert index). The choice is the first K of these that are servable."""
+    head = set(true)
+    return true + sorted((e for e in range(len(scores)) if e not in head), key=lambda e: -scores[e])
+
+
 def in_graph(name: str, deadline_ms: float, grouped: bool) -> bool:
     """Whether the policy chooses on the device (no readback): available-first at deadline 0
     with deferred syncs (a wait for a true expert, or --sync-every 1, runs it on the host)."""
@@ -120,9 +127,7 @@ class RoutePolicy:
         steps, k = self.steps, len(planned)
         sched = steps.scheduler
         assert sched is not None, "Steps.attach(scheduler) was not called"
-        s: list[float] = scores.reshape(-1).tolist()  # type: ignore[assignment]  # (E,)
-        head = set(true)
-        rank = true + sorted((e for e in range(len(s)) if e not in head), key=lambda e: -s[e])
+        rank = host_rank(true, scores.reshape(-1).tolist())  # type: ignore[arg-type]  # (E,)
         # the predicted set was staged for this step (compute waits for it as `predicted`
         # does): never worse than the prediction, by true score
         now = sched.servable(layer, rank) | set(planned)
