@@ -10,12 +10,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import build_store
+from runtime_helpers import PROMPT, MockTier, build_store
 from test_route_policy import _decode
 
 from edge0.routing.families import family_for
-from edge0.runtime.policy import host_rank, in_graph, staged_k
+from edge0.runtime.engine import Engine
+from edge0.runtime.policy import host_rank, in_graph, route_slots
 from edge0.runtime.policy_graph import choose_graph
+from edge0.runtime.slots import SlotState
 
 N = 10
 
@@ -59,9 +61,12 @@ def test_which_configurations_choose_in_the_graph() -> None:
     assert not in_graph("available-first", 5.0, grouped=True)  # waits: on the host
     assert not in_graph("available-first", 0.0, grouped=False)  # --sync-every 1
     assert not in_graph("available-first-sync", 0.0, grouped=True)
-    assert staged_k("available-first", None, True, 2, 32) == 4  # the pool stages 2K per layer
-    assert staged_k("available-first", None, True, 4, 6) == 6
-    assert staged_k("predicted", None, True, 2, 32) == 2
+    # the pool grows into a cache of 8K experts per layer, within 64 MiB, never past all
+    assert route_slots("available-first", None, True, 18, 2, 32, 7, 65536) == 16 * 9
+    assert route_slots("available-first", None, True, 18, 2, 8, 7, 65536) == 8 * 7 + 18
+    assert route_slots("available-first", None, True, 336, 8, 256, 40, 1 << 21) == 336 + 32
+    assert route_slots("predicted", None, True, 18, 2, 32, 7, 65536) == 18
+    assert route_slots("available-first", 1.0, True, 18, 2, 32, 7, 65536) == 18
 
 
 @pytest.fixture(scope="module")
@@ -73,23 +78,33 @@ def decode(path: Path, **opts: Any) -> tuple[list[int], Any]:
     return asyncio.run(_decode(path, **opts))
 
 
-def test_staged_wide_prediction_covering_every_expert_is_exact_routing(store: Path) -> None:
-    """K = 4 of 8 experts: the wider prediction (2K) names all 8 and the warm RAM cache serves
-    them, so every layer's candidates hold the true top-K: greedy tokens equal resident, the
-    recall is 1, the host-side choice decodes the same, and the step has exactly
-    `predicted`'s host syncs. (One-token prefill: a
-    prompt chunk plans the first decode step without the wider prediction.)"""
-    ref, _ = decode(store, mode="resident", top_k=4)
-    kw: dict[str, Any] = dict(warm_cache=True, mode="route", predictor="init", top_k=4,
-                              tiers="ram:64MiB>pread", prefill_chunk=1)  # fmt: skip
+async def _decode_staged(path: Path, **opts: Any) -> tuple[list[int], Any]:
+    """Decode after every streamed expert was read into the slot pool (the in-graph choice's
+    pool holds them all: nothing is evicted afterwards)."""
+    async with Engine.open(path, tiers=MockTier(path), **opts) as eng:
+        sched = eng.setup.scheduler
+        for layer in sched.table.where:
+            sched.prefetch(layer, sched.now + 1, list(range(eng.setup.manifest.n_experts)))
+        while any(s.state is not SlotState.READY for s in sched.table.slots if s.layer >= 0):
+            await asyncio.sleep(0.01)
+        toks = [t async for t in eng.tokens(PROMPT, max_tokens=N, stop=False)]
+        return toks, eng
+
+
+def test_a_pool_holding_every_expert_makes_the_graph_choice_exact(store: Path) -> None:
+    """Every expert staged: every layer's candidates hold the true top-K, so the in-graph
+    choice is exact routing: greedy tokens equal resident, the recall is 1, and the step has exactly `predicted`'s host syncs."""
+    ref, _ = decode(store, mode="resident")
+    kw: dict[str, Any] = dict(mode="route", predictor="init")
     _, pred = decode(store, **kw)
-    got, eng = decode(store, route_policy="available-first", **kw)
-    host, _ = decode(store, route_policy="available-first-sync", **kw)
+    got, eng = asyncio.run(_decode_staged(store, route_policy="available-first", **kw))
     assert eng.setup.ctx.policy.on_device
-    assert got == ref == host  # the graph's choice and the host's agree: both exact here
+    assert eng.setup.scheduler.table.n_slots >= 8 * 3  # the grown pool: all 8 x 3 experts
+    assert got == ref  # as the host-side choice with every expert in RAM (test_route_policy)
     assert eng.last_stats.route_recall == 1.0
     assert eng.last_stats.syncs_per_token == pred.last_stats.syncs_per_token
     assert eng.last_stats.syncs_per_token < 3  # one group of the 3 streamed layers + the fence
+    assert eng.setup.scheduler.stats.demand == 0  # nothing was read on demand
 
 
 def test_the_host_choice_costs_a_sync_per_routed_layer_the_graph_choice_none(store: Path) -> None:

@@ -100,22 +100,12 @@ class HeadPredictor:
         self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
     ) -> mx.array | None:
         """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d))."""
-        return mx.argpartition(-self._logits(layer, x, executed, prev), kth=k - 1, axis=-1)[:k]
-
-    def ranked(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, m: int
-    ) -> mx.array:
-        """(m,) the target layer's experts at t+1 by descending predicted logit, lazy (its
-        first k are `graph`'s set, ties aside)."""
-        return mx.argsort(-self._logits(layer, x, executed, prev), axis=-1)[:m]
-
-    def _logits(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None
-    ) -> mx.array:
         if self.hidden_only:  # untrained lean heads: the sets are not inputs
-            return self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
-        return self.heads.predict(layer, x.reshape(-1), executed.reshape(-1),
-                                  None if prev is None else prev.reshape(-1))  # (E,)
+            logits = self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
+        else:
+            logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1),
+                                        None if prev is None else prev.reshape(-1))  # (E,)
+        return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
 
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],

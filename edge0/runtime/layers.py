@@ -83,18 +83,8 @@ class Lookahead:
         self.scheduler: Scheduler | None = None  # attached once the tier stack is open
         self.on_host: bool | None = None  # the predictor decides on the host (known once run)
 
-    def graph(
-        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int, wide: bool = False
-    ) -> mx.array | None:
-        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor);
-        `wide`: followed by the wider prediction of an in-graph route policy (for `issue`)."""
-        policy = self.steps.policy
-        m = policy.width(k) if wide and policy is not None else k
-        ranked = getattr(self.predictor, "ranked", None)
-        if m > k and ranked is not None:  # in-graph available-first: the plan, then extras
-            self.on_host = False
-            got: mx.array | None = ranked(self.layer, x, inds, prev, m)
-            return got
+    def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
+        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor)."""
         got = self.predictor.graph(self.layer, x, inds, prev, k)
         self.on_host = got is None
         return got
@@ -114,11 +104,8 @@ class Lookahead:
             steps.span("predict", self.layer, t0, time.perf_counter())
         if got is None:
             return
-        got, wide = got[:k], got[k:]
         self.target.offer(steps.step + 1, got)
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
-        if wide:  # the wider prediction: staged by the target layer if cached (DeviceChoice)
-            self.target.extras[(steps.step + 1) & 1] = (steps.step + 1, wide)
         self.scheduler.prefetch(self.target.layer, steps.step + 1, got)
 
 
@@ -136,7 +123,6 @@ class LayerStream:
         # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
         # in the step predicts step t+1 before this layer has used its plan for step t
         self.plans: list[tuple[int, list[int]] | None] = [None, None]
-        self.extras: list[tuple[int, list[int]] | None] = [None, None]  # staged beside a plan
         self.prev_experts: list[int] | None = None  # executed at the previous step
         self.prev_inds: mx.array | None = None
 
@@ -150,17 +136,11 @@ class LayerStream:
     def reset(self) -> None:
         """A new request: nothing predicted, no previous step."""
         self.plans = [None, None]
-        self.extras = [None, None]
         self.prev_experts = self.prev_inds = None
 
     def offer(self, step: int, experts: list[int]) -> None:
         """The owner's prediction of this layer's experts at `step`."""
         self.plans[step & 1] = (step, experts)
-
-    def extras_for(self, step: int) -> list[int]:
-        """The cached experts of the wider prediction staged for `step` beside its plan."""
-        got = self.extras[step & 1]
-        return got[1] if got is not None and got[0] == step else []
 
     def acquire(self, experts: list[int]) -> list[int]:
         """The slots of `experts` (a streamed layer) for this step, once staged."""
@@ -198,7 +178,7 @@ class LayerStream:
         """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
         steps = self.steps
         head = self.head if steps.prefetching else None
-        pred = head.graph(x, inds, self.prev_inds, self.top_k, True) if head is not None else None
+        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
         steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
@@ -271,7 +251,7 @@ class RoutedStream(LayerStream):
                 groups.flush([])
             return super().route(x, true_inds, inds, w, planned)
         head = self.head if steps.prefetching else None
-        pred = head.graph(x, inds, self.prev_inds, self.top_k, True) if head is not None else None
+        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         chosen = inds if steps.policy is not None and steps.policy.on_device else None
         read_true = planned is None or steps.recording is not None or chosen is not None or (
             head is not None and pred is None)  # fmt: skip

@@ -7,10 +7,11 @@ is the routing (no policy object; the block never reads the router on the host).
 - `available-first` (at deadline 0 with deferred syncs, --sync-every > 1: the
   default) chooses in the graph (edge0.runtime.policy_graph): the K best experts
   by true routing (the family's true top-K first, then by score) among those
-  ready in a slot when the layer is built: the predicted set, the RAM-cached
-  experts of a wider prediction (2K) staged with it, and a few slots of earlier
-  steps. No host sync beyond `predicted`'s. With a deadline above 0, or one sync
-  per layer, it runs as `available-first-sync`.
+  ready in a slot when the layer is built: the predicted set and whatever else of
+  the layer the slot pool still holds (the pool is grown into a device-side cache
+  for it, `route_slots`). No host sync beyond `predicted`'s, no record copies.
+  With a deadline above 0, or one sync per layer, it runs as
+  `available-first-sync`.
 
 The other policies read the layer's true router scores back (one host sync per
 routed layer, which --sync-every cannot defer) and choose, per layer:
@@ -39,7 +40,7 @@ import mlx.core as mx
 
 from edge0.errors import ConfigError
 from edge0.routing.prerouter import PrerouterSet
-from edge0.runtime.policy_graph import WIDTH, DeviceChoice, wide_k
+from edge0.runtime.policy_graph import DeviceChoice, pool_slots
 
 if TYPE_CHECKING:
     from edge0.runtime.layers import LayerStream
@@ -71,10 +72,15 @@ def in_graph(name: str, deadline_ms: float, grouped: bool) -> bool:
     return name == "available-first" and deadline_ms == 0 and grouped
 
 
-def staged_k(name: str, deadline_ms: float | None, grouped: bool, k: int, n_experts: int) -> int:
-    """Experts per layer a step may stage (the slot pool's K): the wider set in the graph."""
+def route_slots(
+    name: str, deadline_ms: float | None, grouped: bool, base: int, k: int, n_experts: int,
+    layers: int, record_size: int,
+) -> int:  # fmt: skip
+    """Slots of the pool: `base`, grown into a device-side cache for the in-graph choice."""
     deadline = DEFAULT_DEADLINE_MS if deadline_ms is None else deadline_ms
-    return wide_k(k, n_experts) if in_graph(name, deadline, grouped) else k
+    if not in_graph(name, deadline, grouped):
+        return base
+    return pool_slots(base, k, n_experts, layers, record_size)
 
 
 class RoutePolicy:
@@ -92,10 +98,6 @@ class RoutePolicy:
         self.ahead: dict[int, int] = dict(heads.target) if heads is not None else {}
         self.on_device = in_graph(name, deadline_ms, steps.groups is not None)
         self.device = DeviceChoice()
-
-    def width(self, k: int) -> int:
-        """Experts of the wider prediction each layer owns (K: none beyond the plan)."""
-        return WIDTH * k if self.on_device else k
 
     @property
     def exact(self) -> bool:

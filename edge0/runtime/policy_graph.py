@@ -1,17 +1,17 @@
-"""The available-first choice made in the graph: a masked top-K over the staged candidates.
+"""The available-first choice made in the graph: a masked top-K over the experts in slots.
 
-The host knows, without reading anything back, which experts of a layer sit ready in
-a slot when the layer is built (the slot table is host state): the predicted set
-(staged for this step; compute waits for it as `predicted` does), the wider
-prediction's RAM-cached experts staged with it (`DeviceChoice.width`), and a few
-slots still holding the layer's experts of earlier steps. Those candidates go to
-the device as a (E,) mask and a (E,) expert->slot lookup; the graph ranks the
-experts as the host policy does (the family's true top-K first, in the router's
-order, then by true score), keeps the K best candidates, takes their gate weights
-from the true scores (the router's own weights when the chosen set is the true
-top-K) and gathers their slots. No host sync beyond `predicted`'s: the chosen set
-is read back with the layer's deferred group (edge0.runtime.syncs), for the
-recall and the next step's prediction inputs.
+The host knows, without reading anything back, which experts of a layer sit ready
+in a slot when the layer is built (the slot table is host state): the predicted
+set (staged for this step; compute waits for it as `predicted` does) and every
+other slot still holding one of the layer's experts. Under this policy the slot
+pool is larger (`pool_slots`), so it works as a device-side cache of recently run
+experts. Those candidates go to the device as a (E,) mask and a (E,) expert->slot
+lookup; the graph keeps the K best candidates as the host policy ranks them (the
+family's true top-K first, then by true score), takes their gate weights from the
+true scores (the router's own indices and weights when the choice is the true
+top-K) and gathers their slots. No host sync beyond `predicted`'s, and no record
+copies on the compute thread: the chosen set is read back with the layer's
+deferred group (edge0.runtime.syncs), for the recall and the next prediction.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from edge0.runtime.slots import SlotState
+from edge0.runtime.slots import SlotState, pool_size
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -29,12 +29,15 @@ if TYPE_CHECKING:
     from edge0.routing.families import Family
     from edge0.runtime.layers import LayerStream
 
-WIDTH = 2  # the wider prediction: WIDTH x K experts per layer, its cached ones staged
+POOL_WIDTH = 8  # the pool holds up to 8K experts per layer (the candidates' cache) ...
+POOL_EXTRA_BYTES = 64 << 20  # ... in at most this many bytes of slots beyond the usual pool
 
 
-def wide_k(k: int, n_experts: int) -> int:
-    """Experts per layer of the wider prediction whose RAM-cached ones are staged."""
-    return min(n_experts, WIDTH * k)
+def pool_slots(base: int, k: int, n_experts: int, layers: int, record_size: int) -> int:
+    """Slots of the pool under the in-graph choice: `base` (the usual pool) grown towards
+    POOL_WIDTH x K experts per layer (never past every expert), by at most POOL_EXTRA_BYTES."""
+    want = min(pool_size(POOL_WIDTH * k, layers), n_experts * layers + base)
+    return max(base, min(want, base + POOL_EXTRA_BYTES // max(1, record_size)))
 
 
 def choose_graph(
@@ -58,24 +61,18 @@ class DeviceChoice:
     """Per routed layer-step: the candidates (host), the choice (graph), the slot index."""
 
     def candidates(self, stream: LayerStream, planned: list[int]) -> list[int]:
-        """The predicted set, then the wider prediction's experts that are in a slot or in the
-        RAM cache: those are copied into free slots here, on the compute thread (a record copy,
-        no trip through the event loop), and all are pinned for this step (no prefetch may
-        take their slots before the layer's graph has run). Other slots still holding the
-        layer's experts are not candidates: pinning them starved the next step's prefetches."""
+        """The predicted set, then every other expert of the layer ready in a slot, pinned for
+        this step (one scheduler call, no reads: no prefetch may take their slots before the
+        layer's graph has run)."""
         steps, layer = stream.steps, stream.layer
         sched = steps.scheduler
         assert sched is not None, "Steps.attach(scheduler) was not called"
-        have = set(planned)
-        extras = [e for e in stream.extras_for(steps.step) if e not in have]
-        if extras:  # in a slot (reserved) or in the RAM cache (copied into one, here)
-            servable = sched.servable(layer, extras)
-            extras = [e for e in extras if e in servable]
-            sched.keep(layer, steps.step, extras)
-        table = sched.table
+        table, have = sched.table, set(planned)
         where = table.where[layer]  # changed only on this (the compute) thread
-        extras = [e for e in extras if e in where and table.state(where[e]) is SlotState.READY]
-        return list(planned) + extras
+        ready = [e for e, s in where.items() if e not in have and table.state(s) is SlotState.READY]
+        if ready:
+            sched.prefetch(layer, steps.step, ready)  # all held: reservations, no tickets
+        return list(planned) + ready
 
     def graph(
         self, block: nn.Module, family: Family, scores: mx.array, true_inds: mx.array,
