@@ -93,7 +93,8 @@ async def _decode_staged(path: Path, **opts: Any) -> tuple[list[int], Any]:
 
 def test_a_pool_holding_every_expert_makes_the_graph_choice_exact(store: Path) -> None:
     """Every expert staged: every layer's candidates hold the true top-K, so the in-graph
-    choice is exact routing: greedy tokens equal resident, the recall is 1, and the step has exactly `predicted`'s host syncs."""
+    choice is exact routing: greedy tokens equal resident, the recall is 1, and the step has
+    exactly `predicted`'s host syncs."""
     ref, _ = decode(store, mode="resident")
     kw: dict[str, Any] = dict(mode="route", predictor="init")
     _, pred = decode(store, **kw)
