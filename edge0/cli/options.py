@@ -104,10 +104,11 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "--memory-budget]."),
         click.option("--route-policy", type=click.Choice(ROUTE_POLICIES), default=None,
                      help="Route mode: the experts a layer runs: the set predicted one token "
-                     "ahead, the best true experts servable without waiting "
-                     "(available-first), or that plus a same-token head fetching the next "
-                     "layer's experts one layer ahead (deadline) [default: predicted; "
-                     "docs/benchmarks/route_policy.md]."),
+                     "ahead, the best true experts in the slots, chosen in the graph "
+                     "(available-first), the best servable from slots or RAM, chosen on the "
+                     "host (available-first-sync), or that plus a same-token head fetching "
+                     "the next layer's experts one layer ahead (deadline) [default: "
+                     "predicted; docs/benchmarks/route_policy.md]."),
         click.option("--route-deadline-ms", type=click.FloatRange(0.0), default=None,
                      help="available-first/deadline: the longest compute waits per layer for "
                      "a true expert that is not servable; inf waits for all (exact routing) "
