@@ -84,7 +84,7 @@ def _edit(path: Path, **changes: object) -> None:
             {"model_type": "phimoe", "num_local_experts": 8},
             "model_type 'phimoe' is a Mixture-of-Experts family Edge0 does not support yet; "
             "supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe, kimi_k2, "
-            "mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next",
+            "llama4, mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next",
         ),
         ({"model_type": "llama"}, "model_type 'llama' is a dense model: it has no experts"),
         ({"num_experts": 0}, "'qwen3_moe' without routed experts is a dense model: it has no"),

@@ -85,9 +85,8 @@ class StreamingMoE(nn.Module):
             assert true_inds is not None
             inds = true_inds
         experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
-        y = self._experts(x, stream.slots(experts, inds))  # (1, 1, K, d_model)
-        y = (y * w[..., None]).sum(axis=-2)
-        return fam.extra(self, x, y)
+        y = self._experts(fam.expert_input(x, w), stream.slots(experts, inds))  # (1, 1, K, d)
+        return fam.extra(self, x, fam.combine(y, w))
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
         h = mx.expand_dims(x, (-2, -3))  # (1, 1, 1, 1, d_model)
