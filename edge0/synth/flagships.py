@@ -136,6 +136,31 @@ def _kimi_k2() -> Any:
                            dtype="bfloat16")  # fmt: skip
 
 
+def _llama4(experts: int, step: int, qk_norm: bool, rope: dict[str, Any]) -> Any:
+    """Llama-4 Scout (16 experts, every layer MoE) / Maverick (128, every 2nd): text part."""
+    from transformers import Llama4Config
+
+    text = dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192,
+                intermediate_size_mlp=16384, num_hidden_layers=48, num_attention_heads=40,
+                num_key_value_heads=8, head_dim=128, num_local_experts=experts,
+                num_experts_per_tok=1, interleave_moe_layer_step=step, use_qk_norm=qk_norm,
+                attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192,
+                attn_scale=0.1, rms_norm_eps=1e-5, max_position_embeddings=10485760,
+                rope_parameters=rope, tie_word_embeddings=False, bos_token_id=200000,
+                eos_token_id=[200001, 200007, 200008], pad_token_id=200018)  # fmt: skip
+    vision = dict(hidden_size=1408, num_hidden_layers=34, num_attention_heads=16,
+                  intermediate_size=5632, image_size=336, patch_size=14, vision_output_dim=4096,
+                  projector_input_dim=4096, projector_output_dim=4096)  # fmt: skip
+    return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                        dtype="bfloat16")  # fmt: skip
+
+
+_ROPE_SCOUT = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+}  # fmt: skip
+
+
 FLAGSHIPS = {
     "mixtral-8x7b": _mixtral_8x7b,
     "olmoe-1b-7b": _olmoe_1b_7b,
@@ -147,6 +172,10 @@ FLAGSHIPS = {
     "gpt-oss-120b": lambda: _gpt_oss(36, 128),
     "granite-3.1-3b-a800m": _granite_31_3b_a800m,
     "kimi-k2": _kimi_k2,
+    "llama-4-scout-17b-16e": lambda: _llama4(16, 1, True, _ROPE_SCOUT),
+    "llama-4-maverick-17b-128e": lambda: _llama4(
+        128, 2, False, {"rope_type": "default", "rope_theta": 500000.0}
+    ),
 }
 # shapes whose released experts are not affine int4: the mode their checkpoints keep
 EXPERT_MODES = {"gpt-oss-20b": "mxfp4", "gpt-oss-120b": "mxfp4"}

@@ -71,6 +71,7 @@ class Llama4(Family):
                 "attention of its RoPE layers"
             )
         tc.setdefault("attention_bias", False)
+        tc.setdefault("rope_scaling", None)  # mlx-lm requires the key (Maverick: no scaling)
         tc.setdefault("use_qk_norm", True)
         return tc
 
