@@ -23,6 +23,7 @@ from test_reference import edge0_logits
 
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
+from edge0.layout.manifest import Manifest
 from edge0.layout.verify import verify
 from edge0.model.loader import load
 from edge0.routing.families import family_for
@@ -124,13 +125,6 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
 ) -> None:
     import mlx_lm
 
-    if model_type == "granitemoe":
-        pytest.skip(
-            "mlx-lm's granitemoe quant_predicate gives `switch_mlp.down_proj` 8 bits (it matches "
-            "`mlp.down_proj` by suffix): its int4 conversion is not one bits for all experts' "
-            "projections, which the edge0 record stores (such mlx dirs are refused: "
-            "test_families_loader)"
-        )
     b = built[model_type]
     mlx_dir = mlx_lm_int4(_mlx_lm_readable(b), b["root"] / "mlx-int4")
     ref_model, _ = mlx_lm.load(str(mlx_dir))
@@ -142,7 +136,7 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
     assert greedy(load_layout(b["e0"], dtype=None).model, PROMPT, 12) == want
     assert greedy(load(mlx_dir).model, PROMPT, 12) == greedy(load_layout(b["e0"]).model, PROMPT, 12)
     repacked = convert(mlx_dir, b["root"] / "e0-from-mlx")  # an mlx-community style dir
-    assert repacked.quantization["bits"] == 4
+    assert repacked.quantization == Manifest.load(b["e0"]).quantization  # granitemoe: down 8
     assert greedy(load_layout(b["root"] / "e0-from-mlx", dtype=None).model, PROMPT, 12) == want
 
 
@@ -223,7 +217,7 @@ def test_flagship_shapes_follow_their_family_rules(shape: str) -> None:
 
 
 def test_plan_sizes_equal_what_synthesis_writes(tmp_path: Path) -> None:
-    from edge0.layout.manifest import RESIDENT_FILE, Manifest
+    from edge0.layout.manifest import RESIDENT_FILE
     from edge0.synth.flagships import plan_sizes
     from edge0.synth.layout import synthesize
 
@@ -240,7 +234,6 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
     built: dict[str, Any], model_type: str
 ) -> None:
     """Every sparse block of the int4 model: the streaming block computes the same bits."""
-    from edge0.layout.manifest import Manifest
     from edge0.model.sparse import sparse_blocks
     from edge0.runtime.block import StreamingMoE
     from edge0.runtime.layers import LayerStream, ResidentExperts

@@ -29,6 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import Edge0Error
+from edge0.layout.records import projection_quant
 from edge0.routing.families import Family
 
 if TYPE_CHECKING:
@@ -99,9 +100,10 @@ def expert_ffn(
     sorted_indices: bool = False,
 ) -> mx.array:  # fmt: skip
     """The routed experts' gated FFN of `h` with the experts (slots) `idx`, via gather_qmm."""
-    q = block.stream.quant
+    quant = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> Any:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
         out = mx.gather_qmm(
             inp,
             views[f"{name}.weight"],

@@ -189,17 +189,22 @@ def expert_params(shape: str, bits: int, group_size: int) -> dict[str, Any]:
 
 
 def expert_spec(model: Any, params: dict[str, Any]) -> Any:
-    """(switch layers, E, record layout) of a float-shaped model's experts."""
-    from edge0.layout.quant import switch_modules
+    """(switch layers, E, record layout) of a float-shaped model's experts.
+
+    Affine `params` gain the projections mlx-lm's predicate quantizes otherwise (in place).
+    """
+    from edge0.layout.quant import expert_projections, switch_modules
     from edge0.layout.records import record_layout
 
+    if params["mode"] == "affine" and (own := expert_projections(model, params)):
+        params["projections"] = own
     switch = switch_modules(model)
     first = switch[next(iter(switch))][1]
     n_experts, d_ff, d_model = first.gate_proj.weight.shape
     bias = "bfloat16" if "bias" in first.gate_proj else None  # gpt-oss
     scales = "uint8" if params["mode"] == "mxfp4" else "bfloat16"
     spec = record_layout(d_model, d_ff, params["bits"], params["group_size"], scales,
-                         params["mode"], bias)  # fmt: skip
+                         params["mode"], bias, params.get("projections"))  # fmt: skip
     return tuple(switch), int(n_experts), spec
 
 

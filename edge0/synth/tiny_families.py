@@ -132,7 +132,8 @@ def _gpt_oss(vocab: int) -> Any:
 def _granitemoe(vocab: int) -> Any:
     from transformers import GraniteMoeConfig
 
-    return GraniteMoeConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
+    # experts 64 wide: mlx-lm quantizes their down_proj at 8 bits in groups of 64 (its predicate)
+    return GraniteMoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
                             num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=12.0,
                             logits_scaling=8.0, residual_multiplier=0.22,
                             attention_multiplier=0.0625)  # fmt: skip
