@@ -258,3 +258,28 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
             scores = fam.scores(block, x)
             inds, w = fam.select(block, scores, k)
             assert mx.array_equal(fam.weights(block, scores, inds), w).item()
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_init_heads_are_the_next_router_bias_included(
+    built: dict[str, Any], model_type: str, tmp_path: Path
+) -> None:
+    """An untrained head is the target layer's router on this layer's hidden (gpt-oss: + bias),
+    lean or full, and saved heads keep the bias."""
+    from edge0.routing.prerouter import PrerouterSet, moe_blocks
+
+    model = load(built[model_type]["hf"]).model
+    fam = family_for(model_type)
+    blocks = dict(moe_blocks(model))
+    lean = PrerouterSet.from_model(model, lean=True)
+    assert lean.config.router_bias == (model_type == "gpt_oss")
+    full = PrerouterSet.from_model(model)
+    full.save(tmp_path)
+    loaded = PrerouterSet.load(tmp_path)
+    mx.random.seed(3)
+    for owner, target in lean.config.heads():
+        x = mx.random.normal((1, 1, lean.config.d_model))
+        want = fam.router_logits(blocks[target], x)
+        for heads in (lean, full, loaded):
+            got = heads.predict(owner, x, None, None)
+            assert np.allclose(np.array(got), np.array(want), atol=1e-5), (model_type, owner)
