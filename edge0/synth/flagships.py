@@ -136,12 +136,14 @@ def _kimi_k2() -> Any:
                            dtype="bfloat16")  # fmt: skip
 
 
-def _llama4(experts: int, step: int, qk_norm: bool, rope: dict[str, Any]) -> Any:
+def _llama4(
+    experts: int, step: int, qk_norm: bool, rope: dict[str, Any], layers: int = 48
+) -> Any:
     """Llama-4 Scout (16 experts, every layer MoE) / Maverick (128, every 2nd): text part."""
     from transformers import Llama4Config
 
     text = dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192,
-                intermediate_size_mlp=16384, num_hidden_layers=48, num_attention_heads=40,
+                intermediate_size_mlp=16384, num_hidden_layers=layers, num_attention_heads=40,
                 num_key_value_heads=8, head_dim=128, num_local_experts=experts,
                 num_experts_per_tok=1, interleave_moe_layer_step=step, use_qk_norm=qk_norm,
                 attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192,
@@ -176,6 +178,9 @@ FLAGSHIPS = {
     "llama-4-maverick-17b-128e": lambda: _llama4(
         128, 2, False, {"rope_type": "default", "rope_theta": 500000.0}
     ),
+    # Scout's tensors, 4 layers (the fewest mlx-lm's llama4 runs), MoE every 2nd: 4 GB on disk,
+    # a streamed run at Scout's width (67.5 MiB records) on this machine
+    "llama-4-scout-4layers": lambda: _llama4(16, 2, True, _ROPE_SCOUT, layers=4),
 }
 # shapes whose released experts are not affine int4: the mode their checkpoints keep
 EXPERT_MODES = {"gpt-oss-20b": "mxfp4", "gpt-oss-120b": "mxfp4"}

@@ -51,6 +51,11 @@ class Llama4(Family):
                 f"llama4 with num_experts_per_tok={k}: mlx-lm's llama4 block routes one expert "
                 "per token only"
             )
+        if n < NOPE_INTERVAL:
+            raise ModelLoadError(
+                f"llama4 with {n} layers: mlx-lm's llama4 takes its global attention mask from "
+                f"layer {NOPE_INTERVAL - 1}, so it needs at least {NOPE_INTERVAL} layers"
+            )
         step = int(tc.get("interleave_moe_layer_step") or 1)
         tc["interleave_moe_layer_step"] = step
         rule = _interleaved(n, step)
