@@ -60,6 +60,7 @@ def _edited(hf: Path, dst: Path, **text: Any) -> Path:
         ({"no_rope_layers": [1, 0, 1, 1]}, r"no_rope_layers \[1, 0, 1, 1\] is not 'NoPE every"),
         ({"attention_chunk_size": None}, "without attention_chunk_size"),
         ({"num_hidden_layers": 3}, "with 3 layers: mlx-lm's llama4 takes its global attention"),
+        ({"layer_types": ["full_attention"] * 4}, "are not chunked attention on the RoPE layers"),
     ],
 )
 def test_configs_mlx_lm_computes_otherwise_are_refused(
@@ -82,3 +83,23 @@ def test_top_k_other_than_one_is_refused(hf: Path, tmp_path: Path) -> None:
     for mode in ("resident", "reactive"):
         with pytest.raises(ConfigError, match="--top-k 2: llama4 routes one expert per token"):
             asyncio.run(run(mode))
+
+
+def test_chunked_prefill_and_decode_equal_one_plain_run(hf: Path, tmp_path: Path) -> None:
+    """Prompt chunks of 3 against attention chunks of 4 (ChunkedKVCache trimmed between the
+    engine's calls): resident and reactive tokens equal one mlx-lm pass over the prompt."""
+    from layout_helpers import greedy
+
+    from edge0.layout.load import load_layout
+
+    e0 = tmp_path / "e0"
+    convert(hf, e0, ConvertOptions(group_size=32))
+    prompt = [5 + (7 * i) % 250 for i in range(30)]
+    want = greedy(load_layout(e0).model, prompt, 10)
+
+    async def run(mode: str) -> list[int]:
+        async with Engine.open(e0, tiers=MockTier(e0), mode=mode, prefill_chunk=3) as eng:
+            return [t async for t in eng.tokens(prompt, max_tokens=10, stop=False)]
+
+    assert asyncio.run(run("resident")) == want
+    assert asyncio.run(run("reactive")) == want

@@ -70,6 +70,12 @@ class Llama4(Family):
                 f"llama4 no_rope_layers {tc['no_rope_layers']} is not 'NoPE every "
                 f"{NOPE_INTERVAL}th layer', the only pattern mlx-lm's llama4 computes"
             )
+        kinds = ["chunked_attention" if rope else "full_attention" for rope in nope]
+        if tc.get("layer_types") and list(tc["layer_types"]) != kinds:
+            raise ModelLoadError(
+                f"llama4 layer_types {tc['layer_types']} are not chunked attention on the RoPE "
+                "layers and full attention on the NoPE ones, which mlx-lm's llama4 computes"
+            )
         if tc.get("attention_chunk_size") is None:
             raise ModelLoadError(
                 "llama4 without attention_chunk_size: mlx-lm's llama4 always chunks the "
