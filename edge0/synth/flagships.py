@@ -136,9 +136,7 @@ def _kimi_k2() -> Any:
                            dtype="bfloat16")  # fmt: skip
 
 
-def _llama4(
-    experts: int, step: int, qk_norm: bool, rope: dict[str, Any], layers: int = 48
-) -> Any:
+def _llama4(experts: int, step: int, qk_norm: bool, rope: dict[str, Any], layers: int = 48) -> Any:
     """Llama-4 Scout (16 experts, every layer MoE) / Maverick (128, every 2nd): text part."""
     from transformers import Llama4Config
 
