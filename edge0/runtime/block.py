@@ -30,6 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import Edge0Error
+from edge0.layout.records import projection_quant
 from edge0.routing.families import Family
 
 if TYPE_CHECKING:
@@ -90,9 +91,8 @@ class StreamingMoE(nn.Module):
             assert true_inds is not None
             inds = true_inds
         experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
-        y = self._experts(x, stream.slots(experts, inds))  # (1, 1, K, d_model)
-        y = (y * w[..., None]).sum(axis=-2)
-        return fam.extra(self, x, y)
+        y = self._experts(fam.expert_input(x, w), stream.slots(experts, inds))  # (1, 1, K, d)
+        return fam.extra(self, x, fam.combine(y, w))
 
     def _choose_on_device(
         self, x: mx.array, scores: mx.array, true_inds: mx.array, w: mx.array, planned: list[int]
@@ -119,9 +119,10 @@ def expert_ffn(
     sorted_indices: bool = False,
 ) -> mx.array:  # fmt: skip
     """The routed experts' gated FFN of `h` with the experts (slots) `idx`, via gather_qmm."""
-    q = block.stream.quant
+    quant = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> Any:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
         out = mx.gather_qmm(
             inp,
             views[f"{name}.weight"],

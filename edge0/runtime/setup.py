@@ -185,6 +185,7 @@ def prepare(
     if k > manifest.n_experts:
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     family = family_for(manifest.model_type)
+    family.check_top_k(k)
     if opts.mode == "resident":
         for _, _, block in blocks:
             family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
