@@ -18,6 +18,7 @@ from edge0.errors import ConfigError
 from edge0.runtime import prefill_memory
 from edge0.runtime.engine import Engine
 from edge0.runtime.memory import DEFAULT_CHUNK, Footprint, plan
+from edge0.runtime.prefill_dense import DENSE_MAX_BYTES, dense_weight_bytes
 from edge0.runtime.prefill_memory import (
     SUB_TOKENS,
     bounded_recurrence,
@@ -68,8 +69,14 @@ def test_plan_keeps_an_asked_chunk_or_names_the_fix() -> None:
 
 def test_chunk_estimate_from_the_config() -> None:
     state = 32 * 128 * 128 * 4  # one Gated DeltaNet state of the 35B-A3B shape: 2 MiB
-    assert chunk_fixed_bytes({"text_config": HYBRID}) == (SUB_TOKENS + 2) * state
-    assert chunk_fixed_bytes({"hidden_size": 2048}) == 0  # no recurrent layers
+    # two fp32 copies of the widest resident projection (dense chunk linears): here attention's
+    # gated q (2 x 16 heads x 128) = 4096 wide; the 35B-A3B shape's q/k/v (8192) hits the cap
+    dense = 2 * 4096 * 2048 * 4
+    assert dense_weight_bytes(HYBRID) == dense
+    assert chunk_fixed_bytes({"text_config": HYBRID}) == (SUB_TOKENS + 2) * state + dense
+    assert chunk_fixed_bytes({"hidden_size": 2048}) == 2 * 2048 * 2048 * 4  # no recurrent layers
+    wide = {**HYBRID, "linear_num_key_heads": 16, "head_dim": 256}
+    assert dense_weight_bytes(wide) == 2 * DENSE_MAX_BYTES == 2 * 8192 * 2048 * 4
     per = chunk_bytes_per_token(HYBRID, 4, 4096)
     assert per < state // 2  # the states are in the fixed part, not per token
     assert chunk_bytes_per_token(HYBRID, 4, 8192) - per == 2 * 16 * 4096 * 4  # attention scores
