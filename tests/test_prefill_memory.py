@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -94,18 +95,32 @@ def test_pieces_equal_the_whole_layer(loaded_model: Any) -> None:
                          key=mx.random.key(0))  # fmt: skip
     whole, pieces = make_prompt_cache(model)[layer], make_prompt_cache(model)[layer]
     want = inner(x, None, whole)
-    sizes: list[int] = []
+    rows: dict[str, list[int]] = {"norm": [], "in_proj_qkv": [], "out_proj": []}
 
-    def spy(h: mx.array, mask: Any, cache: Any) -> mx.array:
-        sizes.append(h.shape[1])
-        return inner(h, mask, cache)  # type: ignore[no-any-return]
+    class Spy(nn.Module):
+        def __init__(self, name: str, real: nn.Module) -> None:
+            super().__init__()
+            self.name, self.real = name, real
+
+        def __call__(self, h: mx.array, *rest: Any) -> mx.array:
+            rows[self.name].append(h.shape[1])
+            return self.real(h, *rest)
 
     with bounded_recurrence(model, 3):
         wrapped = model.layers[layer].linear_attn
         assert isinstance(wrapped, prefill_memory._Pieces) and wrapped.inner is inner
     assert model.layers[layer].linear_attn is inner  # restored
-    got = prefill_memory._Pieces(spy, 3)(x, None, pieces)  # type: ignore[arg-type]
-    assert sizes == [3, 3, 3, 1]
+    real = {name: inner[name] for name in rows}
+    try:
+        for name in rows:
+            setattr(inner, name, Spy(name, real[name]))
+        got = prefill_memory._Pieces(inner, 3)(x, None, pieces)
+    finally:
+        for name, module in real.items():
+            setattr(inner, name, module)
+    assert rows["norm"] == [3, 3, 3, 1]  # the recurrence and what follows it: in pieces
+    assert rows["in_proj_qkv"] == rows["out_proj"] == [10]  # the projections: once, whole
+    assert all(inner[name] is module for name, module in real.items())  # restored
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5, rtol=0)
     for a, b in zip(pieces.cache, whole.cache, strict=True):
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)

@@ -63,19 +63,21 @@ def dense_linears(model: nn.Module, rows: int | None = None) -> Iterator[int]:
     least `rows` (DENSE_ROWS on the CPU backend, else none) rows dense; yields how many were
     swapped. `rows` 0: none."""
     rows = (DENSE_ROWS if on_cpu() else 0) if rows is None else rows
-    swapped: list[tuple[nn.Module, str, nn.QuantizedLinear]] = []
+    swapped: list[tuple[Any, Any, nn.QuantizedLinear]] = []  # (holder, key, linear)
     if rows > 0:
         for _, parent in model.named_modules():
             for key, child in list(parent.items()):
                 if _dense_ok(child):
                     swapped.append((parent, key, child))
-    for parent, key, child in swapped:
-        setattr(parent, key, DenseChunkLinear(child, rows))
+                elif isinstance(child, list):  # e.g. nn.Sequential's layers
+                    swapped += [(child, i, c) for i, c in enumerate(child) if _dense_ok(c)]
+    for holder, key, child in swapped:
+        holder[key] = DenseChunkLinear(child, rows)
     try:
         yield len(swapped)
     finally:
-        for parent, key, child in swapped:
-            setattr(parent, key, child)
+        for holder, key, child in swapped:
+            holder[key] = child
 
 
 def dense_weight_bytes(config: dict[str, Any]) -> int:
