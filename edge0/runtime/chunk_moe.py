@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from edge0.layout.records import projection_quant
 from edge0.runtime.block import expert_ffn
 from edge0.runtime.layers import ResidentExperts
 from edge0.runtime.prefill_dense import on_cpu
@@ -39,9 +40,10 @@ def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: 
                  ) -> mx.array:  # fmt: skip
     """The gated FFN of rows `h` (R, d) with the expert in `slot`, its weights dequantized
     once: on the CPU backend int4 kernels unpack the weight again per row (prefill_dense)."""
-    q = block.stream.quant
+    quant = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> mx.array:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
         biases = views.get(f"{name}.biases")
         scales = views[f"{name}.scales"][slot].astype(inp.dtype)
         w = mx.dequantize(views[f"{name}.weight"][slot], scales,
