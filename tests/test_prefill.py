@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from runtime_helpers import MockTier, build_store
 from edge0.errors import ConfigError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.model.generate import SamplingSettings
+from edge0.runtime import prefill
 from edge0.runtime.chunk_moe import group_size
 from edge0.runtime.engine import Engine
 from edge0.runtime.slots import pool_size
@@ -250,3 +252,59 @@ def test_chunked_prefill_every_family(
     got = run(generate(path, PROMPT, 8, mode=mode, predictor=predictor))
     assert got["tokens"] == one["tokens"]
     np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", MODEL_TYPES + OTHER_FAMILIES)
+def test_dequantized_chunk_equals_one_token(
+    stores: dict[str, Path], family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every resident linear and every expert of a chunk dequantized (thresholds at one row),
+    the recurrent layers in pieces of 3 with their projections over the whole chunk: the
+    logits and greedy tokens still equal one-token prefill's (which keeps the int4 kernels)."""
+    from edge0.runtime import chunk_moe, prefill_dense, prefill_memory
+
+    path = stores[family]
+    one = run(generate(path, PROMPT, 1, mode="reactive"))
+    calls = {"experts": 0, "linears": 0}
+    real_expert, real_swap = chunk_moe.dense_expert, prefill_dense.dense_linears
+
+    def expert(*a: Any) -> Any:
+        calls["experts"] += 1
+        return real_expert(*a)
+
+    @contextlib.contextmanager
+    def swap(model: Any, rows: int | None = None) -> Any:
+        with real_swap(model, rows) as n:
+            calls["linears"] += n
+            yield n
+
+    monkeypatch.setattr(chunk_moe, "dense_expert", expert)
+    monkeypatch.setattr(prefill, "dense_linears", swap)
+    monkeypatch.setattr(prefill_dense, "DENSE_ROWS", 1)
+    monkeypatch.setattr(chunk_moe, "DENSE_EXPERT_ROWS", 1)
+    monkeypatch.setattr(prefill_memory, "SUB_TOKENS", 3)
+    got = run(generate(path, PROMPT, 11, mode="reactive"))
+    assert calls["experts"] > 0 and calls["linears"] > 0
+    assert got["tokens"] == one["tokens"]
+    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+
+
+def test_dense_chunk_linear_matches_the_int4_kernel() -> None:
+    """Many rows: dequantized weight and one matmul (fp32 summation order only); few rows: the
+    int4 kernel itself. `dense_linears` swaps quantized linears in and restores them."""
+    import mlx.nn as nn
+
+    from edge0.runtime.prefill_dense import DenseChunkLinear, dense_linears
+
+    mx.random.seed(1)
+    q = nn.QuantizedLinear.from_linear(nn.Linear(64, 48, bias=True), group_size=32, bits=4)
+    dense = DenseChunkLinear(q, rows=8)
+    many, few = mx.random.normal((2, 20, 64)), mx.random.normal((1, 7, 64))
+    np.testing.assert_allclose(np.array(dense(many)), np.array(q(many)), atol=1e-5, rtol=0)
+    assert mx.array_equal(dense(few), q(few))
+    outer = nn.Sequential(q, nn.Linear(48, 4))
+    with dense_linears(outer, rows=8) as n:
+        assert n == 1 and isinstance(outer.layers[0], DenseChunkLinear)
+    assert outer.layers[0] is q
+    with dense_linears(outer, rows=0) as n:
+        assert n == 0 and outer.layers[0] is q

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -18,6 +19,7 @@ from edge0.errors import ConfigError
 from edge0.runtime import prefill_memory
 from edge0.runtime.engine import Engine
 from edge0.runtime.memory import DEFAULT_CHUNK, Footprint, plan
+from edge0.runtime.prefill_dense import DENSE_MAX_BYTES, dense_weight_bytes
 from edge0.runtime.prefill_memory import (
     SUB_TOKENS,
     bounded_recurrence,
@@ -68,8 +70,14 @@ def test_plan_keeps_an_asked_chunk_or_names_the_fix() -> None:
 
 def test_chunk_estimate_from_the_config() -> None:
     state = 32 * 128 * 128 * 4  # one Gated DeltaNet state of the 35B-A3B shape: 2 MiB
-    assert chunk_fixed_bytes({"text_config": HYBRID}) == (SUB_TOKENS + 2) * state
-    assert chunk_fixed_bytes({"hidden_size": 2048}) == 0  # no recurrent layers
+    # two fp32 copies of the widest resident projection (dense chunk linears): here attention's
+    # gated q (2 x 16 heads x 128) = 4096 wide; the 35B-A3B shape's q/k/v (8192) hits the cap
+    dense = 2 * 4096 * 2048 * 4
+    assert dense_weight_bytes(HYBRID) == dense
+    assert chunk_fixed_bytes({"text_config": HYBRID}) == (SUB_TOKENS + 2) * state + dense
+    assert chunk_fixed_bytes({"hidden_size": 2048}) == 2 * 2048 * 2048 * 4  # no recurrent layers
+    wide = {**HYBRID, "linear_num_key_heads": 16, "head_dim": 256}
+    assert dense_weight_bytes(wide) == 2 * DENSE_MAX_BYTES == 2 * 8192 * 2048 * 4
     per = chunk_bytes_per_token(HYBRID, 4, 4096)
     assert per < state // 2  # the states are in the fixed part, not per token
     assert chunk_bytes_per_token(HYBRID, 4, 8192) - per == 2 * 16 * 4096 * 4  # attention scores
@@ -87,18 +95,32 @@ def test_pieces_equal_the_whole_layer(loaded_model: Any) -> None:
                          key=mx.random.key(0))  # fmt: skip
     whole, pieces = make_prompt_cache(model)[layer], make_prompt_cache(model)[layer]
     want = inner(x, None, whole)
-    sizes: list[int] = []
+    rows: dict[str, list[int]] = {"norm": [], "in_proj_qkv": [], "out_proj": []}
 
-    def spy(h: mx.array, mask: Any, cache: Any) -> mx.array:
-        sizes.append(h.shape[1])
-        return inner(h, mask, cache)  # type: ignore[no-any-return]
+    class Spy(nn.Module):
+        def __init__(self, name: str, real: nn.Module) -> None:
+            super().__init__()
+            self.name, self.real = name, real
+
+        def __call__(self, h: mx.array, *rest: Any) -> mx.array:
+            rows[self.name].append(h.shape[1])
+            return self.real(h, *rest)
 
     with bounded_recurrence(model, 3):
         wrapped = model.layers[layer].linear_attn
         assert isinstance(wrapped, prefill_memory._Pieces) and wrapped.inner is inner
     assert model.layers[layer].linear_attn is inner  # restored
-    got = prefill_memory._Pieces(spy, 3)(x, None, pieces)  # type: ignore[arg-type]
-    assert sizes == [3, 3, 3, 1]
+    real = {name: inner[name] for name in rows}
+    try:
+        for name in rows:
+            setattr(inner, name, Spy(name, real[name]))
+        got = prefill_memory._Pieces(inner, 3)(x, None, pieces)
+    finally:
+        for name, module in real.items():
+            setattr(inner, name, module)
+    assert rows["norm"] == [3, 3, 3, 1]  # the recurrence and what follows it: in pieces
+    assert rows["in_proj_qkv"] == rows["out_proj"] == [10]  # the projections: once, whole
+    assert all(inner[name] is module for name, module in real.items())  # restored
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5, rtol=0)
     for a, b in zip(pieces.cache, whole.cache, strict=True):
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=0)

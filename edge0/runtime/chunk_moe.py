@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from edge0.layout.records import projection_quant
 from edge0.runtime.block import expert_ffn
 from edge0.runtime.layers import ResidentExperts
+from edge0.runtime.prefill_dense import on_cpu
+
+DENSE_EXPERT_ROWS = 4  # rows from which an expert's weights are dequantized (prefill.md); 0: never
 
 if TYPE_CHECKING:
     from edge0.runtime.block import StreamingMoE
@@ -30,6 +34,49 @@ def run_pairs(
 ) -> mx.array:
     """SwiGLU of each row of `h` (P, 1, d) with expert slot `idx` (P,) sorted; (P, 1, d)."""
     return expert_ffn(block, views, h, idx, sorted_indices=True)
+
+
+def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: mx.array
+                 ) -> mx.array:  # fmt: skip
+    """The gated FFN of rows `h` (R, d) with the expert in `slot`, its weights dequantized
+    once: on the CPU backend int4 kernels unpack the weight again per row (prefill_dense)."""
+    quant = block.stream.quant
+
+    def proj(name: str, inp: mx.array) -> mx.array:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
+        biases = views.get(f"{name}.biases")
+        scales = views[f"{name}.scales"][slot].astype(inp.dtype)
+        w = mx.dequantize(views[f"{name}.weight"][slot], scales,
+                          None if biases is None else biases[slot].astype(inp.dtype),
+                          group_size=q["group_size"], bits=q["bits"])  # fmt: skip
+        out = inp @ w.T
+        bias = views.get(f"{name}.bias")
+        return out if bias is None else out + bias[slot]
+
+    return proj("down_proj", block.activation(proj("up_proj", h), proj("gate_proj", h)))
+
+
+def group_pairs(block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.ndarray,
+                slot_ids: np.ndarray) -> tuple[np.ndarray, mx.array]:  # fmt: skip
+    """Outputs (P, d) of the (token, expert) `pairs` (sorted by slot; token `rows`, slot
+    `slot_ids`) and the pair order they come in: an expert with DENSE_EXPERT_ROWS rows or more
+    runs dequantized (affine records), the others in one sorted gather_qmm."""
+    views = block.stream.views
+    slots, counts = np.unique(slot_ids, return_counts=True)
+    ok = DENSE_EXPERT_ROWS > 0 and on_cpu() and block.stream.quant.get("mode", "affine") == "affine"
+    dense = slots[counts >= DENSE_EXPERT_ROWS] if ok else slots[:0]
+    few = ~np.isin(slot_ids, dense)
+    parts, outs = [], []
+    if few.any():
+        h = x2[mx.array(rows[few])][:, None, :]  # (P', 1, d)
+        outs.append(run_pairs(block, views, h, mx.array(slot_ids[few])).squeeze(1))
+        parts.append(pairs[few])
+    for s in dense.tolist():
+        sel = slot_ids == s
+        outs.append(dense_expert(block, views, s, x2[mx.array(rows[sel])]))
+        parts.append(pairs[sel])
+    out = mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
+    return np.concatenate(parts), out
 
 
 def stage_order(union: list[int], last: list[int] | None, early: list[int] | None = None
@@ -103,9 +150,7 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
         pairs = np.nonzero(np.isin(flat, np.asarray(group)))[0]
         slot_ids = np.asarray([slot_of[int(e)] for e in flat[pairs]], dtype=np.uint32)
         order = np.argsort(slot_ids, kind="stable")  # sorted indices for gather_qmm
-        pairs, slot_ids = pairs[order], slot_ids[order]
-        h = x2[mx.array(pairs // k)][:, None, :]  # (P, 1, d)
-        out = run_pairs(block, stream.views, h, mx.array(slot_ids)).squeeze(1)  # (P, d)
+        pairs, out = group_pairs(block, x2, pairs[order] // k, pairs[order], slot_ids[order])
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval(out)  # before the next sub-step: nothing pending may read these slots
         steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)

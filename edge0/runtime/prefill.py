@@ -32,6 +32,7 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.runtime.chunk_moe import chunk_experts
+from edge0.runtime.prefill_dense import dense_linears
 from edge0.runtime.prefill_memory import bounded_recurrence
 from edge0.runtime.runner import greedy
 
@@ -204,7 +205,8 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
-        with last_position_only(runner.model), bounded_recurrence(runner.model):
+        with (last_position_only(runner.model), dense_linears(runner.model),
+              bounded_recurrence(runner.model)):  # fmt: skip
             logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
         nxt = runner.sampler(logits)
         t1, c1 = time.perf_counter(), time.thread_time()

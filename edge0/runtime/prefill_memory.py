@@ -19,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from edge0.runtime.prefill_dense import dense_weight_bytes
+
 SUB_TOKENS = 16  # tokens per evaluated piece of a recurrent layer (prefill.md: 16 MiB/state)
 LINEAR_ATTN = "linear_attn"  # mlx-lm's name of the Gated DeltaNet in a decoder layer
 
@@ -38,8 +40,9 @@ def recurrent_state_bytes(config: dict[str, Any]) -> int:
 
 
 def chunk_fixed_bytes(config: dict[str, Any]) -> int:
-    """What a chunk holds whatever its length: the states of one evaluated recurrent piece."""
-    return (SUB_TOKENS + 2) * recurrent_state_bytes(config)
+    """What a chunk holds whatever its length: the states of one evaluated recurrent piece
+    and the dequantized weights of the dense chunk linears (prefill_dense)."""
+    return (SUB_TOKENS + 2) * recurrent_state_bytes(config) + dense_weight_bytes(config)
 
 
 def chunk_bytes_per_token(config: dict[str, Any], top_k: int, context: int) -> int:
@@ -57,8 +60,34 @@ def chunk_bytes_per_token(config: dict[str, Any], top_k: int, context: int) -> i
     return (16 * d + 3 * top_k * d + 3 * value + 2 * heads * context) * 4
 
 
+class _Slices(nn.Module):
+    """Stands in for an input projection: returns rows `at` of its output over the whole chunk."""
+
+    def __init__(self, full: mx.array) -> None:
+        super().__init__()
+        self.full = full
+        self.at = (0, 0)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        a, b = self.at
+        assert x.shape[1] == b - a, "a piece's projection input is the piece"
+        return self.full[:, a:b]
+
+
+class _Deferred(nn.Module):
+    """Stands in for the output projection: the pieces' outputs are projected once, together."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x
+
+
 class _Pieces(nn.Module):
-    """A recurrent layer run `size` tokens at a time, each piece and its cache evaluated."""
+    """A recurrent layer run `size` tokens at a time, each piece and its cache evaluated.
+
+    Its input projections (`in_proj_*`) run once over the whole chunk and its output
+    projection once over the pieces' outputs (both are per-token linears: the same
+    values), so a dense chunk linear (prefill_dense) dequantizes each weight once a chunk.
+    """
 
     def __init__(self, inner: nn.Module, size: int) -> None:
         super().__init__()
@@ -66,16 +95,33 @@ class _Pieces(nn.Module):
         self.size = size
 
     def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
-        n = x.shape[1]
+        n, inner = x.shape[1], self.inner
         if n <= self.size or cache is None:
-            return self.inner(x, mask, cache)
+            return inner(x, mask, cache)
+        names = [k for k, v in inner.items() if k.startswith("in_proj") and isinstance(v, nn.Module)
+                 ]  # fmt: skip
+        full = {k: inner[k](x) for k in names}
+        mx.eval(list(full.values()))
+        kept = {k: inner[k] for k in [*names, "out_proj"] if isinstance(inner.get(k), nn.Module)}
+        stand = {k: _Slices(v) for k, v in full.items()}
         outs = []
-        for a in range(0, n, self.size):
-            piece_mask = None if mask is None else mask[:, a : a + self.size]
-            out = self.inner(x[:, a : a + self.size], piece_mask, cache)
-            mx.eval(out, [s for s in cache.cache if s is not None])  # free the piece's states
-            outs.append(out)
-        return mx.concatenate(outs, axis=1)  # (B, T, d)
+        try:
+            for k, v in stand.items():
+                setattr(inner, k, v)
+            if "out_proj" in kept:
+                inner.out_proj = _Deferred()
+            for a in range(0, n, self.size):
+                for v in stand.values():
+                    v.at = (a, min(n, a + self.size))
+                piece_mask = None if mask is None else mask[:, a : a + self.size]
+                out = inner(x[:, a : a + self.size], piece_mask, cache)
+                mx.eval(out, [s for s in cache.cache if s is not None])  # free the piece's states
+                outs.append(out)
+        finally:
+            for k, v in kept.items():
+                setattr(inner, k, v)
+        y = mx.concatenate(outs, axis=1)  # (B, T, value width) before the output projection
+        return kept["out_proj"](y) if "out_proj" in kept else y
 
 
 @contextlib.contextmanager
