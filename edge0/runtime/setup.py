@@ -27,6 +27,7 @@ from edge0.runtime.memory import (
     MemoryPlan,
     head_bytes,
     kv_bytes,
+    load_bytes,
     plan,
     state_bytes,
     with_ram,
@@ -320,12 +321,13 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
     resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
     chunk = (chunk_fixed_bytes(manifest.config), chunk_bytes_per_token(manifest.config, k,
                                                                         opts.context))  # fmt: skip
+    load = load_bytes(manifest, dtype.size)
     if opts.mode == "resident":
         return Footprint(resident, len(moe) * manifest.n_experts * expert, 0, 0, 0, 0, k,
                          opts.max_batch * kv_bytes(manifest.config, opts.context),
                          opts.max_batch * state_bytes(manifest.config),
                          working_bytes(manifest.config, opts.context), baseline,
-                         *chunk)  # fmt: skip
+                         *chunk, load)  # fmt: skip
     kept = 1 if opts.first_layer == "resident" and len(moe) > 1 else 0
     predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
     owners = len(moe) - 1 + int(opts.first_layer == "wrap")
@@ -336,7 +338,7 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
         slot_bytes(manifest, 1, dtype) - ALIGN, manifest.record_size, len(moe) - kept,
         batch_k(k, b, manifest.n_experts),
         b * kv_bytes(manifest.config, opts.context), b * state_bytes(manifest.config),
-        working_bytes(manifest.config, opts.context), baseline, *chunk,
+        working_bytes(manifest.config, opts.context), baseline, *chunk, load if kept else 0,
     )  # fmt: skip
 
 
@@ -360,5 +362,7 @@ def resident_stacks(model_dir: Path, manifest: Manifest, layer: int) -> dict[str
     for name, a in stacks.items():  # gather_qmm would widen every expert's scales per call
         if mx.issubdtype(a.dtype, mx.floating) and a.dtype.size < dtype.size:
             stacks[name] = a.astype(dtype)
+            mx.eval(stacks[name])  # one field's narrow copy alive at a time (memory.load_bytes)
+            del a
     mx.eval(list(stacks.values()))
     return stacks
