@@ -5,6 +5,9 @@
 - `tiny_model_path`: parametrised over both architectures.
 - `model_copy(model_type)`: a writable copy under tmp_path.
 - `loaded_model(model_type)`: `edge0.load` of a fixture, cached for the session.
+- `runtime_store_root`, `runtime_stores`: tiny random stores in the edge0 layout
+  (runtime_helpers.build_store), built once per session and shared read-only by
+  the runtime tests; a test that writes into a store builds its own.
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def model_copy(tmp_path: Path) -> Callable[[str], Path]:
         return target
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def runtime_store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runtime-stores")
+
+
+@pytest.fixture(scope="session")
+def runtime_stores(runtime_store_root: Path) -> dict[str, Path]:
+    """The default tiny store of each family, keyed by model_type. Read-only."""
+    from runtime_helpers import build_store
+
+    return {mt: build_store(runtime_store_root, mt) for mt in MODEL_TYPES}
 
 
 _LOADED: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 
 from edge0.model.generate import SamplingSettings
 from edge0.runtime.engine import Engine
@@ -25,13 +25,8 @@ LIMIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("batch-stores")
-
-
-@pytest.fixture(scope="module")
-def stores(root: Path) -> dict[str, Path]:
-    return {mt: build_store(root, mt) for mt in FAMILIES}
+def stores(runtime_stores: dict[str, Path]) -> dict[str, Path]:
+    return {mt: runtime_stores[mt] for mt in FAMILIES}
 
 
 def run(main: Any) -> Any:

@@ -17,14 +17,14 @@ from edge0.runtime.tickets import DEMAND
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]
 
 
-@pytest.fixture(scope="session")
-def store_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("runtime-stores")
+@pytest.fixture(scope="module")
+def store_root(runtime_store_root: Path) -> Path:
+    return runtime_store_root
 
 
-@pytest.fixture(scope="session")
-def stores(store_root: Path) -> dict[str, Path]:
-    return {mt: build_store(store_root, mt) for mt in FAMILIES}
+@pytest.fixture(scope="module")
+def stores(runtime_stores: dict[str, Path]) -> dict[str, Path]:
+    return {mt: runtime_stores[mt] for mt in FAMILIES}
 
 
 async def decode(path: Path, prompt: list[int], n: int = 12, **opts: Any) -> tuple[list[int], Any]:
