@@ -15,7 +15,16 @@ from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import read_expert_stacks
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.layout.records import field_views
-from edge0.runtime.memory import Footprint, load_bytes, plan
+from edge0.runtime.memory import (
+    WORKING_BASE,
+    WORKING_PER_1K_D,
+    Footprint,
+    attention_layers,
+    kv_bytes,
+    load_bytes,
+    plan,
+    working_bytes,
+)
 from edge0.runtime.setup import EngineOptions, footprint
 from edge0.synth.gpt_oss_forms import hub_mxfp4
 from edge0.synth.tiny_families import fixture_file, write_family
@@ -85,3 +94,22 @@ def test_the_plan_refuses_a_budget_that_only_the_steady_state_fits() -> None:
     assert "loading 7" in got.line()
     with pytest.raises(ConfigError, match=r"and loading \(7\) need"):
         plan(fixed + 7 * _MIB - 1, _fp(7 * _MIB))
+
+
+def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
+    """mlx-lm grows one layer's cache at a time: working memory holds that layer's KV once
+    (a config without `layer_types` has every layer attending; sliding layers do not count)."""
+    mixtral = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+               "num_key_value_heads": 8}  # fmt: skip
+    assert attention_layers(mixtral) == 32
+    assert kv_bytes(mixtral, 4000) == 2 * 32 * 8 * 128 * 4096 * 4  # 256-token growth steps
+    assert working_bytes(mixtral, 4000) == (WORKING_BASE + 4 * WORKING_PER_1K_D
+                                            + kv_bytes(mixtral, 4000) // 32)  # fmt: skip
+    gpt_oss = {"hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+               "num_key_value_heads": 8, "head_dim": 64,
+               "layer_types": ["sliding_attention", "full_attention"] * 12}  # fmt: skip
+    assert attention_layers(gpt_oss) == 12
+    assert kv_bytes(gpt_oss, 256) == 2 * 12 * 8 * 64 * 256 * 4
+    assert working_bytes(gpt_oss, 256) - working_bytes(gpt_oss, 1) == 0  # one growth step
+    assert working_bytes(gpt_oss, 4096) - working_bytes(gpt_oss, 256) == (
+        kv_bytes(gpt_oss, 4096) - kv_bytes(gpt_oss, 256)) // 12  # fmt: skip

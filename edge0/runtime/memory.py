@@ -177,21 +177,25 @@ def _text(config: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def attention_layers(config: dict[str, Any]) -> int:
+    """Layers whose KV cache grows with the context (full attention)."""
+    c = _text(config)
+    layer_types = c.get("layer_types")
+    if layer_types:  # transformers' explicit per-layer list (qwen3_5_moe, qwen3_next, gpt_oss)
+        return sum(1 for t in layer_types if t == "full_attention")
+    layers = int(c.get("num_hidden_layers", 0))
+    interval = int(c.get("full_attention_interval", 1) or 1)
+    return layers // interval if interval > 1 else layers
+
+
 def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
     """KV cache of `context` tokens (rounded up to mlx-lm's growth step) for the full-attention
     layers of a config."""
     c = _text(config)
-    layers = int(c.get("num_hidden_layers", 0))
-    layer_types = c.get("layer_types")
-    interval = int(c.get("full_attention_interval", 1) or 1)
     heads = int(c.get("num_key_value_heads") or c.get("num_attention_heads") or 1)
     head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
-    if layer_types:  # transformers' explicit per-layer list (qwen3_5_moe, qwen3_next)
-        attn_layers = sum(1 for t in layer_types if t == "full_attention")
-    else:
-        attn_layers = layers // interval if interval > 1 else layers
     tokens = -(-context // KV_STEP) * KV_STEP
-    return 2 * attn_layers * heads * head_dim * tokens * itemsize
+    return 2 * attention_layers(config) * heads * head_dim * tokens * itemsize
 
 
 def state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
@@ -210,8 +214,7 @@ def working_bytes(config: dict[str, Any], context: int) -> int:
     """Decode working memory: the measured model (docs/memory.md), plus one attention layer's
     KV cache (mlx-lm grows a layer's cache by concatenation: old and new alive at once)."""
     d = int(_text(config).get("hidden_size", 1024))
-    layers = max(1, sum(1 for t in _text(config).get("layer_types") or ["full_attention"]
-                        if t == "full_attention"))  # fmt: skip
+    layers = max(1, attention_layers(config))  # a config without layer_types: every layer
     return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv_bytes(config, context) // layers
 
 
