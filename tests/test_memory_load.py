@@ -113,3 +113,25 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
     assert working_bytes(gpt_oss, 256) - working_bytes(gpt_oss, 1) == 0  # one growth step
     assert working_bytes(gpt_oss, 4096) - working_bytes(gpt_oss, 256) == (
         kv_bytes(gpt_oss, 4096) - kv_bytes(gpt_oss, 256)) // 12  # fmt: skip
+
+
+def test_a_pool_past_mlx_int32_dimensions_is_two_dimensional_with_the_same_views(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edge0.runtime.slotmem as slotmem
+
+    manifest = Manifest.load(store)
+    layers = list(manifest.moe_layers)
+    data = np.fromfile(store / EXPERTS_FILE, dtype=np.uint8)
+    record = data[manifest.record_offset(layers[0], 1) :][: manifest.record_size]
+    pools = []
+    for limit in (slotmem.DIM_LIMIT, 0):  # 0: every pool takes the 2-D path
+        monkeypatch.setattr(slotmem, "DIM_LIMIT", limit)
+        mem = slotmem.SlotMemory(manifest, layers, 5, mx.float32)
+        np.frombuffer(mem.dest(layers[0], 3), dtype=np.uint8)[:] = record
+        mem.widen(3)
+        pools.append(mem)
+    flat, two_d = pools
+    assert two_d._buffer.ndim == 2 and flat._buffer.ndim == 1
+    for name, view in flat.pool.items():
+        assert np.array_equal(np.asarray(view[3]), np.asarray(two_d.pool[name][3])), name

@@ -29,6 +29,7 @@ from edge0.layout.manifest import Manifest
 from edge0.layout.records import VIEW_DTYPES
 
 ALIGN = 4096
+DIM_LIMIT = 1 << 31  # MLX shapes are int32 (mixtral-8x7b's 68 slots: 6.7 GB)
 MX_DTYPES = {
     "uint32": mx.uint32,
     "uint8": mx.uint8,  # mxfp4 scales
@@ -59,9 +60,11 @@ class SlotMemory:
         self.manifest = manifest
         self.n_slots = n_slots
         self.record_size = r = manifest.record_size
-        self._buffer = mx.zeros((n_slots * r + ALIGN,), dtype=mx.uint8)
+        total = n_slots * r + ALIGN  # an MLX dimension is int32: a larger pool is 2-D
+        shape = (total,) if total < DIM_LIMIT else (-(-total // ALIGN), ALIGN)
+        self._buffer = mx.zeros(shape, dtype=mx.uint8)
         mx.eval(self._buffer)
-        flat = np.asarray(self._buffer)  # zero-copy and writable on the CPU (FACTS.md)
+        flat = np.asarray(self._buffer).reshape(-1)  # zero-copy, writable on the CPU (FACTS.md)
         base = (-flat.ctypes.data) % ALIGN
         rows = flat[base : base + n_slots * r].reshape(n_slots, r)  # (n_slots, record_size) uint8
         self.pool = self._field_views(self._buffer, base)  # field -> (n_slots, *shape)
