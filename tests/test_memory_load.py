@@ -116,22 +116,25 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
 
 
 def test_a_pool_past_mlx_int32_dimensions_is_two_dimensional_with_the_same_views(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import edge0.runtime.slotmem as slotmem
 
+    store = build_store(tmp_path, "qwen3_5_moe", moe_ff=64)  # bf16 fields of even width
     manifest = Manifest.load(store)
     layers = list(manifest.moe_layers)
     data = np.fromfile(store / EXPERTS_FILE, dtype=np.uint8)
     record = data[manifest.record_offset(layers[0], 1) :][: manifest.record_size]
     pools = []
-    for limit in (slotmem.DIM_LIMIT, 0):  # 0: every pool takes the 2-D path
+    for limit, dtype in ((slotmem.DIM_LIMIT, None), (0, None), (0, mx.float32)):  # 0: 2-D
         monkeypatch.setattr(slotmem, "DIM_LIMIT", limit)
-        mem = slotmem.SlotMemory(manifest, layers, 5, mx.float32)
+        mem = slotmem.SlotMemory(manifest, layers, 5, dtype)  # float32: with the sidecar
         np.frombuffer(mem.dest(layers[0], 3), dtype=np.uint8)[:] = record
         mem.widen(3)
         pools.append(mem)
-    flat, two_d = pools
+    flat, two_d, widened = pools
     assert two_d._buffer.ndim == 2 and flat._buffer.ndim == 1
+    assert any(v.dtype == mx.bfloat16 for v in two_d.pool.values())  # built from words
     for name, view in flat.pool.items():
-        assert np.array_equal(np.asarray(view[3]), np.asarray(two_d.pool[name][3])), name
+        assert mx.array_equal(view[3], two_d.pool[name][3]).item(), name
+        assert mx.array_equal(view[3].astype(mx.float32), widened.pool[name][3]).item(), name

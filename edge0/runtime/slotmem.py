@@ -110,6 +110,9 @@ class SlotMemory:
             size = dtype.size
             if (base + f.offset) % size or self.record_size % size:
                 raise ValueError(f"field {f.name} is not aligned to its dtype in the record")
+            if buf.ndim == 2 and size < 4:  # a pool past int32 elements: as 4-byte words
+                views[f.name] = self._word_view(buf, base, f.name, f.offset, f.shape, dtype)
+                continue
             typed = buf.view(dtype)  # (n_slots * record_size / size,)
             views[f.name] = mx.as_strided(
                 typed,
@@ -118,6 +121,19 @@ class SlotMemory:
                 offset=(base + f.offset) // size,
             )
         return views
+
+    def _word_view(self, buf: mx.array, base: int, name: str, offset: int,
+                   shape: tuple[int, ...], dtype: Any) -> mx.array:  # fmt: skip
+        """A narrow field's view built over uint32 words and viewed back: MLX flattens the
+        operand of as_strided, and a 2-byte view of a pool over 4 GiB has too many elements."""
+        per = 4 // dtype.size
+        if (base + offset) % 4 or self.record_size % 4 or shape[-1] % per:
+            raise ValueError(f"field {name} of a pool over 2 GiB is not word-aligned")
+        words = (*shape[:-1], shape[-1] // per)
+        return mx.as_strided(
+            buf.view(mx.uint32), shape=(self.n_slots, *words),
+            strides=[self.record_size // 4, *_row_major(words)], offset=(base + offset) // 4,
+        ).view(dtype)  # fmt: skip
 
     def dest(self, layer: int, slot: int) -> memoryview:
         """The writable record-sized memory of one pool slot (the tier reads into it)."""
