@@ -23,8 +23,10 @@ from test_reference import edge0_logits
 
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
+from edge0.layout.manifest import Manifest
 from edge0.layout.verify import verify
 from edge0.model.loader import load
+from edge0.routing.families import family_for
 from edge0.runtime.engine import Engine
 from edge0.synth.flagships import FLAGSHIPS
 from edge0.synth.tiny_families import CONFIGS, fixture_file, layout_from_transformers, write_family
@@ -123,21 +125,18 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
 ) -> None:
     import mlx_lm
 
-    if model_type == "granitemoe":
-        pytest.skip(
-            "mlx-lm's granitemoe quant_predicate gives `switch_mlp.down_proj` 8 bits (it matches "
-            "`mlp.down_proj` by suffix): its int4 conversion is not one bits for all experts' "
-            "projections, which the edge0 record stores (such mlx dirs are refused: "
-            "test_families_loader)"
-        )
     b = built[model_type]
     mlx_dir = mlx_lm_int4(_mlx_lm_readable(b), b["root"] / "mlx-int4")
     ref_model, _ = mlx_lm.load(str(mlx_dir))
+    # where edge0 corrects mlx-lm's arithmetic (llama4's q/k norm eps), the same correction on
+    # mlx-lm's model: what is compared is the conversion (the int4 weights), not that fix
+    config = json.loads((mlx_dir / "config.json").read_text())
+    family_for(model_type).adapt(ref_model, config.get("text_config") or config)
     want = greedy(ref_model, PROMPT, 12)
     assert greedy(load_layout(b["e0"], dtype=None).model, PROMPT, 12) == want
     assert greedy(load(mlx_dir).model, PROMPT, 12) == greedy(load_layout(b["e0"]).model, PROMPT, 12)
     repacked = convert(mlx_dir, b["root"] / "e0-from-mlx")  # an mlx-community style dir
-    assert repacked.quantization["bits"] == 4
+    assert repacked.quantization == Manifest.load(b["e0"]).quantization  # granitemoe: down 8
     assert greedy(load_layout(b["root"] / "e0-from-mlx", dtype=None).model, PROMPT, 12) == want
 
 
@@ -161,17 +160,22 @@ def test_traces_and_head_training(built: dict[str, Any], model_type: str, tmp_pa
     collect(model, win, tmp_path, batch=8, progress=False)
     ts = TraceSet.load(tmp_path)
     n_sparse = len(json.loads((built[model_type]["e0"] / "edge0.json").read_text())["moe_layers"])
-    assert ts.topk.shape == (16, n_sparse, 16, 2)
+    k = _top_k(built[model_type]["hf"])
+    assert ts.topk.shape == (16, n_sparse, 16, k)
     init = PrerouterSet.from_model(model)
-    cfg = HeadTrainConfig(k=2, batch=64, max_steps=30, eval_every=10, heldout_frac=0.25, lr=3e-3)
+    cfg = HeadTrainConfig(k=k, batch=64, max_steps=30, eval_every=10, heldout_frac=0.25, lr=3e-3)
     trained, summary = train_heads(ts, init, cfg, progress=False)
     assert summary["heldout_loss"] < summary["heldout_loss_init"]
     assert trained.config.trained
 
 
+def _top_k(hf: Path) -> int:
+    config = json.loads((hf / "config.json").read_text())
+    return int((config.get("text_config") or config)["num_experts_per_tok"])
+
+
 def test_recorded_sets_follow_the_family_rule(built: dict[str, Any], tmp_path: Path) -> None:
     """Traces record what the block executes: DeepSeek-V3's bias and groups, not top-k of logits."""
-    from edge0.routing.families import family_for
     from edge0.routing.prerouter import moe_blocks
     from edge0.train.capture import run_and_record
 
@@ -213,7 +217,7 @@ def test_flagship_shapes_follow_their_family_rules(shape: str) -> None:
 
 
 def test_plan_sizes_equal_what_synthesis_writes(tmp_path: Path) -> None:
-    from edge0.layout.manifest import RESIDENT_FILE, Manifest
+    from edge0.layout.manifest import RESIDENT_FILE
     from edge0.synth.flagships import plan_sizes
     from edge0.synth.layout import synthesize
 
@@ -230,9 +234,7 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
     built: dict[str, Any], model_type: str
 ) -> None:
     """Every sparse block of the int4 model: the streaming block computes the same bits."""
-    from edge0.layout.manifest import Manifest
     from edge0.model.sparse import sparse_blocks
-    from edge0.routing.families import family_for
     from edge0.runtime.block import StreamingMoE
     from edge0.runtime.layers import LayerStream, ResidentExperts
     from edge0.runtime.steps import Steps
@@ -256,3 +258,28 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
             scores = fam.scores(block, x)
             inds, w = fam.select(block, scores, k)
             assert mx.array_equal(fam.weights(block, scores, inds), w).item()
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_init_heads_are_the_next_router_bias_included(
+    built: dict[str, Any], model_type: str, tmp_path: Path
+) -> None:
+    """An untrained head is the target layer's router on this layer's hidden (gpt-oss: + bias),
+    lean or full, and saved heads keep the bias."""
+    from edge0.routing.prerouter import PrerouterSet, moe_blocks
+
+    model = load(built[model_type]["hf"]).model
+    fam = family_for(model_type)
+    blocks = dict(moe_blocks(model))
+    lean = PrerouterSet.from_model(model, lean=True)
+    assert lean.config.router_bias == (model_type == "gpt_oss")
+    full = PrerouterSet.from_model(model)
+    full.save(tmp_path)
+    loaded = PrerouterSet.load(tmp_path)
+    mx.random.seed(3)
+    for owner, target in lean.config.heads():
+        x = mx.random.normal((1, 1, lean.config.d_model))
+        want = fam.router_logits(blocks[target], x)
+        for heads in (lean, full, loaded):
+            got = heads.predict(owner, x, None, None)
+            assert np.allclose(np.array(got), np.array(want), atol=1e-5), (model_type, owner)

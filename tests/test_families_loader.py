@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from runtime_helpers import PROMPT
 
 from edge0.cli.main import main as cli
-from edge0.errors import ConversionError, ModelLoadError
+from edge0.errors import CheckpointError, ModelLoadError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
 from edge0.model.loader import load
@@ -84,7 +84,7 @@ def _edit(path: Path, **changes: object) -> None:
             {"model_type": "phimoe", "num_local_experts": 8},
             "model_type 'phimoe' is a Mixture-of-Experts family Edge0 does not support yet; "
             "supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe, kimi_k2, "
-            "mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next",
+            "llama4, mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next",
         ),
         ({"model_type": "llama"}, "model_type 'llama' is a dense model: it has no experts"),
         ({"num_experts": 0}, "'qwen3_moe' without routed experts is a dense model: it has no"),
@@ -115,8 +115,8 @@ def test_configs_mlx_lm_would_compute_differently_are_refused(tmp_path: Path) ->
         normalize_config({"model_type": "gpt_oss", "swiglu_limit": 10.0})
 
 
-def test_mlx_dir_with_mixed_expert_bits_is_refused(tmp_path: Path) -> None:
-    """An mlx dir whose experts' down_proj has other bits (mlx-lm's granitemoe recipe)."""
+def _mixed_bits_dir(tmp_path: Path) -> Path:
+    """An mlx dir whose experts' down_proj has 8 bits (mlx-lm's granitemoe recipe, on qwen3_moe)."""
     from layout_helpers import mlx_lm_int4
 
     mlx_dir = mlx_lm_int4(FIXTURES / "qwen3_moe", tmp_path / "mlx")
@@ -127,5 +127,40 @@ def test_mlx_dir_with_mixed_expert_bits_is_refused(tmp_path: Path) -> None:
         w = mx.dequantize(weights[key], weights[f"{pre}.scales"], weights[f"{pre}.biases"], 32, 4)
         weights[key], weights[f"{pre}.scales"], weights[f"{pre}.biases"] = mx.quantize(w, 32, 8)
     mx.save_safetensors(str(file), weights, metadata={"format": "mlx"})
-    with pytest.raises(ConversionError, match=r"quantized with different bits \(gate_proj 4, "):
-        convert(mlx_dir, tmp_path / "out")
+    return mlx_dir
+
+
+def test_mlx_dir_with_per_projection_bits_converts_byte_exact_and_streams(tmp_path: Path) -> None:
+    from layout_helpers import greedy
+    from test_families import every_mode_matches_resident
+
+    from edge0.layout.manifest import Manifest
+    from edge0.layout.records import field_views
+    from edge0.layout.verify import verify
+
+    mlx_dir = _mixed_bits_dir(tmp_path)
+    m = convert(mlx_dir, tmp_path / "e0")
+    assert m.quantization["projections"] == {"down_proj": {"bits": 8, "group_size": 32}}
+    assert m.field("down_proj.weight").shape[1] * 32 // 8 == m.field("gate_proj.weight").shape[0]
+    src = mx.load(str(next(mlx_dir.glob("*.safetensors"))))
+    raw = (tmp_path / "e0" / "experts.bin").read_bytes()
+    layer, expert = m.moe_layers[-1], 3
+    at = (m.moe_layers.index(layer) * m.n_experts + expert) * m.record_size
+    views = field_views(m, bytearray(raw[at : at + m.record_size]))
+    for name, view in views.items():  # the source's bytes, field for field
+        stacked = src[f"model.layers.{layer}.mlp.switch_mlp.{name}"][expert]
+        if stacked.dtype == mx.bfloat16:
+            stacked = stacked.view(mx.uint16)
+        assert view.tobytes() == np.array(stacked).tobytes(), name
+    assert verify(tmp_path / "e0", progress=False).records == m.n_records
+    assert greedy(load_layout(tmp_path / "e0").model, PROMPT, 10) == greedy(
+        load(mlx_dir).model, PROMPT, 10
+    )
+    every_mode_matches_resident(tmp_path / "e0")
+    # a manifest naming a bad per-projection bits is refused in one line
+    doc = json.loads((tmp_path / "e0" / "edge0.json").read_text())
+    doc["quantization"]["projections"]["down_proj"]["bits"] = 7
+    (tmp_path / "e0" / "edge0.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match=r"projections.down_proj bits 7 is not") as e:
+        Manifest.load(tmp_path / "e0")
+    assert "\n" not in str(e.value)

@@ -172,8 +172,8 @@ def test_missing_weights(model_copy: Callable[[str], Path]) -> None:
         (
             "frobnicator",
             "'frobnicator' is a Mixture-of-Experts family Edge0 does not support yet; "
-            "supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe, kimi_k2, mixtral, "
-            "olmoe, qwen2_moe, ",
+            "supported: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, granitemoe, kimi_k2, llama4, "
+            "mixtral, olmoe, qwen2_moe, ",
         ),
     ],
 )

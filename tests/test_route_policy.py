@@ -80,13 +80,13 @@ def test_a_long_finite_deadline_waits_for_the_true_experts(
     assert any(r["kind"] == DEMAND for r in decode_reads(eng))  # the temporal guess missed
 
 
-def test_everything_in_ram_is_servable_so_available_first_is_exact_at_deadline_zero(
+def test_everything_in_ram_is_servable_so_available_first_sync_is_exact_at_deadline_zero(
     stores: dict[str, Path], tmp_path: Path
 ) -> None:
     path = stores["qwen3_5_moe"]
     ref, _ = decode(path, mode="resident", top_k=1)
     got, eng = decode(path, warm_cache=True, mode="route", predictor="temporal", top_k=1,
-                      tiers="ram:64MiB>pread", route_policy="available-first",
+                      tiers="ram:64MiB>pread", route_policy="available-first-sync",
                       route_deadline_ms=0.0, trace=tmp_path / "t.json")  # fmt: skip
     assert got == ref
     assert eng.last_stats.route_recall == 1.0
@@ -94,7 +94,7 @@ def test_everything_in_ram_is_servable_so_available_first_is_exact_at_deadline_z
     assert not any(r["kind"] == DEMAND for r in decode_reads(eng))
 
 
-@pytest.mark.parametrize("policy", ["available-first", "deadline"])
+@pytest.mark.parametrize("policy", ["available-first", "available-first-sync", "deadline"])
 def test_deadline_zero_never_reads_on_demand(
     stores: dict[str, Path], policy: str, tmp_path: Path
 ) -> None:
@@ -177,3 +177,22 @@ def test_teacher_forced_eval_of_exact_routing_matches_the_parallel_forward(
     assert rows[1]["route_recall"] == 1.0
     assert rows[2]["route_recall"] is not None and rows[2]["kl_mean"] >= 0
     assert PolicyVariant("route", 2, "deadline", 3.0).label == "deadline 3ms"
+
+
+def test_bench_reports_each_policy_over_predicted_per_round() -> None:
+    from edge0.bench.run import Variant, policy_ratios, ratio_lines
+
+    spec = "ram:8MiB>pread"
+    pred, dev = Variant("route", 2, spec), Variant("route", 2, spec, policy="available-first")
+    other_k = Variant("route", 4, spec, policy="available-first")  # no predicted at K=4
+
+    def runs(*tps: float) -> list[dict[str, Any]]:
+        return [{"summary": {"decode_tps": t, "cpu_ms_per_step": 10.0}} for t in tps]
+
+    got = policy_ratios([pred, dev, other_k], {pred.label: runs(50, 40, 60),
+                                               dev.label: runs(48, 40, 30)})  # fmt: skip
+    tps = [r for r in got if r.get("key") is None]
+    assert [r["variant"] for r in tps] == [dev.label] and tps[0]["over"] == pred.label
+    assert tps[0]["per_round"] == [0.96, 1.0, 0.5] and tps[0]["median"] == 0.96
+    assert [r["median"] for r in got if r.get("key") == "cpu_ms_per_step"] == [1.0]
+    assert "0.96x decode tok/s" in ratio_lines(got) and "process CPU ms/step" in ratio_lines(got)

@@ -88,6 +88,7 @@ def test_end_request_cancels_queued_prefetches(store: Path) -> None:
         async with Engine.open(store, mode="hint", predictor="init", tiers=tier,
                                io_workers=1) as eng:  # fmt: skip
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=2, stop=False)]
+            await eng.wait_idle()  # the request's own end_request runs after its last token
             sched = eng.setup.scheduler
             reads_before = len(tier.reads)
             layer = eng.setup.manifest.moe_layers[-1]

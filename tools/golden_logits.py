@@ -36,6 +36,7 @@ def reference_model(path: Path) -> Any:
     cls = {
         "qwen3_moe": transformers.Qwen3MoeForCausalLM,
         "qwen3_5_moe": transformers.Qwen3_5MoeForCausalLM,
+        "llama4": transformers.Llama4ForConditionalGeneration,  # the hub's multimodal layout
     }.get(model_type, transformers.AutoModelForCausalLM)
     config = json.loads((path / "config.json").read_text())
     extra: dict[str, Any] = {}
@@ -48,6 +49,8 @@ def reference_model(path: Path) -> Any:
     bad = {k: v for k, v in info.items() if v}
     if bad:
         raise SystemExit(f"{path}: transformers did not load the checkpoint cleanly: {bad}")
+    if model_type == "llama4":  # text-only: its language model (transformers 5.24's multimodal
+        model = model.language_model  # forward fails building its output without an image)
     return model.eval()
 
 

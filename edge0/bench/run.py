@@ -259,6 +259,23 @@ def ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -
     )  # fmt: skip
 
 
+def policy_ratios(
+    variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]
+) -> list[dict]:
+    """Decode tok/s and process CPU per step of each route policy over `predicted` at the same
+    K, tiers and chunk: per round and median (the issue-19 speed comparison)."""
+
+    def base(v: Variant) -> Variant | None:
+        if v.mode != "route" or (v.policy == "predicted" and v.deadline_ms is None):
+            return None
+        return attrs.evolve(v, policy="predicted", deadline_ms=None)
+
+    out = paired_ratios(variants, runs, base, "decode_tps")
+    for r in paired_ratios(variants, runs, base, "cpu_ms_per_step"):
+        out.append({**r, "key": "cpu_ms_per_step"})
+    return out
+
+
 def markdown(variants: Sequence[Variant], summaries: dict[str, dict[str, Any]]) -> str:
     """The results table: medians over rounds, decode spread as +-half the min-max range."""
     head = ["variant", "runs"] + [h for _, h, _, _ in COLUMNS[:1]] + ["spread"]
@@ -285,7 +302,8 @@ def ratio_lines(rs: list[dict]) -> str:
         b, _, base_tiers = r["over"].partition(" @ ")
         what = f"{a} / {b} @ {tiers}" if tiers == base_tiers else f"{r['variant']} / {r['over']}"
         rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
-        lines.append(f"- {what}: {r['median']:.2f}x decode tok/s (median of per-round ratios "
+        key = "process CPU ms/step" if r.get("key") == "cpu_ms_per_step" else "decode tok/s"
+        lines.append(f"- {what}: {r['median']:.2f}x {key} (median of per-round ratios "
                      f"{rounds})")  # fmt: skip
     return "\n".join(lines)
 
@@ -312,6 +330,7 @@ def report(
         ],  # fmt: skip
         "order": [{"seq": s, "label": lab, "round": r} for s, lab, r in order],
         "ratios": ratios(variants, runs),
+        "policy_ratios": policy_ratios(variants, runs),
         "table": markdown(variants, summaries),
     }
 

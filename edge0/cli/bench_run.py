@@ -197,6 +197,8 @@ def run_cmd(**kw: Any) -> None:
     report["calibration"] = extra or None
     report["prefill_ratios"] = bench_prefill.prefill_ratios(variants, runs)
     body = report["table"] + "\n\n" + bench_run.ratio_lines(report["ratios"])
+    if report["policy_ratios"]:
+        body += "\n" + bench_run.ratio_lines(report["policy_ratios"])
     if report["prefill_ratios"]:
         body += "\n" + bench_prefill.ratio_lines(report["prefill_ratios"])
     if extra:

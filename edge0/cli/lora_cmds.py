@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from edge0.cli.options import ROUTE_POLICIES
+
 SAMPLES_FILE = "samples.npz"
 
 
@@ -277,7 +279,7 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False), default=None)
 @click.option("--route-policy", "policies", multiple=True,
-              type=click.Choice(["predicted", "available-first", "deadline"]),
+              type=click.Choice(ROUTE_POLICIES),
               help="Instead of the adapter variants: these route policies (repeatable) at K = "
               "--k, else top-k and top-k/2, through the streaming engine on MODEL (an "
               "edge0-layout dir), decode steps teacher-forced (edge0/eval/policy.py).")

@@ -10,7 +10,7 @@ import click
 # the decode modes (edge0.runtime.runner.MODES; repeated here so `edge0 --help` does not import MLX)
 MODES = ("resident", "reactive", "hint", "route")
 # route policies (edge0.runtime.policy.POLICIES, repeated for the same reason)
-ROUTE_POLICIES = ("predicted", "available-first", "deadline")
+ROUTE_POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
 # the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",
                 "context", "trace_file", "run_log_json", "io_workers", "adapter",
@@ -104,10 +104,11 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      "--memory-budget]."),
         click.option("--route-policy", type=click.Choice(ROUTE_POLICIES), default=None,
                      help="Route mode: the experts a layer runs: the set predicted one token "
-                     "ahead, the best true experts servable without waiting "
-                     "(available-first), or that plus a same-token head fetching the next "
-                     "layer's experts one layer ahead (deadline) [default: predicted; "
-                     "docs/benchmarks/route_policy.md]."),
+                     "ahead, the best true experts in the slots, chosen in the graph "
+                     "(available-first), the best servable from slots or RAM, chosen on the "
+                     "host (available-first-sync), or that plus a same-token head fetching "
+                     "the next layer's experts one layer ahead (deadline) [default: "
+                     "predicted; docs/benchmarks/route_policy.md]."),
         click.option("--route-deadline-ms", type=click.FloatRange(0.0), default=None,
                      help="available-first/deadline: the longest compute waits per layer for "
                      "a true expert that is not servable; inf waits for all (exact routing) "

@@ -18,7 +18,7 @@ from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Ma
 from edge0.layout.manifest_checks import check_model
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import quantize_stored, switch_modules
-from edge0.layout.records import PROJECTIONS, field_views
+from edge0.layout.records import PROJECTIONS, field_views, projection_quant
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
 from edge0.layout.verify import check_files, check_resident_header
 from edge0.log import get_logger
@@ -33,9 +33,9 @@ def _quantize(model: nn.Module, manifest: Manifest, weights: dict[str, Any]) -> 
     """Make quantized layers where mlx-lm's loader would, and every expert stack."""
     q = manifest.quantization
     experts = {f"{p}.{proj}" for p, _ in switch_modules(model).values() for proj in PROJECTIONS}
-    settings = {"group_size": q["group_size"], "bits": q["bits"], "mode": q["mode"]}
     per_layer = manifest.config.get("quantization") or {}
-    quantize_stored(model, {**per_layer, **q}, weights, fixed=dict.fromkeys(experts, settings))
+    fixed = {path: projection_quant(q, path.rpartition(".")[2]) for path in experts}
+    quantize_stored(model, {**per_layer, **q}, weights, fixed=fixed)
 
 
 def keeps_dtype(module: nn.Module | None, leaf: str, stored: mx.Dtype, compute: mx.Dtype) -> bool:

@@ -78,7 +78,8 @@ def _layout(q: dict[str, Any], fields: tuple[RecordField, ...], record_size: int
     mode = q.get("mode", "affine")
     try:
         want = record_layout(d_model, d_ff, q["bits"], q["group_size"], scales.dtype, mode,
-                             bias.dtype if bias is not None else None)  # fmt: skip
+                             bias.dtype if bias is not None else None,
+                             q.get("projections"))  # fmt: skip
     except CheckpointError as exc:
         raise _Bad(str(exc)) from None
     names = [f.name for f in fields]
@@ -106,7 +107,30 @@ def _quantization(raw: Any) -> dict[str, Any]:
         raise _Bad(f"quantization group_size {_show(group)} is not one of {SUPPORTED_GROUPS}")
     if raw.get("mode", "affine") not in ("affine", "mxfp4"):
         raise _Bad(f"quantization mode {_show(raw.get('mode'))} is not supported (affine, mxfp4)")
+    _projections(raw.get("projections"))
     return dict(raw)
+
+
+def _projections(raw: Any) -> None:
+    """Per-projection bits / group size (`projections`): known projections, supported values."""
+    from edge0.layout.records import PROJECTIONS
+
+    if raw is None:
+        return
+    if not isinstance(raw, dict) or not set(raw) <= set(PROJECTIONS):
+        raise _Bad(f"quantization 'projections' must map {'/'.join(PROJECTIONS)} to objects, "
+                   f"not {_show(raw)}")  # fmt: skip
+    for proj, own in raw.items():
+        if not isinstance(own, dict) or not set(own) <= {"bits", "group_size"}:
+            raise _Bad(f"quantization projections.{proj} must be {{bits, group_size}}, not "
+                       f"{_show(own)}")  # fmt: skip
+        bits, group = own.get("bits", SUPPORTED_BITS[0]), own.get("group_size", SUPPORTED_GROUPS[0])
+        if bits not in SUPPORTED_BITS or isinstance(bits, bool):
+            raise _Bad(f"quantization projections.{proj} bits {_show(bits)} is not supported "
+                       f"(one of {SUPPORTED_BITS})")  # fmt: skip
+        if group not in SUPPORTED_GROUPS or isinstance(group, bool):
+            raise _Bad(f"quantization projections.{proj} group_size {_show(group)} is not one of "
+                       f"{SUPPORTED_GROUPS}")  # fmt: skip
 
 
 def _compression(raw: Any) -> dict[str, Any] | None:

@@ -71,6 +71,39 @@ def quant_params(
     return dict(defaults) if decision else None
 
 
+def expert_projections(model: nn.Module, defaults: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """The expert projections mlx-lm's `quant_predicate` quantizes other than `defaults`.
+
+    {proj: {bits, group_size}} (Granite-MoE: `switch_mlp.down_proj` at 8 bits); every MoE
+    layer must get the same answer (one record shape), else ConversionError.
+    """
+    predicate = getattr(model, "quant_predicate", None)
+    found: dict[str, dict[str, int]] | None = None
+    first = 0
+    for layer, (path, switch) in switch_modules(model).items():
+        own: dict[str, dict[str, int]] = {}
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            decision = True if predicate is None else predicate(f"{path}.{proj}", switch[proj])
+            if decision is False:
+                raise ConversionError(
+                    f"layer {layer}: the model's quant_predicate keeps {path}.{proj} in float; "
+                    "an edge0 expert record is quantized"
+                )
+            if isinstance(decision, dict):
+                bits = int(decision.get("bits", defaults["bits"]))
+                group = int(decision.get("group_size", defaults["group_size"]))
+                if (bits, group) != (defaults["bits"], defaults["group_size"]):
+                    own[proj] = {"bits": bits, "group_size": group}
+        if found is None:
+            found, first = own, layer
+        elif own != found:
+            raise ConversionError(
+                f"layer {layer}'s experts are quantized differently from layer {first}'s by the "
+                "model's quant_predicate; the edge0 layout needs one record shape for all layers"
+            )
+    return found or {}
+
+
 RESIDENT_KINDS = ("embed", "attn")  # what `edge0 convert --embed-bits/--attn-bits` select
 
 

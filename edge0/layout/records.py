@@ -48,44 +48,67 @@ def _align(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def projection_quant(q: Mapping[str, Any], proj: str) -> dict[str, Any]:
+    """One projection's {group_size, bits, mode}: the record's, or its own `projections` entry.
+
+    A quantization dict may give projections their own bits / group size (mlx-lm's
+    Granite-MoE predicate: `down_proj` at 8 bits): `{"projections": {"down_proj": {...}}}`.
+    """
+    own = (q.get("projections") or {}).get(proj) or {}
+    return {
+        "group_size": int(own.get("group_size", q["group_size"])),
+        "bits": int(own.get("bits", q["bits"])),
+        "mode": q.get("mode", "affine"),
+    }
+
+
 def record_layout(
     d_model: int, d_ff: int, bits: int, group_size: int, scale_dtype: str,
     mode: str = "affine", bias_dtype: str | None = None,
+    projections: Mapping[str, Mapping[str, int]] | None = None,
 ) -> RecordSpec:  # fmt: skip
     """Fields and padded size (a multiple of RECORD_ALIGN) of one expert's record.
 
     d_model is the model width, d_ff the expert's hidden width; `bias_dtype` adds each
-    projection's own bias (experts with biased linears), None leaves it out.
+    projection's own bias (experts with biased linears), None leaves it out;
+    `projections` gives a projection its own bits / group size (affine only).
     """
     if mode not in MODES:
         raise CheckpointError(f"quantization mode {mode!r} is not one of {', '.join(MODES)}")
     only, mode_scales = MODES[mode]
     if only is not None and (bits, group_size) != only:
         raise CheckpointError(f"mode {mode} packs {only[0]} bits in groups of {only[1]} only")
+    if projections and mode != "affine":
+        raise CheckpointError(f"mode {mode} has one bits / group size for all projections")
     allowed = (mode_scales,) if mode_scales else FLOATS
     if scale_dtype not in allowed:
         raise CheckpointError(f"scales dtype {scale_dtype!r} is not one of {', '.join(allowed)}")
     if bias_dtype is not None and bias_dtype not in FLOATS:
         raise CheckpointError(f"unsupported expert bias dtype {bias_dtype!r}")
-    for dim in (d_model, d_ff):
-        if dim % group_size or (dim * bits) % 32:
-            raise CheckpointError(
-                f"expert dimension {dim} is not a multiple of group size {group_size}; "
-                "pick a --group-size that divides both the model width and expert width"
-            )
+    q = {"bits": bits, "group_size": group_size, "mode": mode, "projections": projections}
     # (out_dims, in_dims) of each projection's weight
     dims = {"gate_proj": (d_ff, d_model), "up_proj": (d_ff, d_model), "down_proj": (d_model, d_ff)}
+    for proj, (_, in_d) in dims.items():
+        pq = projection_quant(q, proj)
+        if in_d % pq["group_size"] or (in_d * pq["bits"]) % 32:
+            raise CheckpointError(
+                f"expert dimension {in_d} ({proj} input) is not a multiple of group size "
+                f"{pq['group_size']}; pick a --group-size that divides both the model width "
+                "and expert width"
+            )
     scale_size = np.dtype(VIEW_DTYPES[scale_dtype]).itemsize
     fields = []
     offset = 0
     for proj in PROJECTIONS:
         out_d, in_d = dims[proj]
+        pq = projection_quant(q, proj)
+        groups = in_d // pq["group_size"]
         specs: list[tuple[str, str, tuple[int, ...], int]] = [
-            ("weight", "uint32", (out_d, in_d * bits // 32), 4),
-            ("scales", scale_dtype, (out_d, in_d // group_size), scale_size),
+            ("weight", "uint32", (out_d, in_d * pq["bits"] // 32), 4),
+            ("scales", scale_dtype, (out_d, groups), scale_size),
         ]
         if mode == "affine":
-            specs.append(("biases", scale_dtype, (out_d, in_d // group_size), scale_size))
+            specs.append(("biases", scale_dtype, (out_d, groups), scale_size))
         if bias_dtype is not None:
             specs.append(("bias", bias_dtype, (out_d,), np.dtype(VIEW_DTYPES[bias_dtype]).itemsize))
         for part, dtype, shape, itemsize in specs:

@@ -33,10 +33,12 @@ _FUSED = re.compile(
     r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.experts\.(?P<proj>gate_up_proj|down_proj)$"
 )
 _STACKED = re.compile(
-    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe))\.(switch_mlp|experts)\."
+    r"^(?P<pre>.*layers\.(?P<layer>\d+)\.(mlp|block_sparse_moe|feed_forward))\.(switch_mlp|experts)\."
     r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<part>weight|scales|biases|bias)$"
 )
-_DROPPED_PREFIXES = ("mtp.", "model.mtp.", "vision_tower", "model.visual")
+_DROPPED_PREFIXES = (
+    "mtp.", "model.mtp.", "vision_tower", "model.visual", "vision_model", "multi_modal_projector",
+)  # fmt: skip
 
 
 @attrs.define

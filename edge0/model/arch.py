@@ -134,6 +134,7 @@ def instantiate(config: dict[str, Any], where: str = "config.json") -> nn.Module
     try:
         args = args_cls.from_dict(config)
         model: nn.Module = model_cls(args)
+        family_of(config).adapt(model, text_config(config))
     except (TypeError, ValueError, KeyError) as exc:
         raise ModelLoadError(
             f"{where}: config does not describe a valid {config.get('model_type')} model "

@@ -6,7 +6,7 @@ import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
 
-SPARSE_ATTRS = ("mlp", "block_sparse_moe")
+SPARSE_ATTRS = ("mlp", "block_sparse_moe", "feed_forward")
 
 
 def sparse_blocks(model: nn.Module) -> list[tuple[int, str, nn.Module]]:

@@ -6,188 +6,34 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from edge0.errors import CheckpointError, ModelLoadError
+from edge0.routing.prerouter_config import (
+    CONFIG_FILE,
+    FILES,
+    FORMAT_VERSION,
+    HORIZONS,
+    WEIGHTS_FILE,
+    PrerouterConfig,
+    default_hidden,
+)  # fmt: skip
+from edge0.routing.prerouter_heads import PrerouterHead, RouterCopyHead, multi_hot
+from edge0.routing.router_access import (
+    block_top_k,
+    moe_blocks,
+    router_bias,
+    router_of,
+    router_weight,
+)  # fmt: skip
 
-WEIGHTS_FILE = "prerouter.safetensors"
-CONFIG_FILE = "prerouter.json"
-FORMAT_VERSION = 1
-# Horizon of a set of heads: "token" (the next MoE layer at token t+1, what route mode runs
-# on) or "layer" (the next MoE layer at the same token t: one layer of lead time). Each
-# horizon has its own files, so layer heads never replace the shipped token heads.
-HORIZONS = ("token", "layer")
-FILES = {
-    "token": (WEIGHTS_FILE, CONFIG_FILE),
-    "layer": ("prerouter-layer.safetensors", "prerouter-layer.json"),
-}
-
-
-@attrs.frozen
-class PrerouterConfig:
-    """Shape and provenance of a set of heads (stored as prerouter.json)."""
-
-    d_model: int
-    num_experts: int
-    top_k: int  # the model's own top-k
-    hidden: int  # width of fc1 (paper: 512 for d_model 2048)
-    moe_layers: tuple[int, ...]  # model layer indices with a sparse block, ascending
-    wrap: bool = True  # the last MoE layer's head predicts the first MoE layer at t+1
-    trained: bool = False
-    horizon: str = "token"  # one of HORIZONS; "layer" heads never wrap
-    info: dict[str, Any] = attrs.field(factory=dict)  # training provenance and figures
-
-    def heads(self) -> list[tuple[int, int]]:
-        """(owner layer N, target layer) pairs; the target is routed at token t+1 (horizon
-        "token") or at the same token t (horizon "layer")."""
-        pairs = list(zip(self.moe_layers[:-1], self.moe_layers[1:], strict=True))
-        if self.wrap and self.moe_layers:
-            pairs.append((self.moe_layers[-1], self.moe_layers[0]))
-        return pairs
-
-    def to_json(self) -> dict[str, Any]:
-        d = attrs.asdict(self)
-        d["moe_layers"] = list(self.moe_layers)
-        d["format_version"] = FORMAT_VERSION
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> PrerouterConfig:
-        d = dict(d)
-        version = d.pop("format_version", None)
-        if version != FORMAT_VERSION:
-            raise CheckpointError(
-                f"{CONFIG_FILE}: format_version {version!r} is not {FORMAT_VERSION}; "
-                "retrain the heads with `edge0 train heads`"
-            )
-        d["moe_layers"] = tuple(d["moe_layers"])
-        horizon = d.get("horizon", "token")
-        if horizon not in HORIZONS or (horizon == "layer" and d.get("wrap", True)):
-            raise CheckpointError(
-                f"{CONFIG_FILE}: horizon {horizon!r} (wrap {d.get('wrap', True)}) is not one of "
-                f"{list(HORIZONS)} (layer heads do not wrap); retrain the heads"
-            )
-        return cls(**d)
-
-
-def default_hidden(d_model: int) -> int:
-    """Paper ratio (512 for d_model 2048), at least 32."""
-    return max(32, d_model // 4)
-
-
-def multi_hot(indices: mx.array | None, num_experts: int, lead: tuple[int, ...]) -> mx.array:
-    """(..., k) expert indices -> (..., E) float32 multi-hot; None -> zeros of shape lead + (E,)."""
-    if indices is None:
-        return mx.zeros((*lead, num_experts), dtype=mx.float32)
-    onehots = indices[..., None] == mx.arange(num_experts)  # (..., k, E)
-    return mx.any(onehots, axis=-2).astype(mx.float32)
-
-
-class PrerouterHead(nn.Module):
-    """head(x) = fc2(gelu_erf(fc1(x))) + l(x), x = [hidden, multi-hot(t), multi-hot(t-1)].
-
-    `l` is split into `lin_h` (the hidden columns, initialised to the next router) and
-    `lin_m` (the multi-hot columns, zeros), so the untrained head is bit-exactly the
-    next layer's router applied to this layer's hidden.
-    """
-
-    def __init__(self, d_model: int, num_experts: int, hidden: int) -> None:
-        super().__init__()
-        self.num_experts = num_experts
-        in_dim = d_model + 2 * num_experts
-        self.fc1 = nn.Linear(in_dim, hidden)
-        self.fc2 = nn.Linear(hidden, num_experts)
-        self.lin_h = nn.Linear(d_model, num_experts, bias=False)
-        self.lin_m = nn.Linear(2 * num_experts, num_experts, bias=False)
-        self.fc2.weight = mx.zeros_like(self.fc2.weight)
-        self.fc2.bias = mx.zeros_like(self.fc2.bias)
-        self.lin_m.weight = mx.zeros_like(self.lin_m.weight)
-
-    def __call__(self, hidden: mx.array, hot_t: mx.array, hot_prev: mx.array) -> mx.array:
-        # hidden (..., d), hot_t / hot_prev (..., E) -> logits (..., E)
-        hots = mx.concatenate([hot_t, hot_prev], axis=-1)  # (..., 2E)
-        x = mx.concatenate([hidden, hots], axis=-1)  # (..., d + 2E)
-        mlp = self.fc2(nn.gelu(self.fc1(x)))  # nn.gelu is the erf form
-        return self.lin_h(hidden) + self.lin_m(hots) + mlp
-
-
-class RouterCopyHead(nn.Module):
-    """An untrained head without its zero parts: `lin_h(hidden)` alone.
-
-    An untrained `PrerouterHead` adds `lin_m(hots)` and `fc2(...)`, whose weights
-    are zeros, so its logits equal `lin_h(hidden)`; this keeps the same logits
-    without the (d + 2E) x hidden fc1 that never contributes (5 of the 8 MiB of a
-    head on the 35B shape). For inference with the `init` predictor; training
-    starts from full `PrerouterHead`s.
-    """
-
-    def __init__(self, d_model: int, num_experts: int) -> None:
-        super().__init__()
-        self.lin_h = nn.Linear(d_model, num_experts, bias=False)
-
-    def __call__(self, hidden: mx.array, hot_t: mx.array, hot_prev: mx.array) -> mx.array:
-        return self.lin_h(hidden)
-
-
-def router_weight(block: nn.Module) -> mx.array:
-    """The (E, d) router weight of a sparse block, dequantized when the router is quantized."""
-    gate = router_of(block)
-    if isinstance(gate, nn.QuantizedLinear):
-        from edge0.model.loaded import activation_dtype
-
-        wide = activation_dtype(gate.scales.dtype)  # scales may be kept narrower (layout.load)
-        biases = gate.get("biases")
-        return mx.dequantize(
-            gate.weight, gate.scales.astype(wide),
-            biases.astype(wide) if biases is not None else None, gate.group_size, gate.bits,
-            mode=gate.mode,
-        ).astype(mx.float32)  # fmt: skip
-    return gate.weight.astype(mx.float32)
-
-
-def router_of(block: nn.Module) -> nn.Module:
-    """The router linear of a sparse block (a family's `router_attr`: `gate`, `router`, ...)."""
-    from edge0.routing.families import FAMILIES
-    from edge0.routing.families.base import router_at
-
-    paths = sorted({f.router_attr for f in FAMILIES.values()}, key=lambda a: -a.count("."))
-    for attr in paths:  # the deepest first: granitemoe's `router.layer` before gpt-oss' `router`
-        try:
-            return router_at(block, attr)
-        except KeyError:
-            continue
-    raise ModelLoadError(f"sparse block {type(block).__name__} has no router")
-
-
-def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """(layer index, sparse block) for each decoder layer with a router and routed experts."""
-    from edge0.model.sparse import SPARSE_ATTRS
-    from edge0.routing.families import for_model
-
-    fam = for_model(model)
-    out = []
-    for i, layer in enumerate(model.layers):
-        for attr in SPARSE_ATTRS:
-            block = getattr(layer, attr, None) if attr in layer else None
-            router = fam.router_attr.split(".")[0]
-            if block is not None and router in block and fam.switch_attr in block:
-                out.append((i, block))
-    if not out:
-        raise ModelLoadError("model has no sparse MoE layers (no router gate); not a MoE model")
-    return out
-
-
-def block_top_k(block: nn.Module) -> int:
-    """The top-k of a sparse block, or of its router where the router keeps it (granitemoe)."""
-    k = None
-    for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):
-        k = k or getattr(owner, "top_k", None) or getattr(owner, "num_experts_per_tok", None)
-    if not isinstance(k, int):
-        raise ModelLoadError(f"sparse block {type(block).__name__} has no top_k attribute")
-    return k
+__all__ = [
+    "CONFIG_FILE", "FILES", "FORMAT_VERSION", "HORIZONS", "WEIGHTS_FILE", "PrerouterConfig",
+    "PrerouterHead", "PrerouterSet", "RouterCopyHead", "block_top_k", "default_hidden",
+    "moe_blocks", "multi_hot", "router_bias", "router_of", "router_weight",
+]  # fmt: skip
 
 
 class PrerouterSet:
@@ -220,6 +66,7 @@ class PrerouterSet:
         blocks = moe_blocks(model)
         w0 = router_weight(blocks[0][1])
         num_experts, d_model = w0.shape
+        biased = router_bias(blocks[0][1]) is not None
         config = PrerouterConfig(
             d_model=d_model,
             num_experts=num_experts,
@@ -228,15 +75,24 @@ class PrerouterSet:
             moe_layers=tuple(i for i, _ in blocks),
             wrap=wrap and horizon == "token",
             horizon=horizon,
+            router_bias=biased,
         )
         by_layer = dict(blocks)
         heads: dict[int, Any] = {}
         for owner, target in config.heads():
             head = (
-                RouterCopyHead(d_model, num_experts) if lean
-                else PrerouterHead(d_model, num_experts, config.hidden)
+                RouterCopyHead(d_model, num_experts, biased) if lean
+                else PrerouterHead(d_model, num_experts, config.hidden, biased)
             )  # fmt: skip
             head.lin_h.weight = router_weight(by_layer[target])
+            bias = router_bias(by_layer[target])
+            if biased:  # untrained, the head is the target's router, bias included
+                if bias is None:
+                    raise ModelLoadError(
+                        f"layer {target}'s router has no bias, layer {blocks[0][0]}'s has one; "
+                        "re-convert the model"
+                    )
+                head.lin_h.bias = bias
             heads[owner] = head
         mx.eval([h.parameters() for h in heads.values()])
         return cls(config, heads)
@@ -333,7 +189,8 @@ class PrerouterSet:
             raise CheckpointError(f"{wpath}: unreadable ({exc}); retrain the heads") from exc
         heads: dict[int, PrerouterHead] = {}
         for owner, _ in config.heads():
-            head = PrerouterHead(config.d_model, config.num_experts, config.hidden)
+            head = PrerouterHead(config.d_model, config.num_experts, config.hidden,
+                                 config.router_bias)  # fmt: skip
             prefix = f"heads.{owner}."
             items = [(k[len(prefix) :], v) for k, v in flat.items() if k.startswith(prefix)]
             try:
@@ -357,4 +214,10 @@ class PrerouterSet:
                 f"{CONFIG_FILE}: heads are for MoE layers {list(self.config.moe_layers)}, "
                 f"E={self.config.num_experts}, d={self.config.d_model}; the model has "
                 f"{list(layers)}, E={e}, d={d}; retrain the heads for this model"
+            )
+        if self.config.router_bias != (router_bias(blocks[0][1]) is not None):
+            raise CheckpointError(
+                f"{CONFIG_FILE}: heads {'with' if self.config.router_bias else 'without'} the "
+                "router's bias, the model's router "
+                f"{'has none' if self.config.router_bias else 'has one'}; retrain the heads"
             )

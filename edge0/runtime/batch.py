@@ -212,11 +212,12 @@ def batched_layer(block: StreamingMoE, xs: list[mx.array], rows: list[RowState])
     outs: list[Any] = [None] * len(rows)
     if not alive:
         return outs
-    h = mx.expand_dims(mx.concatenate([xs[i] for i in alive], axis=0), (-2, -3))  # (B,1,1,1,d)
+    ins = [fam.expert_input(xs[i], per[i][2]) for i in alive]  # x (Llama-4: x * w)
+    h = mx.expand_dims(mx.concatenate(ins, axis=0), (-2, -3))  # (B,1,1,1,d)
     rhs = mx.concatenate([idx[i] for i in alive], axis=0)  # (B, 1, K)
     y = expert_ffn(block, stream.views, h, rhs).squeeze(-2)  # (B, 1, K, d)
     for j, i in enumerate(alive):
-        yi = (y[j : j + 1] * per[i][2][..., None]).sum(axis=-2)  # as the one-row block sums
+        yi = fam.combine(y[j : j + 1], per[i][2])  # as the one-row block sums
         outs[i] = fam.extra(block, xs[i], yi)
     return outs
 

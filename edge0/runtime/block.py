@@ -11,7 +11,8 @@ thread:
   2. `stream.planned()`: in route mode the set predicted one step earlier, which
      is then the routing (or, under a route policy, `stream.choose` picks the set
      from true scores and what is servable: edge0.runtime.policy), with gate
-     weights from the true scores (family rule);
+     weights from the true scores (family rule); the in-graph available-first
+     policy chooses on the device instead (`_choose_on_device`);
   3. `stream.route(...)`: one eval of the routing and of the prediction this
      layer owns; that prediction is prefetched for the next step;
   4. `stream.slots(...)`: blocks until this layer's experts are staged;
@@ -29,6 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import Edge0Error
+from edge0.layout.records import projection_quant
 from edge0.routing.families import Family
 
 if TYPE_CHECKING:
@@ -71,6 +73,10 @@ class StreamingMoE(nn.Module):
         true_inds: mx.array | None = None
         if planned is None or stream.needs_true():  # (1, 1, K) each
             true_inds, w = fam.select(self, scores, stream.top_k)
+        policy = stream.steps.policy
+        if planned is not None and policy is not None and policy.on_device:
+            assert true_inds is not None  # (a route policy ranks by the true set)
+            return self._choose_on_device(x, scores, true_inds, w, planned)
         if planned is not None:  # route mode: the prediction (or the route policy's choice)
             exact = False
             if true_inds is not None:
@@ -85,8 +91,21 @@ class StreamingMoE(nn.Module):
             assert true_inds is not None
             inds = true_inds
         experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
-        y = self._experts(x, stream.slots(experts, inds))  # (1, 1, K, d_model)
-        y = (y * w[..., None]).sum(axis=-2)
+        y = self._experts(fam.expert_input(x, w), stream.slots(experts, inds))  # (1, 1, K, d)
+        return fam.extra(self, x, fam.combine(y, w))
+
+    def _choose_on_device(
+        self, x: mx.array, scores: mx.array, true_inds: mx.array, w: mx.array, planned: list[int]
+    ) -> mx.array:
+        """Route mode under the in-graph available-first policy (edge0.runtime.policy_graph):
+        the set is chosen on the device among the staged candidates, no readback."""
+        stream, fam = self.stream, self.family
+        choice = stream.steps.policy.device
+        cands = choice.candidates(stream, planned)
+        inds, w = choice.graph(self, fam, scores, true_inds, w, cands, len(planned))
+        stream.route(x, true_inds, inds, w, planned)  # deferred: read back with its group
+        idx = choice.slots(stream, cands, inds, scores.shape[-1])
+        y = (self._experts(x, idx) * w[..., None]).sum(axis=-2)
         return fam.extra(self, x, y)
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
@@ -100,9 +119,10 @@ def expert_ffn(
     sorted_indices: bool = False,
 ) -> mx.array:  # fmt: skip
     """The routed experts' gated FFN of `h` with the experts (slots) `idx`, via gather_qmm."""
-    q = block.stream.quant
+    quant = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> Any:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
         out = mx.gather_qmm(
             inp,
             views[f"{name}.weight"],

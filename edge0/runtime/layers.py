@@ -52,6 +52,10 @@ class SlotExperts:
         self.scheduler: Scheduler | None = None  # attached once the tier stack is open
 
     def index(self, experts: list[int], inds: mx.array) -> mx.array:
+        return mx.array([[self.acquire(experts)]], dtype=mx.uint32)  # (1, 1, K) slot indices
+
+    def acquire(self, experts: list[int]) -> list[int]:
+        """The slots of `experts` for this step, once staged (blocks on their reads)."""
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         steps = self.steps
         t0 = time.perf_counter()
@@ -65,7 +69,7 @@ class SlotExperts:
             slots = self.scheduler.acquire(self.layer, steps.step, experts)
         # wall time only: blocked on reads costs no CPU, the slot bookkeeping is overhead
         steps.span("wait", self.layer, t0, time.perf_counter())
-        return mx.array([[slots]], dtype=mx.uint32)  # (1, 1, K) slot indices
+        return slots
 
 
 class Lookahead:
@@ -138,6 +142,11 @@ class LayerStream:
         """The owner's prediction of this layer's experts at `step`."""
         self.plans[step & 1] = (step, experts)
 
+    def acquire(self, experts: list[int]) -> list[int]:
+        """The slots of `experts` (a streamed layer) for this step, once staged."""
+        assert isinstance(self.experts, SlotExperts), f"layer {self.layer} has no slots"
+        return self.experts.acquire(experts)
+
     @property
     def plan(self) -> tuple[int, list[int]] | None:
         """The latest prediction made for this layer."""
@@ -187,11 +196,15 @@ class LayerStream:
         if work.true_inds is not None:
             true = work.true_inds.tolist()[0][0]  # type: ignore[index,assignment]  # (1, 1, K)
         experts = work.experts if work.experts is not None else true
+        if work.chosen is not None:  # the in-graph route policy's choice was the routing
+            experts = work.chosen.reshape(-1).tolist()  # type: ignore[assignment]
         assert experts is not None
         if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
-        if true is not None and work.experts is not None and steps.policy is None:
-            steps.count_recall(work.experts, true)  # the prediction was the routing
+        if true is not None and work.experts is not None and (
+            steps.policy is None or work.chosen is not None
+        ):
+            steps.count_recall(experts, true)  # the prediction (or the choice) was the routing
         self.prev_experts = experts
         if work.head is not None:
             work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)
@@ -239,12 +252,13 @@ class RoutedStream(LayerStream):
             return super().route(x, true_inds, inds, w, planned)
         head = self.head if steps.prefetching else None
         pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
-        read_true = planned is None or steps.recording is not None or (
+        chosen = inds if steps.policy is not None and steps.policy.on_device else None
+        read_true = planned is None or steps.recording is not None or chosen is not None or (
             head is not None and pred is None)  # fmt: skip
         assert true_inds is not None or not read_true, "needs_true() said no true set"
 
         steps.cur.layers += 1
         self.prev_inds = inds
         groups.add(Deferred(self, x, true_inds if read_true else None, pred, planned,
-                            self.prev_experts, head))  # fmt: skip
+                            self.prev_experts, head, chosen))  # fmt: skip
         return planned if planned is not None else []  # [] only for resident experts (unused)

@@ -3,12 +3,22 @@ and what can be served without waiting on storage.
 
 `predicted` is route mode as the paper runs it: the set predicted one token ahead
 is the routing (no policy object; the block never reads the router on the host).
+
+- `available-first` (at deadline 0 with deferred syncs, --sync-every > 1: the
+  default) chooses in the graph (edge0.runtime.policy_graph): the K best experts
+  by true routing (the family's true top-K first, then by score) among those
+  ready in a slot when the layer is built: the predicted set and whatever else of
+  the layer the slot pool still holds (the pool is grown into a device-side cache
+  for it, `route_slots`). No host sync beyond `predicted`'s, no record copies.
+  With a deadline above 0, or one sync per layer, it runs as
+  `available-first-sync`.
+
 The other policies read the layer's true router scores back (one host sync per
 routed layer, which --sync-every cannot defer) and choose, per layer:
 
-- `available-first`: the K best experts by true routing (the family's true top-K
-  first, then by score) among the predicted set (staged for this step) and those
-  servable now: ready in a slot, or in the outermost tier's RAM cache; missing
+- `available-first-sync`: the K best experts by true routing among the predicted
+  set (staged for this step) and those servable now: ready in a slot, or in the
+  outermost tier's RAM cache (copied into a slot on the compute thread); missing
   true experts are demand-read and waited for at most the deadline;
 - `deadline`: the same, plus a second horizon: after layer l's routing, a
   same-token head (prerouter-layer.*, or the training-free next-router rule)
@@ -30,13 +40,14 @@ import mlx.core as mx
 
 from edge0.errors import ConfigError
 from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.policy_graph import DeviceChoice, pool_slots
 
 if TYPE_CHECKING:
     from edge0.runtime.layers import LayerStream
     from edge0.runtime.steps import Steps
 
-POLICIES = ("predicted", "available-first", "deadline")
-DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md
+POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
+DEFAULT_POLICY = "predicted"  # reproducible tokens: docs/benchmarks/route_policy.md, "Default"
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
 
 
@@ -48,8 +59,33 @@ def check_policy(name: str, deadline_ms: float | None) -> None:
         raise ConfigError(f"--route-deadline-ms must be 0 or more (or inf), got {deadline_ms}")
 
 
+def host_rank(true: list[int], scores: list[float]) -> list[int]:
+    """Every expert, best first: the true top-K in the router's order, then by true score
+    (ties by expert index). The choice is the first K of these that are servable."""
+    head = set(true)
+    return true + sorted((e for e in range(len(scores)) if e not in head), key=lambda e: -scores[e])
+
+
+def in_graph(name: str, deadline_ms: float, grouped: bool) -> bool:
+    """Whether the policy chooses on the device (no readback): available-first at deadline 0
+    with deferred syncs (a wait for a true expert, or --sync-every 1, runs it on the host)."""
+    return name == "available-first" and deadline_ms == 0 and grouped
+
+
+def route_slots(
+    name: str, deadline_ms: float | None, grouped: bool, base: int, k: int, n_experts: int,
+    layers: int, record_size: int,
+) -> int:  # fmt: skip
+    """Slots of the pool: `base`, grown into a device-side cache for the in-graph choice."""
+    deadline = DEFAULT_DEADLINE_MS if deadline_ms is None else deadline_ms
+    if not in_graph(name, deadline, grouped):
+        return base
+    return pool_slots(base, k, n_experts, layers, record_size)
+
+
 class RoutePolicy:
-    """One engine's policy (available-first or deadline): `choose` per routed layer-step."""
+    """One engine's policy (not `predicted`): `choose` per routed layer-step on the host, or
+    `device` (in the graph, `on_device`)."""
 
     def __init__(
         self, name: str, deadline_ms: float, steps: Steps,
@@ -60,6 +96,8 @@ class RoutePolicy:
         self.steps = steps
         self.layer_heads = heads = layer_heads if name == "deadline" else None
         self.ahead: dict[int, int] = dict(heads.target) if heads is not None else {}
+        self.on_device = in_graph(name, deadline_ms, steps.groups is not None)
+        self.device = DeviceChoice()
 
     @property
     def exact(self) -> bool:
@@ -91,9 +129,7 @@ class RoutePolicy:
         steps, k = self.steps, len(planned)
         sched = steps.scheduler
         assert sched is not None, "Steps.attach(scheduler) was not called"
-        s: list[float] = scores.reshape(-1).tolist()  # type: ignore[assignment]  # (E,)
-        head = set(true)
-        rank = true + sorted((e for e in range(len(s)) if e not in head), key=lambda e: -s[e])
+        rank = host_rank(true, scores.reshape(-1).tolist())  # type: ignore[arg-type]  # (E,)
         # the predicted set was staged for this step (compute waits for it as `predicted`
         # does): never worse than the prediction, by true score
         now = sched.servable(layer, rank) | set(planned)

@@ -109,9 +109,8 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     if following is not None and nxt is not None:
         st.predicted[following.layer] = by_count(np.array(nxt).reshape(-1))
     _after_routing(stream, x, true, last, graph)
-    y = chunk_experts(block, x, true)  # (1, T, K, d)
-    y = (y * w[..., None]).sum(axis=-2)
-    return fam.extra(block, x, y)
+    y = chunk_experts(block, fam.expert_input(x, w), true)  # (1, T, K, d)
+    return fam.extra(block, x, fam.combine(y, w))
 
 
 def _after_routing(

@@ -18,7 +18,7 @@ from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, Lookahead, ResidentExperts, RoutedStream, SlotExperts
 from edge0.runtime.options import SYNC_EVERY, EngineOptions
-from edge0.runtime.policy import DEFAULT_DEADLINE_MS, RoutePolicy, layer_heads_for
+from edge0.runtime.policy import DEFAULT_DEADLINE_MS, RoutePolicy, layer_heads_for, route_slots
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotPool, pool_size
 from edge0.runtime.steps import Steps
@@ -55,6 +55,7 @@ def prepare(
     if k > manifest.n_experts:
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     family = family_for(manifest.model_type)
+    family.check_top_k(k)
     if opts.mode == "resident":
         for _, _, block in blocks:
             family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
@@ -65,7 +66,10 @@ def prepare(
     )  # fmt: skip  # read from the routers before the blocks are replaced
     keep = kept_layers(layers, opts)
     streamed = [i for i in layers if i not in keep]
-    n_slots = n_slots or pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
+    base = pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
+    grouped = opts.mode == "route" and (opts.sync_every or SYNC_EVERY) > 1
+    n_slots = n_slots or route_slots(opts.route_policy, opts.route_deadline_ms, grouped, base, k,
+                                     manifest.n_experts, len(streamed), manifest.record_size)
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
     table = SlotPool(streamed, n_slots)
     steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)

@@ -34,10 +34,11 @@ class Deferred:
     experts: list[int] | None  # the set computed (None: the true set, once read back)
     prev: list[int] | None  # the set of the previous step
     head: Lookahead | None  # the prediction to hand on (None: none this step)
+    chosen: mx.array | None = None  # the set an in-graph route policy chose (policy_graph)
 
     def arrays(self) -> list[mx.array]:
         # x too: once it is evaluated, so is every earlier layer of the step (the slot fence)
-        return [a for a in (self.x, self.true_inds, self.pred) if a is not None]
+        return [a for a in (self.x, self.true_inds, self.pred, self.chosen) if a is not None]
 
 
 class SyncGroups:

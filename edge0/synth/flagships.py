@@ -142,6 +142,31 @@ def _kimi_k2() -> Any:
                            dtype="bfloat16")  # fmt: skip
 
 
+def _llama4(experts: int, step: int, qk_norm: bool, rope: dict[str, Any], layers: int = 48) -> Any:
+    """Llama-4 Scout (16 experts, every layer MoE) / Maverick (128, every 2nd): text part."""
+    from transformers import Llama4Config
+
+    text = dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192,
+                intermediate_size_mlp=16384, num_hidden_layers=layers, num_attention_heads=40,
+                num_key_value_heads=8, head_dim=128, num_local_experts=experts,
+                num_experts_per_tok=1, interleave_moe_layer_step=step, use_qk_norm=qk_norm,
+                attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192,
+                attn_scale=0.1, rms_norm_eps=1e-5, max_position_embeddings=10485760,
+                rope_parameters=rope, tie_word_embeddings=False, bos_token_id=200000,
+                eos_token_id=[200001, 200007, 200008], pad_token_id=200018)  # fmt: skip
+    vision = dict(hidden_size=1408, num_hidden_layers=34, num_attention_heads=16,
+                  intermediate_size=5632, image_size=336, patch_size=14, vision_output_dim=4096,
+                  projector_input_dim=4096, projector_output_dim=4096)  # fmt: skip
+    return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                        dtype="bfloat16")  # fmt: skip
+
+
+_ROPE_SCOUT = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+}  # fmt: skip
+
+
 FLAGSHIPS = {
     "mixtral-8x7b": _mixtral_8x7b,
     "olmoe-1b-7b": _olmoe_1b_7b,
@@ -154,6 +179,13 @@ FLAGSHIPS = {
     "gpt-oss-120b": lambda: _gpt_oss(36, 128),
     "granite-3.1-3b-a800m": _granite_31_3b_a800m,
     "kimi-k2": _kimi_k2,
+    "llama-4-scout-17b-16e": lambda: _llama4(16, 1, True, _ROPE_SCOUT),
+    "llama-4-maverick-17b-128e": lambda: _llama4(
+        128, 2, False, {"rope_type": "default", "rope_theta": 500000.0}
+    ),
+    # Scout's tensors, 4 layers (the fewest mlx-lm's llama4 runs), MoE every 2nd: 4 GB on disk,
+    # a streamed run at Scout's width (67.5 MiB records) on this machine
+    "llama-4-scout-4layers": lambda: _llama4(16, 2, True, _ROPE_SCOUT, layers=4),
 }
 # shapes whose released experts are not affine int4: the mode their checkpoints keep
 EXPERT_MODES = {"gpt-oss-20b": "mxfp4", "gpt-oss-120b": "mxfp4"}
@@ -167,17 +199,22 @@ def expert_params(shape: str, bits: int, group_size: int) -> dict[str, Any]:
 
 
 def expert_spec(model: Any, params: dict[str, Any]) -> Any:
-    """(switch layers, E, record layout) of a float-shaped model's experts."""
-    from edge0.layout.quant import switch_modules
+    """(switch layers, E, record layout) of a float-shaped model's experts.
+
+    Affine `params` gain the projections mlx-lm's predicate quantizes otherwise (in place).
+    """
+    from edge0.layout.quant import expert_projections, switch_modules
     from edge0.layout.records import record_layout
 
+    if params["mode"] == "affine" and (own := expert_projections(model, params)):
+        params["projections"] = own
     switch = switch_modules(model)
     first = switch[next(iter(switch))][1]
     n_experts, d_ff, d_model = first.gate_proj.weight.shape
     bias = "bfloat16" if "bias" in first.gate_proj else None  # gpt-oss
     scales = "uint8" if params["mode"] == "mxfp4" else "bfloat16"
     spec = record_layout(d_model, d_ff, params["bits"], params["group_size"], scales,
-                         params["mode"], bias)  # fmt: skip
+                         params["mode"], bias, params.get("projections"))  # fmt: skip
     return tuple(switch), int(n_experts), spec
 
 

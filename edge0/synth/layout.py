@@ -26,7 +26,7 @@ from edge0.layout.manifest import (
 )
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import cast_allowed, quant_params, quantized_shapes, switch_modules
-from edge0.layout.records import RecordSpec, field_views
+from edge0.layout.records import RecordSpec, field_views, projection_quant
 from edge0.layout.safetensors_io import SafetensorsWriter
 from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
@@ -146,11 +146,12 @@ def _write_resident(path: Path, plan: list[Any], rand: Rand, bar: tqdm) -> int:
     return total
 
 
-def fill_record(record: np.ndarray, spec: RecordSpec, rand: Rand, bits: int) -> None:
+def fill_record(record: np.ndarray, spec: RecordSpec, rand: Rand, quant: dict[str, Any]) -> None:
     """Random packed weights and sane scales/biases into one record buffer (padding zero)."""
     views = field_views(spec, record)
     for f in spec.fields:
         proj, part = f.name.split(".")
+        bits = projection_quant(quant, proj)["bits"]
         if part == "weight":
             rand.words(views[f.name])
         elif part == "bias":  # gpt-oss experts' own biases
@@ -206,7 +207,7 @@ def synthesize(
         level = 3 if compress == "zstd" else None
         with RecordWriter(tmp, spec.record_size, level) as writer:
             for _ in range(n_records):
-                fill_record(record, spec, rand, experts["bits"])
+                fill_record(record, spec, rand, experts)
                 writer.write(record)
                 bar.update(spec.record_size)
         manifest = Manifest(

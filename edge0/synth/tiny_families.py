@@ -132,10 +132,29 @@ def _gpt_oss(vocab: int) -> Any:
 def _granitemoe(vocab: int) -> Any:
     from transformers import GraniteMoeConfig
 
-    return GraniteMoeConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
+    # experts 64 wide: mlx-lm quantizes their down_proj at 8 bits in groups of 64 (its predicate)
+    return GraniteMoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
                             num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=12.0,
                             logits_scaling=8.0, residual_multiplier=0.22,
                             attention_multiplier=0.0625)  # fmt: skip
+
+
+def _llama4(vocab: int) -> Any:
+    """Llama-4 (Scout's text model, 4 layers): MoE every 2nd layer, NoPE every 4th; chunks of
+    4 tokens and a temperature floor of 4 so the prompt crosses both; a tiny vision tower."""
+    from transformers import Llama4Config
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    text = dict(**dict(_common(vocab), num_hidden_layers=4, rms_norm_eps=1e-5),
+                intermediate_size=FF, intermediate_size_mlp=2 * FF, num_key_value_heads=KV,
+                head_dim=HEAD_DIM, num_local_experts=8, num_experts_per_tok=1,
+                interleave_moe_layer_step=2, attention_chunk_size=4, floor_scale=4,
+                attn_scale=0.1, use_qk_norm=True, rope_parameters=rope)  # fmt: skip
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  vision_output_dim=32, image_size=28, patch_size=14, projector_input_dim=32,
+                  projector_output_dim=32)  # fmt: skip
+    return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
 CONFIGS: dict[str, Callable[[int], Any]] = {
@@ -149,9 +168,13 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "gpt_oss": _gpt_oss,
     "kimi_k2": _kimi_k2,
     "granitemoe": _granitemoe,
+    "llama4": _llama4,
 }
 # model_types transformers has no class of its own for: the architecture it runs them as
 REFERENCE_TYPES = {"kimi_k2": "deepseek_v3"}
+# transformers classes of the checkpoint (AutoModelForCausalLM otherwise): the hub's llama4
+# releases are the multimodal model, whose `language_model` the text-only fixture exercises
+REFERENCE_CLASSES = {"llama4": "Llama4ForConditionalGeneration"}
 
 
 def config_dict(model_type: str, vocab: int) -> dict[str, Any]:
@@ -172,7 +195,8 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
     config = dict(config, model_type=REFERENCE_TYPES.get(model_type, model_type))
     cfg = transformers.AutoConfig.for_model(**config)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    cls = getattr(transformers, REFERENCE_CLASSES.get(model_type, "AutoModelForCausalLM"))
+    model = cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         with safe_open(str(Path(tmp) / "model.safetensors"), "pt") as f:
@@ -228,8 +252,8 @@ def write_family(fixture: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out, TOKENIZER_VOCAB)
     config = spec["config"]
-    if vocab != config["vocab_size"]:
-        raise ValueError(f"{fixture}: tokenizer has {vocab} tokens, config {config['vocab_size']}")
+    if vocab != (config.get("text_config") or config)["vocab_size"]:
+        raise ValueError(f"{fixture}: tokenizer has {vocab} tokens, not the config's vocab_size")
     centred = config["model_type"] in CENTRED_NORMS
     tensors = {
         name: mx.array(values(name, tuple(shape), centred)).astype(mx.bfloat16)

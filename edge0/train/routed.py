@@ -101,8 +101,8 @@ class RoutedMoE(nn.Module):
             inds = self._plan_sets(x, scores)
         inds = mx.stop_gradient(inds)  # (B, S, K)
         w = self.family.weights(self, scores, inds)  # (B, S, K)
-        y = self[self.family.switch_attr](x, inds)  # (B, S, K, d)
-        y = (y * w[..., None].astype(y.dtype)).sum(axis=-2)
+        y = self[self.family.switch_attr](self.family.expert_input(x, w), inds)  # (B, S, K, d)
+        y = self.family.combine(y, w.astype(y.dtype))
         return self.family.extra(self, x, y)
 
 

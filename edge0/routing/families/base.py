@@ -80,6 +80,9 @@ class Family:
         """The MLX quantization of an HF `quantization_config` whose experts are read packed."""
         return None
 
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """Fix the built mlx-lm model where it computes other than transformers (in place)."""
+
     def prepare_hf(self, weights: dict[str, mx.array], tc: dict[str, Any]) -> dict[str, mx.array]:
         """HF tensors -> what the mlx-lm module's `sanitize` expects (default: as they are)."""
         return weights
@@ -119,11 +122,22 @@ class Family:
             w = w / mx.sum(w, axis=-1, keepdims=True)
         return w
 
+    def expert_input(self, x: mx.array, w: mx.array) -> mx.array:
+        """What the routed experts run on, given gate weights `w` (..., k): `x` (Llama-4: x * w)."""
+        return x
+
+    def combine(self, y: mx.array, w: mx.array) -> mx.array:
+        """Routed outputs y (..., k, d) -> (..., d): gate-weighted sum (Llama-4: a plain sum)."""
+        return (y * w[..., None]).sum(axis=-2)
+
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         """Add what the block adds besides routed experts (shared expert, casts)."""
         return y
 
     # -- capacity ------------------------------------------------------------------------
+    def check_top_k(self, k: int) -> None:
+        """Refuse (ConfigError) a `--top-k` this family's block cannot compute."""
+
     def top_k(self, block: nn.Module) -> int:
         """The block's own top-k."""
         for attr in ("top_k", "num_experts_per_tok"):
