@@ -111,7 +111,7 @@ def test_memory_budget_sizes_the_ram_cache(store: Path) -> None:
 
     plan, tier = asyncio.run(main("4GiB"))
     fixed = plan.resident + plan.heads + plan.slots + plan.kv + plan.overhead + plan.working
-    fixed += plan.prompt  # the prompt chunk part
+    fixed += plan.prompt + plan.load  # the prompt chunk part, loading resident experts
     assert plan.cache == plan.budget - fixed > 0
     assert plan.overhead > 0 and plan.working > 0 and plan.heads > 0  # process RSS is counted
     assert tier.budget == plan.cache

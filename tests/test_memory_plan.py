@@ -103,8 +103,8 @@ SCRIPT = textwrap.dedent("""
     from edge0.runtime.engine import Engine
 
     async def main():
-        path, mode, k, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-        async with Engine.open(path, mode=mode, top_k=k, first_layer="wrap", tiers="ram>pread",
+        path, mode, k, budget, first = sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:6]
+        async with Engine.open(path, mode=mode, top_k=k, first_layer=first, tiers="ram>pread",
                                memory_budget=budget, context=256) as eng:
             print(eng.setup.memory_plan.line(), flush=True)
             async for _ in eng.tokens(list(range(3, 40)), max_tokens=12, stop=False):
@@ -152,13 +152,15 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in kB and VmHWM are Linux's")
-@pytest.mark.parametrize("mode, k", [("route", 8), ("hint", 4), ("reactive", 2)])
-def test_peak_rss_stays_within_a_tight_budget(small: Path, mode: str, k: int) -> None:
-    """The smallest budget the plan accepts, plus 4 MiB: the child's real peak RSS fits."""
+@pytest.mark.parametrize("mode, k, first", [("route", 8, "wrap"), ("hint", 4, "wrap"),
+                                            ("reactive", 2, "wrap"), ("route", 4, "resident")])
+def test_peak_rss_stays_within_a_tight_budget(small: Path, mode: str, k: int, first: str) -> None:
+    """The smallest budget the plan accepts, plus 4 MiB: the child's real peak RSS fits
+    (`resident`: the first layer's 14 MiB of experts are loaded, memory.load_bytes)."""
     with pytest.raises(ConfigError) as refused:  # ask for 1 MiB to learn the minimum
-        _peak_rss_of([str(small), mode, str(k), "1MiB"])
+        _peak_rss_of([str(small), mode, str(k), "1MiB", first])
     need = int(str(refused.value).split(" MiB that ")[0].split("is below the ")[-1])
     budget = (need + 4) * _MIB
-    peak, out = _peak_rss_of([str(small), mode, str(k), str(budget)])
+    peak, out = _peak_rss_of([str(small), mode, str(k), str(budget), first])
     assert "memory budget" in out
     assert peak <= budget, f"peak RSS {peak / _MIB:.1f} MiB over the {budget / _MIB:.0f} MiB budget"

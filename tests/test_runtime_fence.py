@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
-from edge0.runtime import setup
+from edge0.runtime import prepare
 from edge0.runtime.engine import Engine
 
 N = 8  # decode tokens
@@ -33,7 +33,7 @@ def test_a_pool_full_of_deferred_readers_fences_and_keeps_the_tokens(
 ) -> None:
     # 3 layers' worth of slots: a group of 4 or 8 deferred layers cannot all hold theirs, so
     # acquire must raise FenceNeeded, the layer evaluates the pending group and asks again
-    monkeypatch.setattr(setup, "pool_size", lambda k, layers, *a, **kw: 3 * k)
+    monkeypatch.setattr(prepare, "pool_size", lambda k, layers, *a, **kw: 3 * k)
     small, stats = asyncio.run(_decode(store, sync_every=group))
     assert stats.fences > 0, "the pool never filled with deferred readers: the test lost its point"
     ref, ref_stats = asyncio.run(_decode(store, sync_every=1))

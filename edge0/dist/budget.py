@@ -68,6 +68,7 @@ class LayerBytes:
             layers=sum(1 for i in own if self.streamed[i]),
             kv=sum(self.kv[i] for i in own),
             state=sum(self.state[i] for i in own),
+            load=self.fp.load if any(self.experts[i] for i in own) else 0,
         )  # fmt: skip
 
 

@@ -105,15 +105,17 @@ class _Meta:
 
 
 def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
-    """All experts of one layer as stacked (E, ...) arrays, CRC-checked, from experts.bin."""
+    """All experts of one layer as stacked (E, ...) arrays, CRC-checked, from experts.bin.
+
+    The records are copied into evaluated MLX arrays through their zero-copy numpy views
+    (FACTS.md), so loading holds the layer once plus one record, not twice.
+    """
     stacks = {
-        f.name: np.empty((manifest.n_experts, *f.shape), dtype=v.dtype)
-        for f, v in zip(
-            manifest.fields,
-            field_views(manifest, np.zeros(manifest.record_size, np.uint8)).values(),
-            strict=True,
-        )
+        f.name: mx.zeros((manifest.n_experts, *f.shape), dtype=_STACK_DTYPES[f.dtype])
+        for f in manifest.fields
     }
+    mx.eval(list(stacks.values()))
+    views = {name: np.asarray(a) for name, a in stacks.items()}
     record = np.empty(manifest.record_size, dtype=np.uint8)
     with open(path / EXPERTS_FILE, "rb", buffering=0) as fh:
         fh.seek(manifest.record_offset(layer, 0))
@@ -127,12 +129,12 @@ def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, 
                     f"{path / EXPERTS_FILE}: layer {layer} expert {e} fails its CRC32 check; {_FIX}"
                 )
             for name, view in field_views(manifest, record).items():
-                stacks[name][e] = view
-    out = {}
-    for field in manifest.fields:
-        arr = mx.array(stacks[field.name])
-        out[field.name] = arr.view(mx.bfloat16) if field.dtype == "bfloat16" else arr
-    return out
+                views[name][e] = view
+    return {f.name: stacks[f.name].view(mx.bfloat16) if f.dtype == "bfloat16"
+            else stacks[f.name] for f in manifest.fields}  # fmt: skip
+
+
+_STACK_DTYPES = {**MX_DTYPES, "bfloat16": mx.uint16}  # numpy has no bfloat16: filled as bits
 
 
 def _expert_weights(path: Path, manifest: Manifest, model: nn.Module, experts: str) -> list[Any]:

@@ -4,6 +4,8 @@ peak RSS = process baseline (interpreter and libraries: RSS before loading)
          + resident weights (resident.safetensors, in the dtypes the loader keeps)
          + resident experts (the first MoE layer under `--first-layer resident`;
            every layer in `resident` mode)
+         + loading them: one record and one field's stored-dtype stack alive while a
+           layer's experts are read and cast (`load_bytes`)
          + predictor heads (prerouter.safetensors, or the untrained copies of the routers)
          + slot pool (K x (L + 2) records and their compute-dtype sidecar)
          + KV cache for the planned context + recurrent state (linear-attention layers)
@@ -56,6 +58,7 @@ class Footprint:
     overhead: int
     chunk_fixed: int = 0  # a prompt chunk's memory whatever its length (prefill_memory)
     chunk_token: int = 0  # ... and per chunk token
+    load: int = 0  # the transient of loading resident experts (load_bytes)
 
     @property
     def min_slots(self) -> int:
@@ -79,6 +82,7 @@ class MemoryPlan:
     choice: str = ""  # where the remainder went, and why
     prompt: int = 0  # a prompt chunk's working memory
     prefill_chunk: int = 1  # prompt tokens per forward that `prompt` holds
+    load: int = 0  # loading resident experts: the transient (load_bytes)
 
     def line(self) -> str:
         return (
@@ -86,6 +90,7 @@ class MemoryPlan:
             f"heads {self.heads / _MIB:.0f} + slots {self.slots / _MIB:.0f} "
             f"({self.n_slots} slots) + KV {self.kv / _MIB:.0f} + "
             f"process {self.overhead / _MIB:.0f} + working {self.working / _MIB:.0f} + "
+            f"loading {self.load / _MIB:.0f} + "
             f"prompt chunk {self.prompt / _MIB:.0f} ({self.prefill_chunk} tokens) + "
             f"RAM cache {self.cache / _MIB:.0f} MiB; {self.choice}"
         )
@@ -110,15 +115,17 @@ def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPl
     n_min = fp.min_slots
     kv = fp.kv + fp.state
     resident = fp.resident + fp.resident_experts
-    fixed = resident + fp.heads + n_min * fp.slot + ALIGN + kv + fp.overhead + fp.working
+    fixed = (resident + fp.heads + n_min * fp.slot + ALIGN + kv + fp.overhead + fp.working
+             + fp.load)  # fmt: skip
     left = total - fixed
     if left < 0:
         raise ConfigError(
             f"--memory-budget {total / _MIB:.0f} MiB is below the {fixed / _MIB:.0f} MiB that "
             f"resident weights ({resident / _MIB:.0f}), predictor heads ({fp.heads / _MIB:.0f}), "
             f"the slot pool ({n_min} slots, {n_min * fp.slot / _MIB:.0f}), KV cache and state "
-            f"({kv / _MIB:.0f}), process ({fp.overhead / _MIB:.0f}) and decode working memory "
-            f"({fp.working / _MIB:.0f}) need; raise the budget, lower --top-k or the context"
+            f"({kv / _MIB:.0f}), process ({fp.overhead / _MIB:.0f}), decode working memory "
+            f"({fp.working / _MIB:.0f}) and loading ({fp.load / _MIB:.0f}) need; raise the "
+            f"budget, lower --top-k or the context"
         )
     tokens, prompt = prompt_chunk(total, left, fp, chunk)
     left -= prompt
@@ -137,7 +144,7 @@ def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPl
         choice = f"the {left / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
     n = n_min + extra
     return MemoryPlan(total, resident, n * fp.slot + ALIGN if n else 0, kv, cache, fp.overhead,
-                      fp.working, fp.heads, n, extra, choice, prompt, tokens)  # fmt: skip
+                      fp.working, fp.heads, n, extra, choice, prompt, tokens, fp.load)  # fmt: skip
 
 
 def chunk_cost(fp: Footprint, tokens: int) -> int:
@@ -170,21 +177,25 @@ def _text(config: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def attention_layers(config: dict[str, Any]) -> int:
+    """Layers whose KV cache grows with the context (full attention)."""
+    c = _text(config)
+    layer_types = c.get("layer_types")
+    if layer_types:  # transformers' explicit per-layer list (qwen3_5_moe, qwen3_next, gpt_oss)
+        return sum(1 for t in layer_types if t == "full_attention")
+    layers = int(c.get("num_hidden_layers", 0))
+    interval = int(c.get("full_attention_interval", 1) or 1)
+    return layers // interval if interval > 1 else layers
+
+
 def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
     """KV cache of `context` tokens (rounded up to mlx-lm's growth step) for the full-attention
     layers of a config."""
     c = _text(config)
-    layers = int(c.get("num_hidden_layers", 0))
-    layer_types = c.get("layer_types")
-    interval = int(c.get("full_attention_interval", 1) or 1)
     heads = int(c.get("num_key_value_heads") or c.get("num_attention_heads") or 1)
     head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
-    if layer_types:  # transformers' explicit per-layer list (qwen3_5_moe, qwen3_next)
-        attn_layers = sum(1 for t in layer_types if t == "full_attention")
-    else:
-        attn_layers = layers // interval if interval > 1 else layers
     tokens = -(-context // KV_STEP) * KV_STEP
-    return 2 * attn_layers * heads * head_dim * tokens * itemsize
+    return 2 * attention_layers(config) * heads * head_dim * tokens * itemsize
 
 
 def state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
@@ -203,9 +214,24 @@ def working_bytes(config: dict[str, Any], context: int) -> int:
     """Decode working memory: the measured model (docs/memory.md), plus one attention layer's
     KV cache (mlx-lm grows a layer's cache by concatenation: old and new alive at once)."""
     d = int(_text(config).get("hidden_size", 1024))
-    layers = max(1, sum(1 for t in _text(config).get("layer_types") or ["full_attention"]
-                        if t == "full_attention"))  # fmt: skip
+    layers = max(1, attention_layers(config))  # a config without layer_types: every layer
     return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv_bytes(config, context) // layers
+
+
+def load_bytes(manifest: Manifest, compute_itemsize: int) -> int:
+    """The transient of loading one layer's experts resident (0 when none is): the record
+    buffer they are read through, and the largest float field's (E, ...) stack in its
+    stored dtype while its compute-dtype copy is made (one field at a time; narrower
+    float fields only). Measured on gpt-oss-20b: reading the layer through a numpy copy
+    held it twice (404 MiB over the steady state), docs/memory.md."""
+    from edge0.layout.records import VIEW_DTYPES
+
+    widest = 0
+    for f in manifest.fields:
+        size = np.dtype(VIEW_DTYPES[f.dtype]).itemsize
+        if f.dtype in ("bfloat16", "float16") and size < compute_itemsize:
+            widest = max(widest, int(np.prod(f.shape, dtype=np.int64)) * size)
+    return manifest.record_size + manifest.n_experts * widest
 
 
 def head_bytes(path: Path, manifest: Manifest, predictor: str, owners: int) -> int:

@@ -29,6 +29,7 @@ from edge0.layout.manifest import Manifest
 from edge0.layout.records import VIEW_DTYPES
 
 ALIGN = 4096
+DIM_LIMIT = 1 << 31  # MLX shapes are int32 (mixtral-8x7b's 68 slots: 6.7 GB)
 MX_DTYPES = {
     "uint32": mx.uint32,
     "uint8": mx.uint8,  # mxfp4 scales
@@ -59,9 +60,11 @@ class SlotMemory:
         self.manifest = manifest
         self.n_slots = n_slots
         self.record_size = r = manifest.record_size
-        self._buffer = mx.zeros((n_slots * r + ALIGN,), dtype=mx.uint8)
+        total = n_slots * r + ALIGN  # an MLX dimension is int32: a larger pool is 2-D
+        shape = (total,) if total < DIM_LIMIT else (-(-total // ALIGN), ALIGN)
+        self._buffer = mx.zeros(shape, dtype=mx.uint8)
         mx.eval(self._buffer)
-        flat = np.asarray(self._buffer)  # zero-copy and writable on the CPU (FACTS.md)
+        flat = np.asarray(self._buffer).reshape(-1)  # zero-copy, writable on the CPU (FACTS.md)
         base = (-flat.ctypes.data) % ALIGN
         rows = flat[base : base + n_slots * r].reshape(n_slots, r)  # (n_slots, record_size) uint8
         self.pool = self._field_views(self._buffer, base)  # field -> (n_slots, *shape)
@@ -107,6 +110,9 @@ class SlotMemory:
             size = dtype.size
             if (base + f.offset) % size or self.record_size % size:
                 raise ValueError(f"field {f.name} is not aligned to its dtype in the record")
+            if buf.ndim == 2 and size < 4:  # a pool past int32 elements: as 4-byte words
+                views[f.name] = self._word_view(buf, base, f.name, f.offset, f.shape, dtype)
+                continue
             typed = buf.view(dtype)  # (n_slots * record_size / size,)
             views[f.name] = mx.as_strided(
                 typed,
@@ -115,6 +121,19 @@ class SlotMemory:
                 offset=(base + f.offset) // size,
             )
         return views
+
+    def _word_view(self, buf: mx.array, base: int, name: str, offset: int,
+                   shape: tuple[int, ...], dtype: Any) -> mx.array:  # fmt: skip
+        """A narrow field's view built over uint32 words and viewed back: MLX flattens the
+        operand of as_strided, and a 2-byte view of a pool over 4 GiB has too many elements."""
+        per = 4 // dtype.size
+        if (base + offset) % 4 or self.record_size % 4 or shape[-1] % per:
+            raise ValueError(f"field {name} of a pool over 2 GiB is not word-aligned")
+        words = (*shape[:-1], shape[-1] // per)
+        return mx.as_strided(
+            buf.view(mx.uint32), shape=(self.n_slots, *words),
+            strides=[self.record_size // 4, *_row_major(words)], offset=(base + offset) // 4,
+        ).view(dtype)  # fmt: skip
 
     def dest(self, layer: int, slot: int) -> memoryview:
         """The writable record-sized memory of one pool slot (the tier reads into it)."""

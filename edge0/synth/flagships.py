@@ -89,6 +89,12 @@ def _glm45_air() -> Any:
                          dtype="bfloat16")  # fmt: skip
 
 
+def _glm45_air_cut() -> Any:  # a stated layer cut: full width, 6 of the 46 layers (5 sparse)
+    config = _glm45_air()
+    config.num_hidden_layers = 6
+    return config
+
+
 _YARN_OSS = {
     "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
     "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096,
@@ -168,6 +174,7 @@ FLAGSHIPS = {
     "deepseek-v2-lite": _deepseek_v2_lite,
     "moonlight-16b-a3b": _moonlight_16b_a3b,
     "glm-4.5-air": _glm45_air,
+    "glm-4.5-air-6layers": _glm45_air_cut,  # fits this machine's disk (the full one: 56 GiB)
     "gpt-oss-20b": lambda: _gpt_oss(24, 32),
     "gpt-oss-120b": lambda: _gpt_oss(36, 128),
     "granite-3.1-3b-a800m": _granite_31_3b_a800m,
