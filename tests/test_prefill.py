@@ -308,3 +308,38 @@ def test_dense_chunk_linear_matches_the_int4_kernel() -> None:
     assert outer.layers[0] is q
     with dense_linears(outer, rows=0) as n:
         assert n == 0 and outer.layers[0] is q
+
+
+def test_wide_experts_keep_the_int4_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expert whose projection would dequantize to more than DENSE_MAX_BYTES of fp32 (a
+    Llama-4 Scout expert: 5120 x 8192, 160 MiB each) runs in gather_qmm; narrow ones, and
+    per-projection bits (an 8-bit down_proj packs 4 values a word), are measured as such."""
+    from types import SimpleNamespace
+
+    from edge0.runtime import chunk_moe, prefill_dense
+
+    monkeypatch.setattr(chunk_moe, "on_cpu", lambda: True)
+
+    def block(out: int, d: int, quant: dict[str, Any]) -> Any:
+        def w(o: int, i: int, bits: int) -> mx.array:
+            return mx.zeros((2, o, i * bits // 32), mx.uint32)
+
+        bits = chunk_moe.projection_quant
+        views = {
+            "gate_proj.weight": w(out, d, bits(quant, "gate_proj")["bits"]),
+            "up_proj.weight": w(out, d, bits(quant, "up_proj")["bits"]),
+            "down_proj.weight": w(d, out, bits(quant, "down_proj")["bits"]),
+        }
+        return SimpleNamespace(stream=SimpleNamespace(quant=quant, views=views))
+
+    int4 = {"bits": 4, "group_size": 64}
+    assert chunk_moe.dense_experts_ok(block(512, 2048, int4))  # the 35B shape: 4 MiB each
+    assert not chunk_moe.dense_experts_ok(block(8192, 5120, int4))  # Scout: 160 MiB each
+    assert not chunk_moe.dense_experts_ok(block(512, 2048, {**int4, "mode": "mxfp4"}))
+    edge = prefill_dense.DENSE_MAX_BYTES // 4 // 2048  # rows at exactly the cap
+    assert chunk_moe.dense_experts_ok(block(edge, 2048, int4))
+    assert not chunk_moe.dense_experts_ok(block(edge + 64, 2048, int4))
+    mixed = {**int4, "projections": {"down_proj": {"bits": 8, "group_size": 64}}}
+    assert chunk_moe.dense_experts_ok(block(edge, 2048, mixed))
+    monkeypatch.setattr(chunk_moe, "DENSE_EXPERT_ROWS", 0)
+    assert not chunk_moe.dense_experts_ok(block(512, 2048, int4))

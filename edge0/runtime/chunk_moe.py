@@ -21,7 +21,7 @@ import numpy as np
 from edge0.layout.records import projection_quant
 from edge0.runtime.block import expert_ffn
 from edge0.runtime.layers import ResidentExperts
-from edge0.runtime.prefill_dense import on_cpu
+from edge0.runtime.prefill_dense import DENSE_MAX_BYTES, on_cpu
 
 DENSE_EXPERT_ROWS = 4  # rows from which an expert's weights are dequantized (prefill.md); 0: never
 
@@ -56,6 +56,22 @@ def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: 
     return proj("down_proj", block.activation(proj("up_proj", h), proj("gate_proj", h)))
 
 
+def dense_experts_ok(block: StreamingMoE) -> bool:
+    """Whether this layer's experts may run dequantized: affine records on the CPU backend,
+    each projection's fp32 weight within DENSE_MAX_BYTES (a wider one, e.g. Mixtral's or
+    Llama-4's 4096-5120 x 8192-14336 experts, keeps the int4 kernel: its dequantized copy
+    would be more memory than the plan's prompt chunk holds)."""
+    quant = block.stream.quant
+    if not (DENSE_EXPERT_ROWS > 0 and on_cpu() and quant.get("mode", "affine") == "affine"):
+        return False
+    views = block.stream.views
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        out, packed = views[f"{name}.weight"].shape[-2:]
+        if out * packed * (32 // int(projection_quant(quant, name)["bits"])) * 4 > DENSE_MAX_BYTES:
+            return False
+    return True
+
+
 def group_pairs(block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.ndarray,
                 slot_ids: np.ndarray) -> tuple[np.ndarray, mx.array]:  # fmt: skip
     """Outputs (P, d) of the (token, expert) `pairs` (sorted by slot; token `rows`, slot
@@ -63,8 +79,7 @@ def group_pairs(block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.n
     runs dequantized (affine records), the others in one sorted gather_qmm."""
     views = block.stream.views
     slots, counts = np.unique(slot_ids, return_counts=True)
-    ok = DENSE_EXPERT_ROWS > 0 and on_cpu() and block.stream.quant.get("mode", "affine") == "affine"
-    dense = slots[counts >= DENSE_EXPERT_ROWS] if ok else slots[:0]
+    dense = slots[counts >= DENSE_EXPERT_ROWS] if dense_experts_ok(block) else slots[:0]
     few = ~np.isin(slot_ids, dense)
     parts, outs = [], []
     if few.any():
