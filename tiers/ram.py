@@ -155,10 +155,7 @@ class RamTier:
             info = self.inner.read_blocking(key, dest)  # type: ignore[attr-defined]
             rec = _snapshot(flat_bytes(dest))
             outcome = (rec, None, info)
-            with self._mu:
-                self.stats.misses += 1
-                self._insert(key, rec)
-            return attrs.evolve(info, started=started, finished=time.perf_counter())
+            return self._keep(key, rec, info, started)
         except TierReadError as exc:
             outcome = (None, exc, None)
             raise
@@ -235,15 +232,21 @@ class RamTier:
             info = await self.inner.read_into(key, dest)
             rec = await run_in_pool(self._pool, _snapshot, flat_bytes(dest))
             outcome = (rec, None, info)
-            self.stats.misses += 1
-            self._insert(key, rec)
-            return attrs.evolve(info, started=started, finished=time.perf_counter())
+            return self._keep(key, rec, info, started)
         except TierReadError as exc:
             outcome = (None, exc, None)
             raise
         finally:  # success, error or cancellation: release the waiters either way
             del self._inflight[key]
             fut.set_result(outcome)
+
+    def _keep(self, key: ExpertKey, rec: np.ndarray, info: ReadInfo, started: float) -> ReadInfo:
+        """A miss's record read from the inner tier: counted and cached (under the lock: both
+        miss paths, the loop's and the reader threads', may run on one cache)."""
+        with self._mu:
+            self.stats.misses += 1
+            self._insert(key, rec)
+        return attrs.evolve(info, started=started, finished=time.perf_counter())
 
     def _insert(self, key: ExpertKey, rec: np.ndarray) -> None:
         if rec.nbytes > self.budget:
