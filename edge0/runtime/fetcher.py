@@ -1,6 +1,7 @@
-"""The read side of the scheduler: fetch tickets issued, queued and read into slots; read counters.
+"""The read side of the scheduler: fetch tickets read into slots; read counters.
 
-A ticket is one expert record read into one reserved slot (edge0.runtime.tickets).
+A ticket is one expert record read into one reserved slot (edge0.runtime.tickets;
+issued by edge0.runtime.issue, on the compute thread or the planner thread).
 Tickets are read by the scheduler's reader threads when every tier of the stack
 reads on any thread (edge0.runtime.readers: the event loop never sees a read),
 else by tier worker coroutines on the event loop. Either way a finished read
@@ -11,19 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 
 import attrs
 
 from edge0.errors import Edge0Error, TierReadError
 from edge0.log import get_logger
+from edge0.runtime.issue import Issuer
+from edge0.runtime.planner import Op, Planner
 from edge0.runtime.readers import ReaderThreads
 from edge0.runtime.slotmem import SlotMemory
 from edge0.runtime.slots import SlotPool
-from edge0.runtime.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
+from edge0.runtime.tickets import PREFETCH, FetchTicket, TicketQueue
 from edge0.runtime.trace import Tracer
 from edge0.storage.tier import BlockingRead, ExpertKey, ReadInfo, Tier, blocking_read
 
@@ -49,7 +50,7 @@ class ReadStats:
     by_tier: dict[str, int] = attrs.field(factory=dict)
 
 
-class Fetcher:
+class Fetcher(Issuer):
     """Issues fetch tickets and runs their reads (reader threads, or tier workers on the loop)."""
 
     def __init__(
@@ -81,6 +82,9 @@ class Fetcher:
         self._blocking: BlockingRead | None = None
         self._in_flight = 0
         self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
+        self._planner: Planner | None = None  # applies `deferred()` work (started by `start`)
+        self._deferring: list[Op] | None = None  # work queued inside `deferred()`
+        self._queued: set[tuple[int, int]] = set()  # (layer, step) of prefetches not yet applied
         # (layer, step) -> experts prefetched for it: the only slots `acquire` may release
         self._ahead: dict[tuple[int, int], set[int]] = {}
         # (layer, step) -> the one set prefetched for it, in order (the step claim's input)
@@ -94,6 +98,7 @@ class Fetcher:
         """Start the reads: reader threads when the tier stack reads on any thread (and
         `threads`), else tier worker coroutines on this event loop."""
         self._loop = asyncio.get_running_loop()
+        self._planner = Planner(self._lock, self._post)
         read = blocking_read(self.tier) if threads else None
         if read is not None:
             self._blocking = read
@@ -115,6 +120,8 @@ class Fetcher:
             except asyncio.CancelledError:
                 pass
         self._tasks = []
+        if self._planner is not None:
+            await asyncio.to_thread(self._planner.stop)
         if self._readers is not None:  # the reads in flight finish first
             await asyncio.to_thread(self._readers.stop)
         with self._cond:
@@ -124,11 +131,6 @@ class Fetcher:
                     t.outcome = "cancelled"
                     self.table.mark_failed(t.slot, t.layer, t.expert)
             self._cond.notify_all()
-
-    def _enqueue(self, tickets: list[FetchTicket]) -> None:
-        assert self._queue is not None
-        for t in tickets:
-            self._queue.put(t)
 
     def _begin(self, t: FetchTicket, wid: int) -> bool:
         """A worker takes `t` (False: it was cancelled while queued)."""
@@ -209,6 +211,12 @@ class Fetcher:
                     log.warning("read_failed", layer=t.layer, expert=t.expert, error=str(error))
             self._cond.notify_all()
 
+    def counters(self) -> ReadStats:
+        """A snapshot of the counters, deferred work applied first (any thread; brief lock)."""
+        with self._lock:
+            self._drain()
+            return attrs.evolve(self.stats, by_tier=dict(self.stats.by_tier))
+
     def io_time(self, since: float, until: float) -> float:
         """Wall time in [since, until] with at least one read in flight (union of reads)."""
         with self._lock:
@@ -225,6 +233,7 @@ class Fetcher:
         """The request ended: its prefetches still queued are cancelled, never read."""
         n = 0
         with self._lock:
+            self._drain()
             for t in self._loader.values():
                 if t.outcome == "queued" and t.kind == PREFETCH and t.step > self.now:
                     t.outcome = "cancelled"
@@ -232,63 +241,6 @@ class Fetcher:
                     n += 1
             self.stats.cancelled += n
         return n
-
-    def _issue(
-        self, layer: int, step: int, expert: int, kind: str
-    ) -> tuple[int, FetchTicket | None] | None:
-        res = self.table.reserve(layer, expert, step)
-        if res is None:
-            return None
-        if not res.needs_read:
-            return res.slot, None
-        t = FetchTicket(self.request, step, layer, expert, res.slot, kind, self.order[layer])
-        self._loader[(layer, res.slot)] = t
-        self.stats.issued += 1
-        if kind == DEMAND:
-            self.stats.demand += 1
-        else:
-            self.stats.prefetch += 1
-        return res.slot, t
-
-    def _submit(self, tickets: list[FetchTicket]) -> None:
-        if not tickets:
-            return
-        if self._held is not None:  # inside `batched()`: one wake-up at its end
-            self._held.extend(tickets)
-            return
-        if self._readers is not None:
-            self._readers.put(tickets)
-            return
-        assert self._loop is not None, "Scheduler.start() was not awaited"
-        self._loop.call_soon_threadsafe(self._enqueue, tickets)
-
-    @contextlib.contextmanager
-    def batched(self) -> Iterator[None]:
-        """Prefetches issued inside reach the tier workers together: one event-loop wake-up."""
-        self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            self._submit(held)
-
-    def prefetch(self, layer: int, step: int, experts: list[int]) -> int:
-        """Stage `experts` of `layer` for `step` (one ahead); returns how many reads were issued."""
-        new = []
-        with self._lock:
-            ahead = self._ahead.get((layer, step))
-            if ahead is None:
-                self._ahead[(layer, step)] = set(experts)
-                self._planned[(layer, step)] = experts  # what the step claim checks
-            else:
-                ahead.update(experts)
-                self._planned.pop((layer, step), None)  # a union: acquire alone decides
-            for e in experts:
-                got = self._issue(layer, step, e, PREFETCH)
-                if got is not None and got[1] is not None:
-                    new.append(got[1])
-            self._submit(new)
-        return len(new)
 
 
 def _read_error(t: FetchTicket, exc: Exception) -> BaseException:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from edge0.runtime.slots import SlotState, pool_size
+from edge0.runtime.slots import pool_size
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -67,9 +67,7 @@ class DeviceChoice:
         steps, layer = stream.steps, stream.layer
         sched = steps.scheduler
         assert sched is not None, "Steps.attach(scheduler) was not called"
-        table, have = sched.table, set(planned)
-        where = table.where[layer]  # changed only on this (the compute) thread
-        ready = [e for e, s in where.items() if e not in have and table.state(s) is SlotState.READY]
+        ready = sched.staged(layer, set(planned))
         if ready:
             sched.prefetch(layer, steps.step, ready)  # all held: reservations, no tickets
         return list(planned) + ready

@@ -22,18 +22,27 @@ else:
 
 
 class RouteSlots(_Base):
-    """`servable`, `keep` and `fetch_within` (edge0.runtime.policy calls them)."""
+    """`servable`, `staged`, `keep` and `fetch_within` (the route policies call them)."""
 
     def servable(self, layer: int, experts: list[int]) -> set[int]:
         """Those of `experts` of `layer` compute can have without waiting on storage: ready in
         a slot, or held by the outermost tier's RAM cache (a copy; route policies)."""
         table = self.table
         with self._lock:
+            self._drain()
             where = table.where[layer]
             out = {e for e in experts if e in where and table.state(where[e]) is SlotState.READY}
         if hasattr(type(self.tier), "__contains__"):  # a cache tier (tiers/ram.py)
             out |= {e for e in experts if e not in out and ExpertKey(layer, e) in self.tier}  # type: ignore[operator]
         return out
+
+    def staged(self, layer: int, skip: set[int]) -> list[int]:
+        """Every expert of `layer` ready in a slot, but those in `skip` (the pool's order)."""
+        table = self.table
+        with self._lock:
+            self._drain()
+            return [e for e, s in table.where[layer].items()
+                    if e not in skip and table.state(s) is SlotState.READY]  # fmt: skip
 
     def keep(self, layer: int, step: int, experts: list[int]) -> int:
         """Reserve `experts` of `layer` for `step` where a slot holds them (so no prefetch
@@ -44,6 +53,7 @@ class RouteSlots(_Base):
         copy = getattr(self.tier, "copy_cached", None)
         for e in experts:
             with self._lock:
+                self._drain()
                 held = e in table.where[layer]
                 res = table.reserve(layer, e, step) if held or copy is not None else None
             if res is None or held or copy is None:
@@ -70,6 +80,7 @@ class RouteSlots(_Base):
         released by `acquire`; an expert without a free slot is not waited for."""
         table, end = self.table, time.perf_counter() + timeout_s
         with self._cond:
+            self._drain()
             slots: dict[int, int] = {}
             new: list[FetchTicket] = []
             for e in experts:

@@ -7,7 +7,11 @@ Threads (FACTS.md: MLX streams are thread-affine, eval releases the GIL):
   graph; at each streamed layer it calls `acquire`, which claims the layer's
   slots, issues tickets for misses and blocks that thread (a threading.Condition)
   until its slots are ready; `prefetch` issues tickets for the next step and
-  returns at once.
+  returns at once;
+- the planner thread (edge0.runtime.planner) applies what compute defers: a
+  route sync group's fence move and prefetches, the step boundary's expiry, the
+  consumption marks of claimed slots. `acquire` applies what is still queued
+  itself when its layer's prefetch is among it or it must reserve slots.
 The slot pool (edge0.runtime.slots) is changed only under `self._lock`; its fence
 moves when compute has evaluated a layer's input (`acquire(fenced=True)`, or
 `evaluated` for route mode's deferred sync groups). A step's prefetched sets
@@ -47,6 +51,7 @@ class Scheduler(RouteSlots, Fetcher):
     # --- compute thread side ------------------------------------------------------------
     def begin_request(self, request: int) -> None:
         with self._lock:
+            self._drain()
             self.request = request
             self.table.clear_failed()
             self._errors.clear()
@@ -58,6 +63,7 @@ class Scheduler(RouteSlots, Fetcher):
     def forget_failures(self) -> None:
         """Failed reads are forgotten (a batch ended the requests that needed them)."""
         with self._lock:
+            self._drain()
             self.table.clear_failed()
             self._errors.clear()
 
@@ -65,19 +71,31 @@ class Scheduler(RouteSlots, Fetcher):
         """Compute starts `step`: every graph of earlier steps has been evaluated (the fence)."""
         with self._lock:
             self.now = step
-            self.table.advance(step - 1)
-            for key in [k for k in self._ahead if k[1] < step]:
-                del self._ahead[key]  # predicted for a step that has passed
-                self._planned.pop(key, None)
             self._claims.clear()
+            self._soon(self._past, step)
+
+    def _past(self, step: int) -> list[FetchTicket]:
+        """Step `step` began (lock held): earlier steps' graphs ran, their predictions expire."""
+        self.table.advance(step - 1)
+        for key in [k for k in self._ahead if k[1] < step]:
+            del self._ahead[key]  # predicted for a step that has passed
+            self._planned.pop(key, None)
+        return []
 
     def evaluated(self, step: int, layer: int) -> None:
         """Compute evaluated every graph of `step` before `layer` (their slots may be reused)."""
-        order = self.order.get(layer)
-        if order is None:
+        if self._deferring is not None:  # inside `deferred()`: the planner moves it
+            self._deferring.append((self._advance, (step, layer)))
             return
         with self._lock:  # (nobody waits for this: compute itself is the only waiter)
+            self._drain()
+            self._advance(step, layer)
+
+    def _advance(self, step: int, layer: int) -> list[FetchTicket]:
+        order = self.order.get(layer)
+        if order is not None:
             self.table.advance(step, order - 1)
+        return []
 
     def acquire(self, layer: int, step: int, experts: list[int], fenced: bool = True) -> list[int]:
         """Slots holding `experts` of `layer`, ready for `step`; blocks until they are.
@@ -89,6 +107,8 @@ class Scheduler(RouteSlots, Fetcher):
         """
         table = self.table
         with self._cond:
+            if (layer, step) in self._queued:  # its prefetch is not applied yet: apply it
+                self._drain()
             if fenced:
                 table.advance(step, table.order[layer] - 1)
             claim = self._claims.pop(layer, None)
@@ -99,13 +119,14 @@ class Scheduler(RouteSlots, Fetcher):
                 self._ahead.pop((layer, step), None)
                 self._planned.pop((layer, step), None)
                 self.stats.staged_hits += len(experts)
-                self._consume(layer, claim[1], experts)
+                self._soon(self._consume, layer, claim[1], experts, step)
                 return claim[1]
+            self._drain()  # the slow path: every deferred fence move and reservation first
             self._release_unneeded(layer, step, experts)
             staged = table.claim(layer, experts, step)
             if staged is not None:  # every expert staged and ready: no ticket, no wait
                 self.stats.staged_hits += len(experts)
-                self._consume(layer, staged, experts)
+                self._soon(self._consume, layer, staged, experts, step)
                 return staged
             slots: list[int] = []
             new: list[FetchTicket] = []
@@ -136,7 +157,7 @@ class Scheduler(RouteSlots, Fetcher):
                     raise self._errors.get((layer, s)) or TierReadError(
                         "slot lost its record", layer=layer, expert=e
                     )
-            self._consume(layer, slots, experts)
+            self._consume(layer, slots, experts, step)
         return slots
 
     def _claim_step(self, step: int, first: int) -> None:
@@ -153,14 +174,16 @@ class Scheduler(RouteSlots, Fetcher):
             if slots is not None:
                 claims[layer] = (experts, slots, table.steals)
 
-    def _consume(self, layer: int, slots: list[int], experts: list[int]) -> None:
-        """Compute reads these slots: the tickets that filled them were used."""
+    def _consume(self, layer: int, slots: list[int], experts: list[int], step: int) -> list[Any]:
+        """Compute reads these slots at `step`: the tickets that filled them were used (lock
+        held; later tickets into the same slots are not these)."""
         loader = self._loader
         for s, e in zip(slots, experts, strict=True):
             t = loader.get((layer, s))
-            if t is not None and not t.consumed and t.expert == e:
+            if t is not None and not t.consumed and t.expert == e and t.step <= step:
                 t.consumed = True
                 self.stats.consumed += 1
+        return []
 
     def _wait(self) -> None:
         if self._closed:

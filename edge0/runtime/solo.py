@@ -11,7 +11,6 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import mlx.core as mx
 
 from edge0.log import get_logger
@@ -48,7 +47,7 @@ def prefill(runner: Runner, ids: list[int], decode: bool) -> int:
 
 def reads_now(engine: Engine) -> ReadStats | None:
     sched = engine.setup.scheduler
-    return attrs.evolve(sched.stats, by_tier=dict(sched.stats.by_tier)) if sched else None
+    return sched.counters() if sched else None
 
 
 def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
@@ -120,7 +119,7 @@ def finish_stats(
 ) -> None:  # fmt: skip
     """Fill a finished request's stats from its step records and read counters; log them."""
     sched = engine.setup.scheduler
-    reads = diff_reads(sched.stats, reads0) if sched and reads0 else ReadStats()
+    reads = diff_reads(sched.counters(), reads0) if sched and reads0 else ReadStats()
     fill(stats, records, reads, decode_io, int(decode_bytes))
     stats.peak_mlx_bytes = peak_mlx_bytes()
     stats.peak_rss_bytes = peak_rss_bytes()

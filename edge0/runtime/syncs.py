@@ -86,9 +86,10 @@ class SyncGroups:
         mx.eval([a for w in group for a in w.arrays()] + extra)
         steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
         steps.cur.syncs += 1
-        if group and steps.scheduler is not None:  # their inputs ran: earlier layers' slots free
-            steps.scheduler.evaluated(steps.step, group[-1].stream.layer)
-        batch = steps.scheduler.batched() if steps.scheduler is not None else nullcontext()
-        with batch:  # the group's prefetches wake the tier workers once
+        sched = steps.scheduler
+        # the fence move and the group's prefetches: applied by the planner thread
+        with sched.deferred() if sched is not None else nullcontext():
+            if group and sched is not None:  # their inputs ran: earlier layers' slots free
+                sched.evaluated(steps.step, group[-1].stream.layer)
             for work in group:
                 work.stream.finish(work)
