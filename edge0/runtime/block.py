@@ -52,6 +52,7 @@ class StreamingMoE(nn.Module):
         object.__setattr__(self, "family", family)
         object.__setattr__(self, "stream", stream)
         object.__setattr__(self, "activation", original[family.switch_attr].activation)
+        object.__setattr__(self, "_plan", None)  # (views, ffn_plan of them)
 
     def __call__(self, x: mx.array) -> mx.array:
         # x: (1, 1, d_model), the post-attention-norm hidden of one token
@@ -110,34 +111,47 @@ class StreamingMoE(nn.Module):
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
         h = mx.expand_dims(x, (-2, -3))  # (1, 1, 1, 1, d_model)
-        out = expert_ffn(self, self.stream.views, h, idx)  # (1, 1, K, 1, d_model)
+        views = self.stream.views
+        plan = self._plan
+        if plan is None or plan[0] is not views:  # the slot views do not change: built once
+            plan = (views, ffn_plan(self.stream.quant, views))
+            object.__setattr__(self, "_plan", plan)
+        out = expert_ffn(self, views, h, idx, plan=plan[1])  # (1, 1, K, 1, d_model)
         return out.squeeze(-2)
+
+
+# one projection's arrays and quantization: weight, scales, biases, bias, group size, bits, mode
+Proj = tuple[mx.array, mx.array, "mx.array | None", "mx.array | None", int, int, str]
+
+
+def ffn_plan(quant: dict[str, Any], views: dict[str, mx.array]) -> tuple[Proj, Proj, Proj]:
+    """The up, gate and down projections of `views`, looked up once (a decode step's layer
+    reuses its slot views' plan: no per-call key formatting or quantization lookup)."""
+
+    def one(name: str) -> Proj:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
+        return (views[f"{name}.weight"], views[f"{name}.scales"],
+                views.get(f"{name}.biases"),  # none in mxfp4 records
+                views.get(f"{name}.bias"),  # experts with biased projections (gpt-oss)
+                q["group_size"], q["bits"], q["mode"])  # fmt: skip
+
+    return one("up_proj"), one("gate_proj"), one("down_proj")
 
 
 def expert_ffn(
     block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array,
-    sorted_indices: bool = False,
+    sorted_indices: bool = False, plan: tuple[Proj, Proj, Proj] | None = None,
 ) -> mx.array:  # fmt: skip
     """The routed experts' gated FFN of `h` with the experts (slots) `idx`, via gather_qmm."""
-    quant = block.stream.quant
+    up_p, gate_p, down_p = plan or ffn_plan(block.stream.quant, views)
 
-    def proj(name: str, inp: mx.array) -> Any:
-        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
-        out = mx.gather_qmm(
-            inp,
-            views[f"{name}.weight"],
-            views[f"{name}.scales"],
-            views.get(f"{name}.biases"),  # none in mxfp4 records
-            rhs_indices=idx,
-            transpose=True,
-            group_size=q["group_size"],
-            bits=q["bits"],
-            mode=q.get("mode", "affine"),
-            sorted_indices=sorted_indices,
-        )
-        bias = views.get(f"{name}.bias")  # experts with biased projections (gpt-oss)
+    def proj(p: Proj, inp: mx.array) -> Any:
+        w, scales, biases, bias, group_size, bits, mode = p
+        out = mx.gather_qmm(inp, w, scales, biases, rhs_indices=idx, transpose=True,
+                            group_size=group_size, bits=bits, mode=mode,
+                            sorted_indices=sorted_indices)  # fmt: skip
         return out if bias is None else out + mx.expand_dims(bias[idx], -2)
 
-    up = proj("up_proj", h)  # (..., d_ff)
-    gate = proj("gate_proj", h)
-    return proj("down_proj", block.activation(up, gate))  # (..., d_model)
+    up = proj(up_p, h)  # (..., d_ff)
+    gate = proj(gate_p, h)
+    return proj(down_p, block.activation(up, gate))  # (..., d_model)
