@@ -73,7 +73,7 @@ def install(c: Counters) -> None:
 
     import edge0.routing.families.base as fam
     import edge0.runtime.block as block
-    import edge0.runtime.issue as issue
+    import edge0.runtime.fetcher as fetcher
     import edge0.runtime.layers as layers
     import edge0.runtime.readers as readers
     import edge0.runtime.scheduler as scheduler
@@ -92,7 +92,7 @@ def install(c: Counters) -> None:
         (layers.SlotExperts, ["acquire"]),
         (syncs.SyncGroups, ["add", "launch", "complete", "flush", "_finish"]),
         (scheduler.Scheduler, ["acquire", "evaluated", "begin_step", "_claim_step", "_consume"]),
-        (issue.Issuer, ["prefetch", "_issue", "_submit", "_drain"]),
+        *[(cls, ["prefetch", "_issue", "_submit", "_drain"]) for cls in fetcher.Fetcher.__mro__],
         (readers.ReaderThreads, ["put"]),
         (slots.SlotPool, ["advance", "claim", "reserve", "release"]),
         (steps.Steps, ["fence", "begin_step", "span"]),
