@@ -84,7 +84,8 @@ class Fetcher(Issuer):
         self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
         self._planner: Planner | None = None  # applies `deferred()` work (started by `start`)
         self._deferring: list[Op] | None = None  # work queued inside `deferred()`
-        self._queued: set[tuple[int, int]] = set()  # (layer, step) of prefetches not yet applied
+        # (layer, step) -> prefetches for it queued for the planner, not yet applied
+        self._queued: collections.Counter[tuple[int, int]] = collections.Counter()
         # (layer, step) -> experts prefetched for it: the only slots `acquire` may release
         self._ahead: dict[tuple[int, int], set[int]] = {}
         # (layer, step) -> the one set prefetched for it, in order (the step claim's input)

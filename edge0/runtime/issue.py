@@ -12,6 +12,7 @@ readers and counters it uses.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
@@ -42,7 +43,7 @@ class Issuer:
     _held: list[FetchTicket] | None
     _planner: Planner | None
     _deferring: list[Op] | None
-    _queued: set[tuple[int, int]]
+    _queued: collections.Counter[tuple[int, int]]
     _ahead: dict[tuple[int, int], set[int]]
     _planned: dict[tuple[int, int], list[int]]
 
@@ -108,6 +109,10 @@ class Issuer:
             yield
         finally:
             self._deferring = None
+            with self._lock:  # counted with the lock, which the ops' applier holds
+                for fn, args in ops:
+                    if fn == self._stage_queued:
+                        self._queued[args[:2]] += 1
             self._planner.put(ops)
 
     def _drain(self) -> None:
@@ -127,8 +132,7 @@ class Issuer:
         """Stage `experts` of `layer` for `step` (one ahead); returns how many reads were issued
         (0 inside `deferred()`: the planner issues them)."""
         if self._deferring is not None:
-            self._queued.add((layer, step))
-            self._deferring.append((self._stage, (layer, step, experts)))
+            self._deferring.append((self._stage_queued, (layer, step, experts)))
             return 0
         with self._lock:
             self._drain()
@@ -136,9 +140,17 @@ class Issuer:
             self._submit(new)
         return len(new)
 
+    def _stage_queued(self, layer: int, step: int, experts: list[int]) -> list[FetchTicket]:
+        """A deferred prefetch applied (lock held): no longer queued."""
+        left = self._queued[(layer, step)] - 1
+        if left > 0:
+            self._queued[(layer, step)] = left
+        else:
+            del self._queued[(layer, step)]
+        return self._stage(layer, step, experts)
+
     def _stage(self, layer: int, step: int, experts: list[int]) -> list[FetchTicket]:
         """Reserve slots for `experts` of `layer` at `step` (lock held); the new tickets."""
-        self._queued.discard((layer, step))
         ahead = self._ahead.get((layer, step))
         if ahead is None:
             self._ahead[(layer, step)] = set(experts)
