@@ -5,8 +5,8 @@ them) the throttle does too: `read_blocking` reads the inner tier and sleeps
 out the device time on the calling thread (the scheduler's reader threads, or
 this tier's own threads for `read_into`), so a stack like
 `ram:8MiB>throttle:...>pread` is read without the event loop. Over another
-tier the loop path remains (the wait is slept on the loop). Both paths apply
-one device model (`_transfer_done`).
+tier the loop path remains (the read and the wait are awaited on the loop).
+Both paths apply one device model (`_transfer_done`).
 """
 
 from __future__ import annotations
