@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from edge0.runtime.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import ExpertKey, ReadInfo, Tier, blocking_read
 from tiers.pread import PreadTier
+from tiers.throttle import ThrottleTier
 
 N = 8  # decode tokens
+THROTTLED = "ram:64KiB>throttle:bw=1GB/s,lat=50us,qd=2>pread"
 
 
 def build_stack(spec: str, path: Path) -> Tier:
@@ -53,6 +56,10 @@ async def _decode(path: Path, tiers: Any, mode: str = "route", n: int = N,
         return toks, eng.setup.scheduler.stats if eng.setup.scheduler else None
 
 
+async def _no_loop(self: Any, key: ExpertKey, dest: memoryview) -> ReadInfo:
+    raise AssertionError("a read went through the event loop")
+
+
 def test_a_blocking_stack_reads_without_the_event_loop(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -60,14 +67,31 @@ def test_a_blocking_stack_reads_without_the_event_loop(
     assert blocking_read(stack) is not None
     assert blocking_read(LoopOnly(stack)) is None
     ref, _ = asyncio.run(_decode(store, LoopOnly(build_stack("ram:64KiB>pread", store))))
-
-    async def no_loop(self: Any, key: ExpertKey, dest: memoryview) -> ReadInfo:
-        raise AssertionError("a read went through the event loop")
-
-    monkeypatch.setattr(PreadTier, "read_into", no_loop)
+    monkeypatch.setattr(PreadTier, "read_into", _no_loop)
     got, stats = asyncio.run(_decode(store, stack))
     assert got == ref
     assert stats.issued > 0 and stats.failed == 0 and stats.consumed > 0
+
+
+def test_a_throttle_stack_is_read_by_the_reader_threads(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert blocking_read(build_stack(THROTTLED, store)) is not None
+    ref, _ = asyncio.run(_decode(store, "pread"))
+    threads: set[str] = set()
+    read = ThrottleTier.read_blocking
+
+    def spy(self: ThrottleTier, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        threads.add(threading.current_thread().name)
+        return read(self, key, dest)
+
+    monkeypatch.setattr(ThrottleTier, "read_blocking", spy)
+    for cls in (ThrottleTier, PreadTier):
+        monkeypatch.setattr(cls, "read_into", _no_loop)
+    got, stats = asyncio.run(_decode(store, THROTTLED))
+    assert got == ref
+    assert stats.issued > 0 and stats.failed == 0 and stats.by_tier.get("throttle", 0) > 0
+    assert threads and all(name.startswith("edge0-reader-") for name in threads), threads
 
 
 def test_route_tokens_are_the_same_on_threads_and_on_the_loop(store: Path) -> None:
@@ -80,8 +104,9 @@ def test_route_tokens_are_the_same_on_threads_and_on_the_loop(store: Path) -> No
     assert reactive == resident  # the true routing, read on threads
 
 
+@pytest.mark.parametrize("spec", ["pread", THROTTLED])
 def test_a_failed_read_on_a_reader_thread_fails_the_request_and_not_the_engine(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    store: Path, spec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     raw = PreadTier._read_raw
     broken = {"on": True}
@@ -94,8 +119,8 @@ def test_a_failed_read_on_a_reader_thread_fails_the_request_and_not_the_engine(
     monkeypatch.setattr(PreadTier, "_read_raw", flaky)
 
     async def go() -> tuple[list[int], list[int]]:
-        async with Engine.open(store, tiers="pread", mode="route", predictor="init") as eng:
-            with pytest.raises(TierReadError, match="layer"):
+        async with Engine.open(store, tiers=spec, mode="route", predictor="init") as eng:
+            with pytest.raises(TierReadError, match=r"layer \d+, expert \d+"):
                 _ = [t async for t in eng.tokens(PROMPT, max_tokens=N, stop=False)]
             broken["on"] = False
             after = [t async for t in eng.tokens(PROMPT, max_tokens=N, stop=False)]

@@ -1,17 +1,22 @@
-"""The throttle tier's device arithmetic, on a fake clock, and its presets and options."""
+"""The throttle tier's device arithmetic, on a fake clock, on both paths (the loop's
+`read_into`, the threads' `read_blocking`), and its presets, options and errors."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from tiers_helpers import FakeClock, tiny_store
+from tiers_helpers import FakeClock, all_keys, eio, plain_read, tiny_store
 
-from edge0.errors import ConfigError
+from edge0.errors import ConfigError, TierReadError
 from edge0.storage.spec import open_tiers
-from edge0.storage.tier import ExpertKey, ReadInfo
-from tiers.throttle import PRESETS, ThrottleTier
+from edge0.storage.tier import ExpertKey, ReadInfo, blocking_read
+from tiers.pread import PreadTier
+from tiers.throttle import PRESETS, ThrottleTier, sleep_until
 
 SIZE = 16384
 LAT = 2.0**-11  # binary fractions: the expected times are exact floats
@@ -31,11 +36,32 @@ class MemTier:
         t = self.clock()
         if self.delay:
             await self.clock.sleep(self.delay)
+        return self._fill(key, dest, t)
+
+    def _fill(self, key: ExpertKey, dest: memoryview, t: float) -> ReadInfo:
         memoryview(dest)[:] = bytes([key.expert]) * SIZE
         return ReadInfo(self.name, SIZE, t, self.clock(), disk_bytes=self.disk_bytes)
 
     async def aclose(self) -> None:
         pass
+
+
+class BlockingMemTier(MemTier):
+    """MemTier that also reads on any thread (its delay advances the fake clock)."""
+
+    blocking = True
+
+    def read_blocking(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        t = self.clock()
+        self.clock.now += self.delay
+        return self._fill(key, dest, t)
+
+
+def _advance(clock: FakeClock) -> Any:
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    return sleep
 
 
 def _run(qd: int, n: int = 4, lat: float = LAT, **mem: object) -> list[ReadInfo]:
@@ -116,3 +142,127 @@ def test_real_clock_read_takes_at_least_the_device_time(tmp_path: Path) -> None:
         return time.perf_counter() - t
 
     assert asyncio.run(main()) >= 2e-3 + m.record_size / 16e6
+
+
+# --- the blocking path ------------------------------------------------------------
+def _one_after_another(path: str, mem: dict[str, Any]) -> list[ReadInfo]:
+    """Three reads, each after the last, through the loop's path or the threads' path."""
+    clock = FakeClock()
+    inner = (MemTier if path == "loop" else BlockingMemTier)(clock, **mem)
+    tier = ThrottleTier(inner, bw=BW, lat=LAT, qd=1, clock=clock, sleep=clock.sleep,
+                        sleep_blocking=_advance(clock))  # fmt: skip
+    assert tier.blocking == (path == "thread")
+    bufs = [bytearray(SIZE) for _ in range(3)]
+
+    async def seq() -> list[ReadInfo]:
+        return [(await clock.run(tier.read_into(ExpertKey(1, i), memoryview(b))))[0]
+                for i, b in enumerate(bufs)]  # fmt: skip
+
+    if path == "loop":
+        infos = asyncio.run(seq())
+    else:
+        infos = [tier.read_blocking(ExpertKey(1, i), memoryview(b)) for i, b in enumerate(bufs)]
+    assert all(b == bytes([i]) * SIZE for i, b in enumerate(bufs))
+    return infos
+
+
+@pytest.mark.parametrize(
+    "mem", [{}, {"disk_bytes": SIZE // 4}, {"delay": 4 * XFER}, {"delay": LAT / 2}]
+)
+def test_both_paths_apply_one_device_model(mem: dict[str, Any]) -> None:
+    loop, thread = (_one_after_another(path, mem) for path in ("loop", "thread"))
+    assert [i.finished for i in loop] == [i.finished for i in thread]
+    assert all(i.tier == "throttle" and i.waited == 0.0 for i in loop + thread)
+    if not mem:  # QD1, one after another: lat + bytes / bw each
+        assert [i.finished for i in thread] == [k * (LAT + XFER) for k in (1, 2, 3)]
+
+
+def test_sleep_until_sleeps_again_after_an_early_wake_up() -> None:
+    clock = FakeClock()
+    asked: list[float] = []
+
+    def early(seconds: float) -> None:  # a sleep that wakes halfway
+        asked.append(seconds)
+        clock.now += seconds / 2 if len(asked) < 3 else seconds
+
+    sleep_until(1.0, clock, early)
+    assert clock.now == 1.0 and asked == [1.0, 0.5, 0.25]
+
+
+def test_a_throttle_over_a_disk_tier_reads_on_any_thread(tmp_path: Path) -> None:
+    m = tiny_store(tmp_path)
+    for spec in ("throttle:nvme4>pread", "ram:32KiB>throttle:bw=1GB/s,lat=50us,qd=2>pread"):
+        read = blocking_read(open_tiers(spec, tmp_path, m))
+        assert read is not None, spec
+        for key in all_keys(m):
+            buf = bytearray(m.record_size)
+            read(key, memoryview(buf))
+            assert bytes(buf) == plain_read(tmp_path, m, key), (spec, key)
+    assert blocking_read(ThrottleTier(MemTier(FakeClock()), bw=BW)) is None
+
+
+def test_threads_share_the_bandwidth_and_at_most_qd_are_in_service(tmp_path: Path) -> None:
+    """Real clock: lower bounds only (a loaded machine makes reads slower, never faster)."""
+    m = tiny_store(tmp_path)
+    bw, lat, qd = 16e6, 1e-3, 2
+    tier = open_tiers(f"throttle:bw={bw:g}B/s,lat=1ms,qd={qd}>pread", tmp_path, m)
+    assert isinstance(tier, ThrottleTier)
+    inner_read = tier.inner.read_blocking  # type: ignore[attr-defined]
+    in_service, most, mu = [0], [0], threading.Lock()
+
+    def counted(key: ExpertKey, dest: memoryview) -> ReadInfo:
+        with mu:
+            in_service[0] += 1
+            most[0] = max(most[0], in_service[0])
+        time.sleep(2e-3)
+        with mu:
+            in_service[0] -= 1
+        return inner_read(key, dest)
+
+    tier.inner.read_blocking = counted  # type: ignore[attr-defined]
+    keys = all_keys(m)[:8]
+    infos: list[ReadInfo] = []
+
+    def reader(part: list[ExpertKey]) -> None:
+        for key in part:
+            infos.append(tier.read_blocking(key, memoryview(bytearray(m.record_size))))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=reader, args=(keys[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    xfer = m.record_size / bw
+    finished = sorted(i.finished - t0 for i in infos)
+    assert len(finished) == 8 and most[0] <= qd
+    # one channel: the k-th read done needs k transfers after the first latency
+    assert all(f >= lat + k * xfer for k, f in enumerate(finished, 1)), finished
+    asyncio.run(tier.aclose())
+
+
+def test_inner_errors_surface_unchanged_on_both_paths(tmp_path: Path) -> None:
+    m = tiny_store(tmp_path)
+    key = ExpertKey(m.moe_layers[1], 2)
+    errors = []
+    for spec in ("pread", "throttle:bw=1GB/s>pread", "ram:32KiB>throttle:nvme4>pread"):
+        tier = open_tiers(spec, tmp_path, m)
+        disk = tier
+        while not isinstance(disk, PreadTier):
+            disk = disk.inner  # type: ignore[attr-defined]
+
+        def broken(offset: int, length: int, dest: memoryview) -> int:
+            raise eio()
+
+        disk._read_raw = broken  # type: ignore[method-assign]
+        for path in ("thread", "loop"):
+            with pytest.raises(TierReadError) as err:
+                buf = memoryview(bytearray(m.record_size))
+                if path == "thread":
+                    tier.read_blocking(key, buf)  # type: ignore[attr-defined]
+                else:
+                    asyncio.run(tier.read_into(key, buf))
+            assert (err.value.layer, err.value.expert) == (key.layer, key.expert)
+            errors.append(str(err.value))
+        asyncio.run(tier.aclose())
+    assert len(set(errors)) == 1 and f"layer {key.layer}" in errors[0], errors

@@ -1,10 +1,21 @@
-"""`throttle`: wraps any tier and makes it behave like a slower device (bandwidth, latency, QD)."""
+"""`throttle`: wraps any tier and makes it behave like a slower device (bandwidth, latency, QD).
+
+Over a tier that reads on any thread (`blocking`: the disk tiers, `ram` over
+them) the throttle does too: `read_blocking` reads the inner tier and sleeps
+out the device time on the calling thread (the scheduler's reader threads, or
+this tier's own threads for `read_into`), so a stack like
+`ram:8MiB>throttle:...>pread` is read without the event loop. Over another
+tier the loop path remains (the read and the wait are awaited on the loop).
+Both paths apply one device model (`_transfer_done`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import attrs
@@ -12,7 +23,7 @@ import attrs
 from edge0.errors import ConfigError
 from edge0.storage.spec import choice, parse_duration, parse_int, parse_rate
 from edge0.storage.tier import ExpertKey, ReadInfo, Tier
-from tiers._disk import flat_bytes
+from tiers._disk import flat_bytes, run_in_pool
 
 
 @attrs.frozen
@@ -63,6 +74,13 @@ async def precise_sleep(delay: float) -> None:
         await asyncio.to_thread(time.sleep, rest)
 
 
+def sleep_until(end: float, clock: Callable[[], float] = time.perf_counter,
+                sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+    """Sleep on this thread until `clock()` reaches `end` (kernel timers: ~0.1 ms, no spinning)."""
+    while (rest := end - clock()) > 0:
+        sleep(rest)
+
+
 class ThrottleTier:
     """Delays each read of the inner tier to the time the emulated device would need.
 
@@ -72,7 +90,8 @@ class ThrottleTier:
     in the order the reads reach it: transfer starts at max(t + lat, channel
     free) and takes bytes / bw. So QD hides latency, never adds bandwidth, and
     at QD1 a read takes exactly lat + bytes / bw. A read never finishes before
-    the inner tier delivered it. `clock` and `sleep` are injectable for tests.
+    the inner tier delivered it. `clock`, `sleep` (the loop path's) and
+    `sleep_blocking` (the threads') are injectable for tests.
     """
 
     name: ClassVar[str] = "throttle"
@@ -95,6 +114,7 @@ class ThrottleTier:
         qd: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], Awaitable[None]] = precise_sleep,
+        sleep_blocking: Callable[[float], None] = time.sleep,
     ) -> None:
         if preset is not None and preset not in PRESETS:
             raise ConfigError(f"unknown throttle preset {preset!r}; presets: {', '.join(PRESETS)}")
@@ -110,27 +130,60 @@ class ThrottleTier:
         self.queue_depth = qd if qd is not None else (base.queue_depth if base else 1)
         self._clock = clock
         self._sleep = sleep
-        self._slots: asyncio.Semaphore | None = None
+        self._sleep_blocking = sleep_blocking
+        self._slots: asyncio.Semaphore | None = None  # the loop path's reads in service
+        self._thread_slots = threading.BoundedSemaphore(self.queue_depth)  # the threads'
+        self._pool: ThreadPoolExecutor | None = None  # read_into's threads (a blocking stack)
+        self._mu = threading.Lock()
         self._channel_free = float("-inf")  # when the shared channel finishes its last transfer
+
+    @property
+    def blocking(self) -> bool:
+        """Whether `read_blocking` works (the inner tier reads on any thread too)."""
+        return bool(getattr(self.inner, "blocking", False))
 
     async def read_into(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
         started = self._clock()
+        if self.blocking:  # the whole read, wait included, in one of our threads
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.queue_depth, "edge0-throttle")
+            return await run_in_pool(self._pool, self._read_blocking, key, dest, started)
         if self._slots is None:  # created on first use, inside the running loop
             self._slots = asyncio.Semaphore(self.queue_depth)
         async with self._slots:
             entered = self._clock()
             info = await self.inner.read_into(key, dest)
-            nbytes = info.disk_bytes if info.disk_bytes is not None else flat_bytes(dest).nbytes
-            transfer = max(entered + self.latency, self._channel_free)
-            done = transfer + nbytes / self.bandwidth
+            wait = self._transfer_done(entered, info, dest) - self._clock()
+            if wait > 0:
+                await self._sleep(wait)
+            return self._done(info, started, entered)
+
+    def read_blocking(self, key: ExpertKey, dest: memoryview) -> ReadInfo:
+        """The read on the calling thread (only when `blocking`), the same device model."""
+        return self._read_blocking(key, dest, self._clock())
+
+    def _read_blocking(self, key: ExpertKey, dest: memoryview, started: float) -> ReadInfo:
+        with self._thread_slots:
+            entered = self._clock()
+            info = self.inner.read_blocking(key, dest)  # type: ignore[attr-defined]
+            done = self._transfer_done(entered, info, dest)
+            sleep_until(done, self._clock, self._sleep_blocking)
+            return self._done(info, started, entered)
+
+    def _transfer_done(self, entered: float, info: ReadInfo, dest: memoryview) -> float:
+        """When the device has served a read that entered service at `entered` and that the
+        inner tier answered with `info`: latency, then its bytes over the shared channel."""
+        nbytes = info.disk_bytes if info.disk_bytes is not None else flat_bytes(dest).nbytes
+        with self._mu:  # reads of both paths and every thread share the channel
+            done = max(entered + self.latency, self._channel_free) + nbytes / self.bandwidth
             self._channel_free = done
-            now = self._clock()
-            if done > now:
-                await self._sleep(done - now)
-            finished = self._clock()
-        return attrs.evolve(
-            info, tier=self.name, started=started, finished=finished, waited=entered - started
-        )
+        return done
+
+    def _done(self, info: ReadInfo, started: float, entered: float) -> ReadInfo:
+        return attrs.evolve(info, tier=self.name, started=started, finished=self._clock(),
+                            waited=entered - started)  # fmt: skip
 
     async def aclose(self) -> None:
+        if self._pool is not None:  # run_in_pool waited for every read it started
+            self._pool.shutdown(wait=False)
         await self.inner.aclose()

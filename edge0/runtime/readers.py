@@ -1,12 +1,12 @@
 """Reader threads: the scheduler's tickets read by plain threads in need order, off the event loop.
 
 Over a tier stack whose every tier reads on any thread (`blocking`: the disk
-tiers and the RAM cache over them), a read needs no coroutine: a reader thread
+tiers, and the RAM cache and throttle over them), a read needs no coroutine: a reader thread
 takes the ticket compute will need first (step, then layer), calls the tier's
 `read_blocking` into the slot, and hands the outcome to the scheduler, which
 wakes compute. The event loop never sees a read (no future, no executor hop,
-no wake-up per record). Other stacks (throttle, test tiers) keep the loop's
-tier workers (edge0.runtime.fetcher).
+no wake-up per record). Other stacks (custom async tiers, test tiers) keep the
+loop's tier workers (edge0.runtime.fetcher).
 """
 
 from __future__ import annotations
