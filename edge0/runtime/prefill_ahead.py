@@ -13,7 +13,8 @@ layer's routing, in one of two ways:
     by one token. Only heads with an MLX graph (`rows`, edge0.routing.predictors)
     predict here: host predictors (oracle, temporal) and reactive mode (no
     heads) read nothing early. Untrained lean heads (predictor "init") are the
-    next layer's router weights, so they predict the same sets as "router".
+    next layer's router logits: with a plain top-K router they predict the sets
+    "router" does (less a request's first token, which has no row).
 Only what is read early changes: routing and compute are the chunk's own.
 """
 
