@@ -42,8 +42,8 @@ def heads_store(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def reads_of(path: Path, overlap: str, monkeypatch: pytest.MonkeyPatch, mode: str = "reactive",
-             predictor: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """One chunk over the prompt: tier reads by layer, early-read calls, routing."""
+             predictor: str | None = None, chunk: int = len(PROMPT)) -> dict[str, Any]:  # fmt: skip
+    """The prompt in chunks (default: one): tier reads by layer, early-read calls, routing."""
     monkeypatch.setattr(prefill, "OVERLAP", overlap)
     early: list[tuple[int, int, list[int]]] = []
     kept: list[set[int]] = []  # per early read: the experts kept for the first decode step
@@ -59,7 +59,7 @@ def reads_of(path: Path, overlap: str, monkeypatch: pytest.MonkeyPatch, mode: st
 
     async def go() -> dict[str, Any]:
         async with Engine.open(path, tiers=tier, mode=mode, predictor=predictor,
-                               prefill_chunk=len(PROMPT), record_routing=True) as eng:  # fmt: skip
+                               prefill_chunk=chunk, record_routing=True) as eng:  # fmt: skip
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
             ctx = eng.setup.ctx
             streamed = sorted({n for _, n in ctx.recording} - set(ctx.resident_experts))
@@ -103,18 +103,22 @@ def test_heads_read_ahead_is_the_owned_heads_prediction(
         return out
 
     monkeypatch.setattr(HeadPredictor, "rows", spy)
-    got = reads_of(heads_store, "heads", monkeypatch, mode="route", predictor="heads")
-    router = reads_of(heads_store, "router", monkeypatch, mode="route", predictor="heads")
-    rec, t = got["recording"], len(PROMPT)
-    assert [n for _, n, _ in got["early"]] == sorted(got["union"])  # every streamed layer
+    # chunks of 8, 8, 7 tokens: the first two read ahead (T x K >= COVER x E at K=2, E=8)
+    got = reads_of(heads_store, "heads", monkeypatch, "route", "heads", chunk=8)
+    router = reads_of(heads_store, "router", monkeypatch, "route", "heads", chunk=8)
+    rec, streamed = got["recording"], sorted(got["union"])
+    assert [n for _, n, _ in got["early"]] == streamed * 2  # every streamed layer, per chunk
     assert len(calls) == len(got["early"])
-    for (owner, executed, prev, out), (_, _, experts), kept in zip(
-        calls, got["early"], got["kept"], strict=True
+    for i, ((owner, executed, prev, out), (_, _, experts), kept) in enumerate(
+        zip(calls, got["early"], got["kept"], strict=True)
     ):
-        # the request's first chunk: token 0 has no previous set, rows are tokens 1 .. T-1
-        assert executed.tolist() == [rec[(p, owner)] for p in range(1, t)]
-        assert prev.tolist() == [rec[(p - 1, owner)] for p in range(1, t)]
-        assert out.shape == (t - 1, executed.shape[1])
+        start = 8 * (i // len(streamed))
+        # a row per token, each with its set and the one before; a request's first token
+        # has no previous set: the first chunk's rows are tokens 1 .. 7
+        tokens = range(max(start, 1), start + 8)
+        assert executed.tolist() == [rec[(p, owner)] for p in tokens]
+        assert prev.tolist() == [rec[(p - 1, owner)] for p in tokens]
+        assert out.shape == (len(tokens), executed.shape[1])
         # read early: the most predicted first group (3 at K=2), less decode's experts
         assert experts == [e for e in by_count(out.reshape(-1)) if e not in kept][:3]
     # random heads predict other sets than the next router: the heads' are what is read
