@@ -10,8 +10,9 @@ resident layers handle multi-token input with the KV cache as they are):
   3. the union of the chunk's experts is staged and computed in groups
      (edge0.runtime.chunk_moe); the experts predicted for the first decode step
      are staged last, so they are still in the slots when decode starts;
-  4. with `OVERLAP` "router", the next streamed layer's router runs on this
-     layer's input too (in the same eval): its union for the chunk is predicted,
+  4. with `OVERLAP` "router" or "heads", the next streamed layer's union for the
+     chunk is predicted in the same eval, by its router on this layer's input or
+     by the head this layer owns on every token (edge0.runtime.prefill_ahead),
      and its first group is read while this layer's last group and the next
      layer's attention compute, when the chunk is long enough for its union to
      cover most of a layer (`COVER`; docs/benchmarks/prefill.md measures it).
@@ -32,6 +33,7 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.runtime.chunk_moe import chunk_experts
+from edge0.runtime.prefill_ahead import check_overlap, next_union
 from edge0.runtime.prefill_dense import dense_linears
 from edge0.runtime.prefill_memory import bounded_recurrence
 from edge0.runtime.runner import greedy
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from edge0.runtime.runner import Runner
     from edge0.runtime.steps import Steps
 
-OVERLAP = "router"  # "router": read the next layer's predicted first group early; "none"
+OVERLAP = "router"  # read the next layer's predicted first group early: "router", "heads"; "none"
 # ... when the chunk's T x K picks are at least COVER x E: its union then covers most of a
 # layer (each expert missed with probability ~exp(-T K / E) <= 14%), so few early reads miss
 COVER = 2
@@ -101,8 +103,8 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     following = st.following.get(stream.layer)
     if following is not None and t * stream.top_k < COVER * scores.shape[-1]:
         following = None  # a short chunk: its union covers little of a layer
-    if following is not None:  # the next streamed layer's router on this layer's input
-        nxt = fam.select(following, fam.scores(following, x), stream.top_k)[0]
+    if following is not None:  # the next streamed layer's union, predicted
+        nxt = next_union(OVERLAP, block, following, x, inds)
     t0, c0 = time.perf_counter(), time.thread_time()
     mx.eval([a for a in (inds, w, graph, nxt) if a is not None])  # one eval per layer
     steps.span("eval", stream.layer, t0, time.perf_counter(), time.thread_time() - c0)
@@ -200,7 +202,8 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     t0, c0 = time.perf_counter(), time.thread_time()
     steps.begin_step(prefill=True, prefetch=False)  # one record, one fence for the chunk
     st = ChunkState(steps, steps.pos)
-    if OVERLAP == "router" and steps.scheduler is not None:
+    check_overlap(OVERLAP)
+    if OVERLAP != "none" and steps.scheduler is not None:
         st.following = next_blocks(runner.model, steps)
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
