@@ -55,12 +55,19 @@ def test_streaming_modes_need_a_layout_dir(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "edge0-layout" in res.output
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path, tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     edge0 = str(Path(sys.executable).parent / "edge0")
     cmd = [edge0, "run", str(store), "-p", "hello", "--no-chat", "--max-tokens", "100000",
            "--tiers", "throttle:bw=1MB/s>pread", "--log-json", str(events)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # a test run in a shell's background job inherits SIGINT ignored (no job control):
+    # the child starts with the default action, as under a terminal
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)  # fmt: skip
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # interrupt once it is generating (reads happen)
         if events.is_file() and '"event": "read"' in events.read_text():

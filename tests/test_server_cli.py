@@ -44,6 +44,8 @@ def test_serve_command_listens_checks_the_key_and_stops_on_ctrl_c(model: Path) -
         env=env,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT's default action, even when the tests run in a background job (ignored there)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr is not None
