@@ -50,18 +50,19 @@ class Scheduler(RouteSlots, Fetcher):
 
     # --- compute thread side ------------------------------------------------------------
     def begin_request(self, request: int) -> None:
-        """A new request: earlier requests' reads still queued are cancelled and those in
-        flight are waited for, so that none of them fails a slot after its failures were
-        forgotten (a failed request leaves the engine serving the next one)."""
+        """A new request. After failed reads, the reads still queued are cancelled and those
+        in flight are waited for first, so that none of them fails a slot after the failures
+        were forgotten (a failed request leaves the engine serving the next one)."""
         with self._cond:
             self._drain()
-            for t in self._loader.values():
-                if t.outcome == "queued":
-                    t.outcome = "cancelled"
-                    self.table.clear(t.slot)
-                    self.stats.cancelled += 1
-            while self._in_flight and not self._closed:
-                self._cond.wait()
+            if self._errors:  # (only then: in a batch the other requests' reads go on)
+                for t in self._loader.values():
+                    if t.outcome == "queued":
+                        t.outcome = "cancelled"
+                        self.table.clear(t.slot)
+                        self.stats.cancelled += 1
+                while self._in_flight and not self._closed:
+                    self._cond.wait()
             self.request = request
             self.table.clear_failed()
             self._errors.clear()
