@@ -103,21 +103,17 @@ class HeadPredictor:
         if self.hidden_only:  # untrained lean heads: the sets are not inputs
             logits = self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
         else:
-            logits = self.heads.predict(
-                layer,
-                x.reshape(-1),
-                executed.reshape(-1),
-                None if prev is None else prev.reshape(-1),
-            )  # (E,)
+            prev_flat = None if prev is None else prev.reshape(-1)
+            logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1), prev_flat)
         return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
 
     def rows(self, layer: int, x: mx.array, executed: mx.array, prev: mx.array, k: int
              ) -> mx.array:  # fmt: skip
         """(T, k) predicted experts of the target layer, lazy, one row per token t of a prompt
         chunk: each row the target's set at t+1 (x: (T, d); executed, prev: (T, K) at t, t-1)."""
-        if self.hidden_only:
-            return self.heads.predict_topk(layer, x, None, None, k)
-        return self.heads.predict_topk(layer, x, executed, prev, k)
+        lean = self.hidden_only  # untrained lean heads: the sets are not inputs
+        return self.heads.predict_topk(layer, x, None if lean else executed,
+                                       None if lean else prev, k)  # fmt: skip
 
     def predict(
         self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],

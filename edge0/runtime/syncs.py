@@ -4,9 +4,10 @@ In a route decode step every streamed layer's expert set is the prediction made
 one step earlier, so compute needs no router readback. What still needs the host
 is the prediction each layer owns (it drives the prefetch for the next step) and
 the recorded routing: `SyncGroups` collects that work per layer and evaluates it
-every `every` layers with `mx.async_eval`, completing a group (one host sync,
-prefetches issued) when the next one is launched, before a layer that must sync
-anyway, and at the step fence together with the step's own outputs.
+every `every` layers with `mx.async_eval`, completing a group (one host sync;
+its fence move and prefetches handed to the planner thread, edge0.runtime.planner)
+when the next one is launched, before a layer that must sync anyway, and at the
+step fence together with the step's own outputs.
 """
 
 from __future__ import annotations
