@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
+from edge0.kernels import use_native
 from edge0.model import arch as models
 
 
@@ -35,6 +36,10 @@ class LoadedModel:
     config: dict[str, Any]
     path: Path
     source_format: str
+
+    def __attrs_post_init__(self) -> None:
+        # quantized layers run the native CPU kernels where they can (edge0.kernels)
+        use_native(self.model)
 
     @property
     def text_config(self) -> dict[str, Any]:

@@ -16,8 +16,9 @@ thread:
   3. `stream.route(...)`: one eval of the routing and of the prediction this
      layer owns; that prediction is prefetched for the next step;
   4. `stream.slots(...)`: blocks until this layer's experts are staged;
-  5. gather_qmm over the slot views with an expert->slot index (same expert order
-     as the resident block, so outputs are bit-identical for the same set).
+  5. the experts' FFN over the slot views with an expert->slot index: one native op on
+     the CPU (edge0.kernels), else gather_qmm (same expert order as the resident block,
+     so outputs are bit-identical for the same set).
 In a batched decode step (`steps.batch`, edge0.runtime.batch) the call hands its
 row's hidden state to the batch, which runs these steps once for all rows.
 """
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from edge0 import kernels
 from edge0.errors import Edge0Error
 from edge0.layout.records import projection_quant
 from edge0.routing.families import Family
@@ -142,8 +144,12 @@ def expert_ffn(
     block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array,
     sorted_indices: bool = False, plan: tuple[Proj, Proj, Proj] | None = None,
 ) -> mx.array:  # fmt: skip
-    """The routed experts' gated FFN of `h` with the experts (slots) `idx`, via gather_qmm."""
+    """The routed experts' gated FFN of `h` with the experts (slots) `idx`: one native op
+    on the CPU (edge0.kernels), else three gather_qmm."""
     up_p, gate_p, down_p = plan or ffn_plan(block.stream.quant, views)
+    fused = kernels.expert_ffn(h, idx, up_p, gate_p, down_p, block.activation)
+    if fused is not None:
+        return fused
 
     def proj(p: Proj, inp: mx.array) -> Any:
         w, scales, biases, bias, group_size, bits, mode = p

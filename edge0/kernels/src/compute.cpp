@@ -1,0 +1,205 @@
+// The quantized matmul and the fused expert FFN, over whichever row kernel was chosen.
+#include "compute.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "pool.h"
+
+namespace edge0k {
+
+namespace {
+
+int dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::U8:
+      return 1;
+  }
+  return 4;
+}
+
+float to_float(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::BF16: {
+      const uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+      float out;
+      std::memcpy(&out, &bits, 4);
+      return out;
+    }
+    case DType::F16: {
+      const uint16_t h = static_cast<const uint16_t*>(p)[i];
+      const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+      const uint32_t exp = (h >> 10) & 0x1fu;
+      const uint32_t mant = h & 0x3ffu;
+      if (exp == 0) {
+        const float sub = float(mant) * 5.9604644775390625e-8f;
+        return sign ? -sub : sub;
+      }
+      const uint32_t bits =
+          exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112u) << 23) | (mant << 13));
+      float out;
+      std::memcpy(&out, &bits, 4);
+      return out;
+    }
+    case DType::U8:
+      return float(static_cast<const uint8_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+// x rows (M, cols) -> the layout the row kernel reads (kernel.h) and per-group sums
+void prep(const Kernels& k, const QMat& q, const float* x, int M, std::vector<float>& xp,
+          std::vector<float>& xs) {
+  const int cols = q.cols, G = q.cols / q.group, L = k.lanes;
+  xp.resize(size_t(M) * cols);
+  xs.resize(size_t(M) * G);
+  const bool nib = q.bits == 4;
+  for (int m = 0; m < M; ++m) {
+    const float* xm = x + int64_t(m) * cols;
+    float* pm = xp.data() + int64_t(m) * cols;
+    if (nib) {
+      for (int c0 = 0; c0 < cols; c0 += 2 * L)
+        for (int j = 0; j < L; ++j) {
+          pm[c0 + j] = xm[c0 + 2 * j];
+          pm[c0 + L + j] = xm[c0 + 2 * j + 1];
+        }
+    } else {
+      std::memcpy(pm, xm, sizeof(float) * cols);
+    }
+    for (int g = 0; g < G; ++g) {
+      float s = 0.0f;
+      for (int c = 0; c < q.group; ++c) s += xm[g * q.group + c];
+      xs[size_t(m) * G + g] = s;
+    }
+  }
+}
+
+int64_t matrix_bytes(const QMat& q) { return int64_t(q.rows) * q.cols * q.bits / 8; }
+
+QMat slot_matrix(const QStack& st, uint32_t s) {
+  QMat q = st.m;
+  q.w += int64_t(s) * st.w_slot;
+  q.scales = static_cast<const char*>(q.scales) + int64_t(s) * st.s_slot * dtype_size(q.sdt);
+  if (q.biases != nullptr)
+    q.biases = static_cast<const char*>(q.biases) + int64_t(s) * st.b_slot * dtype_size(q.sdt);
+  return q;
+}
+
+void add_bias(const QStack& st, uint32_t s, float* y, int M, int rows) {
+  if (st.bias == nullptr) return;
+  const int64_t base = int64_t(s) * st.bias_slot;
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < rows; ++r) y[int64_t(m) * rows + r] += to_float(st.bias, st.bias_dt, base + r);
+}
+
+float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+void activate(Act act, float alpha, float limit, const float* gate, const float* up, float* a,
+              int64_t n) {
+  if (act == Act::SwiGLU) {
+    for (int64_t i = 0; i < n; ++i) a[i] = (gate[i] * sigmoid(gate[i])) * up[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = std::fmin(gate[i], limit);
+      const float u = std::fmax(std::fmin(up[i], limit), -limit);
+      a[i] = (u + 1.0f) * (g * sigmoid(alpha * g));
+    }
+  }
+}
+
+struct Scratch {
+  std::vector<float> xp, xs, x, g, u, a, y;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+constexpr int ROW_BLOCK = 8;  // input rows of one slot computed together
+
+void one_slot(const Kernels& k, const QStack& gate, const QStack& up, const QStack& down,
+              const float* x, const std::vector<int>& pairs, uint32_t s, Act act, float alpha,
+              float limit, float* out) {
+  Scratch& sc = scratch();
+  const QMat gq = slot_matrix(gate, s), uq = slot_matrix(up, s), dq = slot_matrix(down, s);
+  const int d = gq.cols, ff = gq.rows, dout = dq.rows;
+  for (size_t b0 = 0; b0 < pairs.size(); b0 += ROW_BLOCK) {
+    const int M = int(std::min(pairs.size() - b0, size_t(ROW_BLOCK)));
+    sc.x.resize(size_t(M) * d);
+    for (int m = 0; m < M; ++m)
+      std::memcpy(sc.x.data() + int64_t(m) * d, x + int64_t(pairs[b0 + m]) * d, sizeof(float) * d);
+    sc.g.resize(size_t(M) * ff);
+    sc.u.resize(size_t(M) * ff);
+    sc.a.resize(size_t(M) * ff);
+    prep(k, gq, sc.x.data(), M, sc.xp, sc.xs);
+    k.rows(gq, sc.xp.data(), sc.xs.data(), M, 0, ff, sc.g.data(), ff);
+    if (uq.bits != gq.bits || uq.group != gq.group || uq.mode != gq.mode)
+      prep(k, uq, sc.x.data(), M, sc.xp, sc.xs);
+    k.rows(uq, sc.xp.data(), sc.xs.data(), M, 0, ff, sc.u.data(), ff);
+    add_bias(gate, s, sc.g.data(), M, ff);
+    add_bias(up, s, sc.u.data(), M, ff);
+    activate(act, alpha, limit, sc.g.data(), sc.u.data(), sc.a.data(), int64_t(M) * ff);
+    prep(k, dq, sc.a.data(), M, sc.xp, sc.xs);
+    sc.y.resize(size_t(M) * dout);
+    k.rows(dq, sc.xp.data(), sc.xs.data(), M, 0, dout, sc.y.data(), dout);
+    add_bias(down, s, sc.y.data(), M, dout);
+    for (int m = 0; m < M; ++m)
+      std::memcpy(out + int64_t(pairs[b0 + m]) * dout, sc.y.data() + int64_t(m) * dout,
+                  sizeof(float) * dout);
+  }
+}
+
+}  // namespace
+
+void qmm(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M, float* out) {
+  std::vector<float> xp, xs;
+  prep(k, q, x, M, xp, xs);
+  const int64_t bytes = matrix_bytes(q);
+  int tasks = st.threads;
+  if (bytes < st.min_bytes_per_thread * 2 || q.rows < 8 * tasks) tasks = 1;
+  if (tasks <= 1) {
+    k.rows(q, xp.data(), xs.data(), M, 0, q.rows, out, q.rows);
+    return;
+  }
+  // row ranges in multiples of 4 (the kernel's row block)
+  const int per = ((q.rows + tasks - 1) / tasks + 3) / 4 * 4;
+  Pool::get().run(tasks, [&](int t) {
+    const int r0 = t * per, r1 = std::min(q.rows, r0 + per);
+    if (r0 < r1) k.rows(q, xp.data(), xs.data(), M, r0, r1, out, q.rows);
+  });
+}
+
+void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up,
+                const QStack& down, const float* x, const uint32_t* idx, int n, Act act,
+                float alpha, float limit, float* out) {
+  std::map<uint32_t, std::vector<int>> by_slot;  // slot -> the pairs that use it, in order
+  for (int i = 0; i < n; ++i) by_slot[idx[i]].push_back(i);
+  std::vector<std::pair<uint32_t, const std::vector<int>*>> work;
+  work.reserve(by_slot.size());
+  for (auto& [s, pairs] : by_slot) work.emplace_back(s, &pairs);
+  const int64_t per_slot =
+      matrix_bytes(gate.m) + matrix_bytes(up.m) + matrix_bytes(down.m);
+  const bool spread = st.threads > 1 && work.size() > 1 &&
+                      per_slot * int64_t(work.size()) >= st.min_bytes_per_thread * 2;
+  auto task = [&](int i) {
+    one_slot(k, gate, up, down, x, *work[i].second, work[i].first, act, alpha, limit, out);
+  };
+  if (!spread) {
+    for (size_t i = 0; i < work.size(); ++i) task(int(i));
+    return;
+  }
+  Pool::get().run(int(work.size()), task);
+}
+
+}  // namespace edge0k

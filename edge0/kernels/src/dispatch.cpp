@@ -1,0 +1,49 @@
+// Picks the row kernel this CPU runs: AVX-512, AVX2+FMA, NEON or portable C++.
+#include <cstring>
+
+#include "kernel.h"
+
+namespace edge0k {
+
+namespace {
+
+const Kernels* by_name(const char* name) {
+  if (std::strcmp(name, "portable") == 0) return kernels_portable();
+#if defined(__x86_64__) || defined(_M_X64)
+  if (std::strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma"))
+    return kernels_avx2();
+  if (std::strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f"))
+    return kernels_avx512();
+#endif
+#if defined(__aarch64__)
+  if (std::strcmp(name, "neon") == 0) return kernels_neon();
+#endif
+  return nullptr;
+}
+
+const Kernels* best() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return kernels_avx512();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernels_avx2();
+#endif
+#if defined(__aarch64__)
+  return kernels_neon();
+#endif
+  return kernels_portable();
+}
+
+}  // namespace
+
+const Kernels* select_kernels(const char* force) {
+  if (force != nullptr && force[0] != '\0') {
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+#endif
+    return by_name(force);  // nullptr: that variant is not built or not supported here
+  }
+  return best();
+}
+
+}  // namespace edge0k

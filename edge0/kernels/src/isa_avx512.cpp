@@ -1,0 +1,54 @@
+// The AVX-512 variant of the row kernel (compiled with -mavx512f -mfma, run only where
+// the CPU reports AVX-512F).
+#include <immintrin.h>
+
+#include "kernel.h"
+
+namespace edge0k {
+namespace {
+
+struct V {
+  static constexpr int W = 16;
+  using f = __m512;
+  static f zero() { return _mm512_setzero_ps(); }
+  static f load(const float* p) { return _mm512_loadu_ps(p); }
+  static f set1(float a) { return _mm512_set1_ps(a); }
+  static f fma(f a, f b, f c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(f a) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+  }
+  static __m512i widen(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void nibbles(const uint8_t* p, f& lo, f& hi) {
+    const __m512i v = widen(p);
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  }
+  static void fp4(const uint8_t* p, f& lo, f& hi) {
+    const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
+                                      -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512i v = widen(p);
+    lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+  }
+  static f bytes(const uint8_t* p) { return _mm512_cvtepi32_ps(widen(p)); }
+  static void prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+  }
+};
+
+#include "kernel_impl.h"
+
+}  // namespace
+
+const Kernels* kernels_avx512() {
+  static const Kernels k{"avx512", V::W, &rows_entry};
+  return &k;
+}
+
+}  // namespace edge0k
