@@ -6,7 +6,10 @@ PROMPT ?= def fibonacci(n):
 
 .PHONY: run test lint install install-test clean
 
-$(BIN)/edge0: pyproject.toml
+# the native kernels (edge0/kernels) are compiled by the install: rebuild when they change
+KERNEL_SRC := $(wildcard edge0/kernels/src/*) edge0/kernels/CMakeLists.txt setup.py
+
+$(BIN)/edge0: pyproject.toml $(KERNEL_SRC)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e .
@@ -14,8 +17,10 @@ $(BIN)/edge0: pyproject.toml
 
 install: $(BIN)/edge0
 
+# the test extra's packages alone (installing '.[test]' would compile the kernels again)
 $(VENV)/.test-installed: $(BIN)/edge0 pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test'], sep='\n')" > $(VENV)/test-requirements.txt
+	$(BIN)/pip install -q -r $(VENV)/test-requirements.txt
 	touch $@
 
 install-test: $(VENV)/.test-installed
@@ -31,4 +36,4 @@ lint: install-test
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info edge0/kernels/_native*.so

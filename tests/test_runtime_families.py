@@ -8,6 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
+from edge0.kernels import use_native
 from edge0.routing.families import FAMILIES, family_for
 from edge0.runtime.block import StreamingMoE
 from edge0.runtime.layers import LayerStream, ResidentExperts
@@ -68,6 +69,7 @@ def test_streaming_block_equals_the_mlx_lm_block(model_type: str) -> None:
         block.gate.weight = mx.random.normal((E, D)) * 0.3
         block.gate.e_score_correction_bias = mx.random.normal((E,)) * 0.1
     nn.quantize(block.switch_mlp, group_size=32, bits=4)
+    use_native(block)  # as a loaded model runs it (edge0.kernels)
     mx.eval(block.parameters())
     stream = StreamingMoE(block, 0, family_for(model_type), _resident_stream(block))
     for _ in range(5):

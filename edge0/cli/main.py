@@ -52,7 +52,9 @@ def _register() -> None:
 
     main.add_command(serve.command)
 
-    from edge0.cli import convert, verify
+    from edge0.cli import convert, doctor, verify
+
+    main.add_command(doctor.command)
 
     main.add_command(convert.command)
     main.add_command(verify.command)
@@ -63,11 +65,12 @@ def _register() -> None:
     main.add_command(train.command)
     main.add_command(eval_cmd.command)
 
-    from edge0.cli import bench, bench_batch, bench_run
+    from edge0.cli import bench, bench_batch, bench_kernels, bench_run
 
     main.add_command(bench.command)
     bench_run.register(bench.command)
     bench.command.add_command(bench_batch.command)
+    bench.command.add_command(bench_kernels.command)
 
 
 _register()

@@ -47,8 +47,10 @@ def module() -> ModuleType | None:
     if "module" not in _state:
         mod, why = _load()
         _state["module"], _state["why"] = mod, why
-        if mod is None:
-            log.info("kernels.fallback", reason=why)
+        if mod is None:  # said once; a deliberate opt-out is not worth a warning
+            quiet = why.startswith("EDGE0_NATIVE_KERNELS") or not on_cpu()
+            level = log.info if quiet else log.warning
+            level("kernels.fallback", reason=why, ops="MLX's own")
         else:
             log.info("kernels.native", isa=mod.isa(), threads=mod.threads())
     got = _state["module"]

@@ -1,0 +1,202 @@
+"""`edge0 bench kernels`: GB/s of quantized weights read by the native kernels and by MLX's ops.
+
+Per model shape (demo, medium, the 35B, gpt-oss-20b) and matrix: the resident linears'
+`qmm` and the routed experts' fused FFN, each against MLX's own op on the same weights,
+interleaved round by round. The weights of one measurement are copies laid out to span
+`footprint` bytes, larger than the caches, and visited once per round, so every byte
+comes from DRAM as in a decode step. The same run measures the machine's memory
+bandwidth: a STREAM-style triad and a read-only sum over arrays larger than the caches.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.activations import SwigluOAI
+from mlx_lm.models.switch_layers import SwiGLU
+
+from edge0.kernels import native, ops
+
+# shape -> (d_model, expert ff, top-k, expert quantization, [(name, rows, cols) of linears])
+SHAPES: dict[str, tuple[int, int, int, tuple[str, int, int], list[tuple[str, int, int]]]] = {
+    "demo": (256, 128, 4, ("affine", 4, 64), [("q_proj", 256, 256), ("o_proj", 256, 256)]),
+    "medium": (1024, 512, 8, ("affine", 4, 64), [("q_proj", 2048, 1024), ("o_proj", 1024, 1024)]),
+    "35b": (2048, 512, 8, ("affine", 4, 64),
+            [("q_proj", 8192, 2048), ("o_proj", 2048, 4096), ("shared up", 512, 2048)]),
+    "gpt-oss-20b": (2880, 2880, 4, ("mxfp4", 4, 32), [("q_proj", 4096, 2880)]),
+}  # fmt: skip
+
+
+def memory_bandwidth(mib: int = 512, rounds: int = 3) -> dict[str, float]:
+    """GB/s of a triad a = b + s*c (3 arrays of `mib` MiB; 4 passes) and of a read-only sum."""
+    n = mib * 2**20 // 4
+    a, b, c = (np.ones(n, dtype=np.float32) for _ in range(3))
+    triad, read = [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.multiply(c, np.float32(3.0), out=a)  # read c, write a
+        np.add(a, b, out=a)  # read a, b, write a
+        triad.append(4 * a.nbytes / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        float(b.sum())
+        read.append(b.nbytes / (time.perf_counter() - t) / 1e9)
+    return {"triad_gbs": max(triad), "read_gbs": max(read)}
+
+
+def _copies(make: Callable[[], Any], one_bytes: int, footprint: int) -> list[Any]:
+    n = max(2, -(-footprint // max(one_bytes, 1)))
+    out = [make() for _ in range(n)]
+    mx.eval(out)
+    return out
+
+
+def _nbytes(arrs: Any) -> int:
+    return sum(a.nbytes for a in arrs if isinstance(a, mx.array))
+
+
+def _time(build: Callable[[], list[mx.array]]) -> tuple[float, float]:
+    """(wall s, process CPU s) of evaluating what `build` returns."""
+    graph = build()
+    t, c = time.perf_counter(), time.process_time()
+    mx.eval(graph)
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def _linear_case(rows: int, cols: int, m: int, footprint: int) -> dict[str, Callable[[], Any]]:
+    def make() -> tuple[mx.array, ...]:
+        return tuple(mx.quantize(mx.random.normal((rows, cols)), group_size=64, bits=4))
+
+    mats = _copies(make, rows * cols // 2, footprint)
+    x = mx.random.normal((m, cols))
+    mx.eval(x)
+    return {
+        "bytes": lambda: sum(_nbytes(w) for w in mats),
+        "native": lambda: [ops.qmm(x, w, s, b, 64, 4) for w, s, b in mats],
+        "mlx": lambda: [
+            mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
+            for w, s, b in mats
+        ],  # fmt: skip
+    }
+
+
+def _ffn_case(d: int, ff: int, k: int, quant: tuple[str, int, int], m: int,
+              footprint: int) -> dict[str, Callable[[], Any]]:  # fmt: skip
+    mode, bits, group = quant
+    oai = mode == "mxfp4"  # gpt-oss: biased projections, the clamped SwiGLU
+    act = SwigluOAI() if oai else SwiGLU()
+    slots = max(2 * k, -(-footprint // (3 * d * ff * bits // 8)))
+
+    def stack(rows: int, cols: int) -> ops.Proj:
+        q = mx.quantize(mx.random.normal((slots, rows, cols)) * 0.05, group_size=group,
+                        bits=bits, mode=mode)  # fmt: skip
+        bias = mx.zeros((slots, rows)) if oai else None
+        return (q[0], q[1], q[2] if mode == "affine" else None, bias, group, bits, mode)
+
+    up, gate, down = stack(ff, d), stack(ff, d), stack(d, ff)
+    mx.eval([a for p in (up, gate, down) for a in p[:4] if a is not None])
+    calls = slots // k  # every slot visited once per round: weights from DRAM
+    perm = np.random.default_rng(0).permutation(slots)
+    idxs = [mx.array(perm[i * k:(i + 1) * k].reshape(1, 1, k).repeat(m, 0).astype(np.uint32))
+            for i in range(calls)]  # fmt: skip
+    # m rows each with its own k experts where the pool allows, else sharing them
+    h = mx.random.normal((m, 1, 1, 1, d))
+    per_slot = sum(_nbytes(p[:4]) for p in (up, gate, down)) // slots
+
+    def mlx_ffn(idx: mx.array) -> mx.array:
+        def proj(p: ops.Proj, inp: mx.array) -> mx.array:
+            w, s, b, bias, g, nb, md = p
+            y = mx.gather_qmm(inp, w, s, b, rhs_indices=idx, transpose=True, group_size=g,
+                              bits=nb, mode=md)  # fmt: skip
+            return y if bias is None else y + mx.expand_dims(bias[idx], -2)
+
+        return proj(down, act(proj(up, h), proj(gate, h)))
+
+    def native_ffn(idx: mx.array) -> mx.array:
+        out = ops.expert_ffn(h, idx, up, gate, down, act)
+        assert out is not None, "the native kernels cannot run this FFN"
+        return out
+
+    return {
+        "bytes": lambda: calls * k * per_slot,
+        "native": lambda: [native_ffn(i) for i in idxs],
+        "mlx": lambda: [mlx_ffn(i) for i in idxs],
+    }
+
+
+def run_bench(
+    shapes: list[str], rows: list[int], rounds: int, threads: list[int], footprint_mib: int = 96,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Every case of `shapes` at `rows` (M), native at each thread count and MLX, interleaved."""
+    mod = native.module()
+    if mod is None:
+        raise RuntimeError(f"no native kernels to measure: {native.status()}")
+    footprint = footprint_mib * 2**20
+    result: dict[str, Any] = {"status": native.status(), "isa": mod.isa(), "rounds": rounds,
+                              "footprint_mib": footprint_mib, "cases": [],
+                              "load_before": os.getloadavg()}  # fmt: skip
+    result["memory"] = memory_bandwidth()
+    mx.random.seed(0)
+    for shape in shapes:
+        d, ff, k, quant, linears = SHAPES[shape]
+        for m in rows:
+            cases = [(f"expert ffn K={k}", _ffn_case(d, ff, k, quant, m, footprint))]
+            cases += [(f"{n} {r}x{c}", _linear_case(r, c, m, footprint)) for n, r, c in linears]
+            for name, case in cases:
+                rec = _measure(mod, case, rounds, threads)
+                rec.update(shape=shape, kernel=name, m=m)
+                result["cases"].append(rec)
+                if progress is not None:
+                    progress(rec)
+    result["load_after"] = os.getloadavg()
+    return result
+
+
+def _measure(mod: Any, case: dict[str, Callable[[], Any]], rounds: int,
+             threads: list[int]) -> dict[str, Any]:  # fmt: skip
+    nbytes = case["bytes"]()
+    variants = [f"native {t}t" for t in threads] + ["mlx"]
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    first = mod.threads()
+    try:
+        _time(case["native"])  # warm-up: page in, first-call costs
+        _time(case["mlx"])
+        for _ in range(rounds):
+            for v in variants:
+                if v != "mlx":
+                    mod.set_threads(int(v.split()[1][:-1]))
+                w, c = _time(case["mlx" if v == "mlx" else "native"])
+                wall[v].append(nbytes / w / 1e9)
+                cpu[v].append(nbytes / c / 1e9 if c > 0 else float("nan"))
+    finally:
+        mod.set_threads(first)
+    rec: dict[str, Any] = {"bytes": nbytes}
+    for v in variants:
+        rec[v] = {"gbs": statistics.median(wall[v]), "gbs_per_cpu_s": statistics.median(cpu[v]),
+                  "rounds": wall[v]}  # fmt: skip
+    return rec
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The result as a markdown table (GB/s of weights, wall and per CPU-second)."""
+    mem = result["memory"]
+    variants = [k for k in result["cases"][0] if k.startswith("native")] + ["mlx"]
+    head = ["shape", "kernel", "M", *(f"{v} GB/s" for v in variants), "native 1t / mlx"]
+    lines = [f"memory: triad {mem['triad_gbs']:.1f} GB/s, read {mem['read_gbs']:.1f} GB/s "
+             f"(one thread); {result['status']}; load {result['load_before'][0]:.1f} -> "
+             f"{result['load_after'][0]:.1f}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for c in result["cases"]:
+        base = c["native 1t"]["gbs"] if "native 1t" in c else c[variants[0]]["gbs"]
+        cells = [c["shape"], c["kernel"], str(c["m"])]
+        cells += [f"{c[v]['gbs']:.2f} ({c[v]['gbs_per_cpu_s']:.2f}/cpu-s)" for v in variants]
+        cells.append(f"{base / c['mlx']['gbs']:.1f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
