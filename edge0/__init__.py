@@ -9,7 +9,7 @@ from edge0.errors import Edge0Error
 if TYPE_CHECKING:
     from edge0.model.generate import generate
     from edge0.model.loader import LoadedModel, load
-    from edge0.runtime.engine import Engine, SyncEngine
+    from edge0.runtime.engine.api import Engine, SyncEngine
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(loader, name)
     if name in ("Engine", "SyncEngine"):
-        from edge0.runtime import engine
+        from edge0.runtime.engine import api as engine
 
         return getattr(engine, name)
     if name == "generate":

@@ -25,7 +25,7 @@ from _model import parse_args
 import edge0
 
 if TYPE_CHECKING:
-    from edge0.runtime.summary import RunStats
+    from edge0.runtime.engine.summary import RunStats
 
 STACKS = [
     "pread",
@@ -66,6 +66,6 @@ async def main(path: Path, max_tokens: int) -> int:
 
 if __name__ == "__main__":
     args = parse_args(__doc__, max_tokens=24)
-    from edge0.runtime.engine import run
+    from edge0.runtime.engine.api import run
 
     sys.exit(run(main(args.model, args.max_tokens)))

@@ -34,7 +34,7 @@ import edge0
 async def main(path: Path, max_tokens: int) -> None:
     from edge0.dist.launch import node_of
     from edge0.dist.pipeline import gather_stats, ping
-    from edge0.runtime.summary import RunStats
+    from edge0.runtime.engine.summary import RunStats
 
     async with edge0.Engine.open(path, hosts=2, mode="route", tiers="pread",
                                  memory_budget="1GiB") as eng:  # per rank
@@ -62,7 +62,7 @@ async def main(path: Path, max_tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    from edge0.runtime.engine import run
+    from edge0.runtime.engine.api import run
 
     args = parse_args(__doc__, max_tokens=32)
     run(main(args.model, args.max_tokens))

@@ -27,7 +27,7 @@ from _model import parse_args
 import edge0
 
 if TYPE_CHECKING:
-    from edge0.runtime.summary import RunStats
+    from edge0.runtime.engine.summary import RunStats
 
 
 async def client(eng: edge0.Engine, name: str, prompt: str, t0: float, n: int) -> RunStats:
@@ -69,6 +69,6 @@ async def main(path: Path, max_tokens: int) -> None:
 
 if __name__ == "__main__":
     args = parse_args(__doc__, max_tokens=24)
-    from edge0.runtime.engine import run
+    from edge0.runtime.engine.api import run
 
     run(main(args.model, args.max_tokens))

@@ -23,7 +23,7 @@ from edge0.dist.launch import node_of
 from edge0.dist.pipeline import gather_stats
 from edge0.errors import Edge0Error
 from edge0.model.generate import SamplingSettings
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 
 
 def start_ranks_on_a_missing_model() -> None:

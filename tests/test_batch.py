@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from runtime_helpers import PROMPT, MockTier
 
 from edge0.model.generate import SamplingSettings
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]
 PROMPTS = [PROMPT, [3, 9, 200], [11, 12, 13, 14, 15, 16, 17], [250]]

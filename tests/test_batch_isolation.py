@@ -11,7 +11,7 @@ import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
 from edge0.errors import ConfigError, TierReadError
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.storage.tier import ExpertKey
 
 OTHER = [3, 9, 200, 31]
@@ -153,7 +153,7 @@ def test_bad_batch_options_are_refused(store: Path) -> None:
 def test_a_failed_batched_step_ends_its_requests_and_the_engine_serves_on(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge0.runtime import batch
+    from edge0.runtime.compute import batch
 
     real, calls = batch.batched_layer, [0]
 

@@ -16,7 +16,7 @@ from edge0.layout.load import load_layout
 from edge0.layout.manifest import Manifest
 from edge0.layout.verify import verify
 from edge0.model.generate import SamplingSettings, TextStream, generate
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.synth.tiny import TinySpec, write_checkpoint
 
 

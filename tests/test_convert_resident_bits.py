@@ -18,7 +18,7 @@ from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
 from edge0.layout.manifest import Manifest
 from edge0.layout.quant import resident_kind
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from runtime_helpers import build_store
 from edge0.dist.hosts import parse_hosts
 from edge0.layout.manifest import Manifest
 from edge0.model.generate import SamplingSettings
-from edge0.runtime.engine import Engine
-from edge0.runtime.slots import pool_size
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.slots import pool_size
 
 DRIVER = Path(__file__).parent / "dist_driver.py"
 PROMPTS = [[5, 17, 42, 7, 99], [3, 1, 4, 1, 5, 9]]

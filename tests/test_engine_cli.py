@@ -16,7 +16,7 @@ from runtime_helpers import build_store
 from edge0 import log
 from edge0.cli.main import main
 from edge0.cli.stream import MODES as CLI_MODES
-from edge0.runtime.runner import MODES
+from edge0.runtime.compute.runner import MODES
 
 
 @pytest.fixture(scope="module")

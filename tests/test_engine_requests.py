@@ -12,8 +12,8 @@ import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
 from edge0.errors import TierReadError
-from edge0.runtime.engine import Engine
-from edge0.runtime.summary import RunStats
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.engine.summary import RunStats
 from edge0.storage.tier import ExpertKey
 
 LIMIT_S = 60.0  # a hang fails the test instead of stalling the suite

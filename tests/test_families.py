@@ -27,7 +27,7 @@ from edge0.layout.manifest import Manifest
 from edge0.layout.verify import verify
 from edge0.model.loader import load
 from edge0.routing.families import family_for
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.synth.flagships import FLAGSHIPS
 from edge0.synth.tiny_families import CONFIGS, fixture_file, layout_from_transformers, write_family
 
@@ -235,10 +235,10 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
 ) -> None:
     """Every sparse block of the int4 model: the streaming block computes the same bits."""
     from edge0.model.sparse import sparse_blocks
-    from edge0.runtime.block import StreamingMoE
-    from edge0.runtime.layers import LayerStream, ResidentExperts
-    from edge0.runtime.steps import Steps
-    from edge0.runtime.trace import Tracer
+    from edge0.runtime.compute.steps import Steps
+    from edge0.runtime.io.trace import Tracer
+    from edge0.runtime.layers.block import StreamingMoE
+    from edge0.runtime.layers.streams import LayerStream, ResidentExperts
 
     loaded = load_layout(built[model_type]["e0"])
     quant = Manifest.load(built[model_type]["e0"]).quantization

@@ -15,7 +15,7 @@ from test_reference import edge0_logits
 from edge0.errors import ConfigError, ModelLoadError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.model.loader import load
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.synth.tiny_families import fixture_file, write_family
 
 FIXTURES = Path(__file__).parent / "fixtures"

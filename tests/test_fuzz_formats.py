@@ -29,7 +29,7 @@ from edge0.layout.load import load_layout
 from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE
 from edge0.layout.verify import verify
 from edge0.model.generate import SamplingSettings, generate
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 
 EXAMPLES = 120
 SHAPE_KEYS = ("hidden_size", "moe_intermediate_size", "num_experts", "num_hidden_layers",

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from edge0.errors import PromptError
 from edge0.model.generate import Piece, SamplingSettings, encode_prompt, generate
-from edge0.runtime.stats import GenerationStats
+from edge0.stats import GenerationStats
 
 PROMPT = "def fibonacci(n):"
 

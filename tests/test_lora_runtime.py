@@ -12,7 +12,7 @@ from runtime_helpers import PROMPT, MockTier, build_store
 
 import edge0.model.loader
 from edge0.routing.prerouter import PrerouterSet
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.train import routed
 
 N = 10

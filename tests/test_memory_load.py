@@ -15,7 +15,8 @@ from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import read_expert_stacks
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.layout.records import field_views
-from edge0.runtime.memory import (
+from edge0.runtime.engine.setup import EngineOptions, footprint
+from edge0.runtime.plan.memory import (
     WORKING_BASE,
     WORKING_PER_1K_D,
     Footprint,
@@ -25,7 +26,6 @@ from edge0.runtime.memory import (
     plan,
     working_bytes,
 )
-from edge0.runtime.setup import EngineOptions, footprint
 from edge0.synth.gpt_oss_forms import hub_mxfp4
 from edge0.synth.tiny_families import fixture_file, write_family
 
@@ -118,7 +118,7 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
 def test_a_pool_past_mlx_int32_dimensions_is_two_dimensional_with_the_same_views(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import edge0.runtime.slotmem as slotmem
+    import edge0.runtime.io.slotmem as slotmem
 
     store = build_store(tmp_path, "qwen3_5_moe", moe_ff=64)  # bf16 fields of even width
     manifest = Manifest.load(store)

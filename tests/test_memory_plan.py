@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten
 from runtime_helpers import PROMPT, build_store
 
 from edge0.errors import ConfigError
-from edge0.runtime.engine import Engine
-from edge0.runtime.memory import Footprint, plan, with_ram
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.plan.memory import Footprint, plan, with_ram
 from edge0.storage.spec import format_spec, parse_spec
 
 _MIB = 1 << 20
@@ -100,7 +100,7 @@ def test_planned_parts_are_what_the_engine_holds(store: Path) -> None:
 
 SCRIPT = textwrap.dedent("""
     import asyncio, sys
-    from edge0.runtime.engine import Engine
+    from edge0.runtime.engine.api import Engine
 
     async def main():
         path, mode, k, budget, first = sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:6]

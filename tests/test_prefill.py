@@ -17,10 +17,10 @@ from runtime_helpers import MockTier, build_store
 from edge0.errors import ConfigError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.model.generate import SamplingSettings
-from edge0.runtime import prefill
-from edge0.runtime.chunk_moe import group_size
-from edge0.runtime.engine import Engine
-from edge0.runtime.slots import pool_size
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.slots import pool_size
+from edge0.runtime.prefill import chunks as prefill
+from edge0.runtime.prefill.chunk_moe import group_size
 from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family
 
 PROMPT = [5, 17, 42, 7, 99, 3, 250, 31, 64, 12, 8, 77, 140, 9, 21, 33, 45, 101, 6, 88, 13, 2, 57]
@@ -229,7 +229,7 @@ def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> 
 def test_head_runs_on_the_last_position_only(loaded_model: Any, family: str) -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
-    from edge0.runtime.prefill import last_position_only
+    from edge0.runtime.prefill.chunks import last_position_only
 
     model = loaded_model(family).model
     ids = mx.array([PROMPT[:9]])
@@ -261,7 +261,9 @@ def test_dequantized_chunk_equals_one_token(
     """Every resident linear and every expert of a chunk dequantized (thresholds at one row),
     the recurrent layers in pieces of 3 with their projections over the whole chunk: the
     logits and greedy tokens still equal one-token prefill's (which keeps the int4 kernels)."""
-    from edge0.runtime import chunk_moe, prefill_dense, prefill_memory
+    from edge0.runtime.prefill import chunk_moe
+    from edge0.runtime.prefill import dense as prefill_dense
+    from edge0.runtime.prefill import memory as prefill_memory
 
     path = stores[family]
     one = run(generate(path, PROMPT, 1, mode="reactive"))
@@ -294,7 +296,7 @@ def test_dense_chunk_linear_matches_the_int4_kernel() -> None:
     int4 kernel itself. `dense_linears` swaps quantized linears in and restores them."""
     import mlx.nn as nn
 
-    from edge0.runtime.prefill_dense import DenseChunkLinear, dense_linears
+    from edge0.runtime.prefill.dense import DenseChunkLinear, dense_linears
 
     mx.random.seed(1)
     q = nn.QuantizedLinear.from_linear(nn.Linear(64, 48, bias=True), group_size=32, bits=4)
@@ -316,7 +318,8 @@ def test_wide_experts_keep_the_int4_kernel(monkeypatch: pytest.MonkeyPatch) -> N
     per-projection bits (an 8-bit down_proj packs 4 values a word), are measured as such."""
     from types import SimpleNamespace
 
-    from edge0.runtime import chunk_moe, prefill_dense
+    from edge0.runtime.prefill import chunk_moe
+    from edge0.runtime.prefill import dense as prefill_dense
 
     monkeypatch.setattr(chunk_moe, "on_cpu", lambda: True)
 

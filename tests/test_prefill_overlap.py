@@ -15,10 +15,10 @@ from test_prefill import PROMPT, generate, with_random_heads
 
 from edge0.errors import ConfigError
 from edge0.routing.predictors import HeadPredictor
-from edge0.runtime import prefill
-from edge0.runtime.chunk_moe import stage_order
-from edge0.runtime.engine import Engine
-from edge0.runtime.prefill import ChunkState, by_count
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.prefill import chunks as prefill
+from edge0.runtime.prefill.chunk_moe import stage_order
+from edge0.runtime.prefill.chunks import ChunkState, by_count
 
 PREFETCH = ChunkState.prefetch
 

@@ -14,7 +14,7 @@ from runtime_helpers import PROMPT, MockTier, build_store
 import edge0.model.loader
 from edge0.routing.predictors import HeadPredictor
 from edge0.routing.prerouter import PrerouterSet
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.train.heads import HeadTrainConfig, train_heads
 from edge0.train.traces import TraceSet, collect
 

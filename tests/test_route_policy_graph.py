@@ -14,10 +14,10 @@ from runtime_helpers import PROMPT, MockTier, build_store
 from test_route_policy import _decode
 
 from edge0.routing.families import family_for
-from edge0.runtime.engine import Engine
-from edge0.runtime.policy import host_rank, in_graph, route_slots
-from edge0.runtime.policy_graph import choose_graph
-from edge0.runtime.slots import SlotState
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.slots import SlotState
+from edge0.runtime.layers.policy import host_rank, in_graph, route_slots
+from edge0.runtime.layers.policy_graph import choose_graph
 
 N = 10
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runtime_helpers import PROMPT, MockTier, build_store
 
-from edge0.runtime.engine import Engine
-from edge0.runtime.tickets import DEMAND
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.tickets import DEMAND
 
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]
 

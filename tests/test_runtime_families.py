@@ -10,10 +10,10 @@ import pytest
 
 from edge0.kernels import use_native
 from edge0.routing.families import FAMILIES, family_for
-from edge0.runtime.block import StreamingMoE
-from edge0.runtime.layers import LayerStream, ResidentExperts
-from edge0.runtime.steps import Steps
-from edge0.runtime.trace import Tracer
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.io.trace import Tracer
+from edge0.runtime.layers.block import StreamingMoE
+from edge0.runtime.layers.streams import LayerStream, ResidentExperts
 
 D, FF, E, K = 64, 64, 8, 2
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from runtime_helpers import PROMPT, build_store
 
-from edge0.runtime.engine import Engine
-from edge0.runtime.planner import Planner
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.planner import Planner
 
 
 def _planner() -> tuple[Planner, threading.Lock, list[list[Any]], list[tuple[str, int]]]:

@@ -12,10 +12,10 @@ from runtime_helpers import PROMPT, build_store
 
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
-from edge0.runtime.engine import Engine
-from edge0.runtime.scheduler import Scheduler
-from edge0.runtime.slots import SlotPool
-from edge0.runtime.trace import Tracer
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.scheduler import Scheduler
+from edge0.runtime.io.slots import SlotPool
+from edge0.runtime.io.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import ExpertKey, ReadInfo, Tier, blocking_read
 from tiers.pread import PreadTier

@@ -15,9 +15,9 @@ from runtime_helpers import PROMPT, MockTier, build_store
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
 from edge0.layout.records import field_views
-from edge0.runtime.engine import Engine
-from edge0.runtime.slotmem import SlotMemory
-from edge0.runtime.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
 from edge0.storage.tier import ExpertKey, ReadInfo
 
 

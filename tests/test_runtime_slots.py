@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge0.runtime.slots import SlotPool, SlotState, pool_size
+from edge0.runtime.io.slots import SlotPool, SlotState, pool_size
 
 
 def _ready(t: SlotPool, layer: int, expert: int, step: int) -> int:

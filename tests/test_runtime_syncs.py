@@ -10,7 +10,7 @@ import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
 from edge0.errors import ConfigError
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.storage.tier import ExpertKey
 
 N = 10  # decode tokens

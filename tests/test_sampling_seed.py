@@ -14,9 +14,9 @@ from edge0.cli.main import main
 from edge0.errors import ConfigError
 from edge0.layout.load import load_layout
 from edge0.model.generate import SamplingSettings, generate
-from edge0.runtime.engine import Engine
-from edge0.runtime.runner import MODES
-from edge0.runtime.summary import RunStats
+from edge0.runtime.compute.runner import MODES
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.engine.summary import RunStats
 
 HOT = SamplingSettings(max_tokens=12, temp=1.5, top_p=0.95, seed=7)
 

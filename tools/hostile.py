@@ -24,7 +24,7 @@ import click
 EDGE0 = [sys.executable, "-c", "from edge0.cli.main import main; main()"]
 KEPT = """
 import asyncio, sys
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 async def main():
     async with Engine.open(sys.argv[1], mode="route", tiers="pread") as eng:
         kept = eng.tokens([5, 17, 42], max_tokens=50, stop=False)
@@ -38,7 +38,7 @@ asyncio.run(main())
 SEEDED = """
 import asyncio, sys
 from edge0.model.generate import SamplingSettings
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 async def ids(mode):
     async with Engine.open(sys.argv[1], mode=mode, tiers="pread") as eng:
         s = SamplingSettings(temp=1.5, seed=7)

@@ -30,7 +30,7 @@ _MIB = 1 << 20
 def snapshot(tag: str) -> dict[str, Any]:
     import mlx.core as mx
 
-    from edge0.runtime.stats import current_rss_bytes, peak_rss_bytes
+    from edge0.stats import current_rss_bytes, peak_rss_bytes
 
     return {
         "phase": tag,
@@ -66,8 +66,8 @@ def parts(eng: Any, cache: list[Any]) -> dict[str, int]:
 async def probe(path: str, tokens: int, opts: dict[str, Any]) -> dict[str, Any]:
     import mlx.core as mx
 
-    from edge0.runtime.engine import Engine
-    from edge0.runtime.runner import Runner
+    from edge0.runtime.compute.runner import Runner
+    from edge0.runtime.engine.api import Engine
 
     rows = [snapshot("start")]
     baseline = rows[0]["rss"]

@@ -34,7 +34,7 @@ async def measure(
     """One engine, `batch` concurrent requests; the figures of its full-batch decode steps.
     `same`: every request gets the same prompt (so the same greedy tokens and experts: the
     most a batch can share); else each its own random prompt."""
-    from edge0.runtime.engine import Engine
+    from edge0.runtime.engine.api import Engine
 
     rng = random.Random(seed)
     predictor = "init" if mode in ("hint", "route") else None
@@ -93,7 +93,7 @@ def run_bench(
 ) -> dict[str, Any]:  # fmt: skip
     """Every (tier, mode, batch) variant, `repeats` interleaved rounds; medians per variant
     (`on_run` sees each run's figures as it ends)."""
-    from edge0.runtime.engine import run
+    from edge0.runtime.engine.api import run
 
     stacks = list(tiers)
     calibration: dict[str, Any] | None = None

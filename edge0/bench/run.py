@@ -31,7 +31,7 @@ import attrs
 
 from edge0.bench.worker import measure
 from edge0.errors import ConfigError
-from edge0.runtime.stats import proc_field
+from edge0.stats import proc_field
 
 _MIB = 1 << 20
 _GIB = 1 << 30

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edge0.runtime.stats import peak_rss_bytes, proc_field
+from edge0.stats import peak_rss_bytes, proc_field
 
 # A fixed prompt set (written for this benchmark); each is cut or repeated to the prompt length.
 PROMPT_TEXTS = (
@@ -132,7 +132,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     from edge0 import log
     from edge0.bench.tiers import drop_page_cache
-    from edge0.runtime.engine import Engine, run
+    from edge0.runtime.engine.api import Engine, run
 
     log.configure(job.get("log_level", "warning"))
     gc.collect()
@@ -167,7 +167,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
             plan = eng.setup.memory_plan
             result["memory_plan"] = plan.line() if plan is not None else None
             if plan is not None and isinstance(opts.get("tiers"), str):
-                from edge0.runtime.memory import apply_to_spec
+                from edge0.runtime.plan.memory import apply_to_spec
 
                 result["tiers_used"] = apply_to_spec(opts["tiers"], plan.cache)
             prompts = encode_prompts(eng.tokenizer, job["prompts"], job["prompt_len"])

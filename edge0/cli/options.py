@@ -7,9 +7,10 @@ from typing import Any
 
 import click
 
-# the decode modes (edge0.runtime.runner.MODES; repeated here so `edge0 --help` does not import MLX)
+# the decode modes (edge0.runtime.compute.runner.MODES; repeated here so `edge0 --help`
+# does not import MLX)
 MODES = ("resident", "reactive", "hint", "route")
-# route policies (edge0.runtime.policy.POLICIES, repeated for the same reason)
+# route policies (edge0.runtime.layers.policy.POLICIES, repeated for the same reason)
 ROUTE_POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
 # the parameter names `runtime_options` adds (commands pop them out of their keyword arguments)
 RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "memory_budget",

@@ -1,6 +1,6 @@
 """Per-rank `--memory-budget`: what each layer holds on its rank, and each rank's memory plan.
 
-The plan of one process (edge0.runtime.memory) covers every layer; on a pipeline
+The plan of one process (edge0.runtime.plan.memory) covers every layer; on a pipeline
 each rank holds only its own layers' resident tensors, kept experts, predictor
 heads, KV cache and recurrent state, plus a slot pool of K x (L_r + 2) slots for
 its L_r streamed layers, its own process baseline and decode working memory.
@@ -21,8 +21,8 @@ import attrs
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
-from edge0.runtime.memory import MemoryPlan, kv_bytes, plan, state_bytes
-from edge0.runtime.setup import EngineOptions, Footprint, footprint, kept_layers
+from edge0.runtime.plan.memory import MemoryPlan, kv_bytes, plan, state_bytes
+from edge0.runtime.engine.setup import EngineOptions, Footprint, footprint, kept_layers
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _HEAD = re.compile(r"^heads\.(\d+)\.")

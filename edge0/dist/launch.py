@@ -34,10 +34,10 @@ from edge0.dist.plan import Split, plan_split
 from edge0.errors import ConfigError, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
-from edge0.runtime.memory import MemoryPlan
-from edge0.runtime.scheduler import ComputeThread
-from edge0.runtime.setup import EngineOptions, Setup
-from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.plan.memory import MemoryPlan
+from edge0.runtime.io.scheduler import ComputeThread
+from edge0.runtime.engine.setup import EngineOptions, Setup
+from edge0.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.launch")
 T = TypeVar("T")

@@ -37,10 +37,10 @@ from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings
 from edge0.model.sparse import sparse_blocks
-from edge0.runtime.runner import greedy
-from edge0.runtime.scheduler import Scheduler
-from edge0.runtime.stats import peak_rss_bytes
-from edge0.runtime.steps import Steps
+from edge0.runtime.compute.runner import greedy
+from edge0.runtime.io.scheduler import Scheduler
+from edge0.stats import peak_rss_bytes
+from edge0.runtime.compute.steps import Steps
 
 log = get_logger("edge0.dist.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
@@ -150,7 +150,7 @@ def words_settings(words: np.ndarray) -> SamplingSettings:
 
 
 class PipelineRunner:
-    """Rank 0's Runner: the same `prefill` / `feed` as edge0.runtime.runner.Runner."""
+    """Rank 0's Runner: the same `prefill` / `feed` as edge0.runtime.compute.runner.Runner."""
 
     def __init__(self, node: Any, request: int, sampler: Any, settings: SamplingSettings) -> None:
         self.node = node

@@ -23,10 +23,10 @@ from edge0.dist.plan import Split
 from edge0.errors import Edge0Error, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
-from edge0.runtime.engine import run as run_async
-from edge0.runtime.scheduler import ComputeThread
-from edge0.runtime.setup import EngineOptions
-from edge0.runtime.stats import current_rss_bytes
+from edge0.runtime.engine.api import run as run_async
+from edge0.runtime.io.scheduler import ComputeThread
+from edge0.runtime.engine.setup import EngineOptions
+from edge0.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.worker")
 JOINING = "rank_joining"

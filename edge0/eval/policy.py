@@ -51,7 +51,7 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
     """On `eng`'s compute thread: prefill `window[:prompt_len]`, then feed every later token
     but the last as a decode step. Returns the (T, V) logits of those steps (predicting
     `window[prompt_len + 1:]`) and the steps' counters."""
-    from edge0.runtime.runner import Runner, greedy
+    from edge0.runtime.compute.runner import Runner, greedy
 
     setup = eng.setup
     steps, sched = setup.ctx, setup.scheduler
@@ -92,7 +92,7 @@ async def evaluate_policy(
     prompt_len: int, tiers: str,
 ) -> dict[str, Any]:  # fmt: skip
     """One row: the variant's engine decodes every window teacher-forced; figures vs teacher."""
-    from edge0.runtime.engine import Engine
+    from edge0.runtime.engine.api import Engine
 
     opts: dict[str, Any] = {"mode": variant.mode, "top_k": variant.k, "record_routing": True}
     if variant.mode != "resident":

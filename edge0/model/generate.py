@@ -16,7 +16,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from edge0.errors import ConfigError, PromptError
 from edge0.log import get_logger
 from edge0.model.loader import LoadedModel
-from edge0.runtime.stats import GenerationStats, peak_mlx_bytes, peak_rss_bytes
+from edge0.stats import GenerationStats, peak_mlx_bytes, peak_rss_bytes
 
 log = get_logger(__name__)
 

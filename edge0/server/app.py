@@ -2,7 +2,7 @@
 
 The engine lives in the server's own event loop: the lifespan opens it before
 the first request and closes it at shutdown. Requests queue for it first-come
-first-served; up to `--max-batch` of them decode together (edge0.runtime.batcher);
+first-served; up to `--max-batch` of them decode together (edge0.runtime.engine.batcher);
 each route runs as a task of that loop.
 """
 
@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge0.log import get_logger
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.server import anthropic_api, openai_api
 from edge0.server.backend import Backend
 from edge0.server.http import api_route, error_response

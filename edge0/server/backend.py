@@ -17,8 +17,8 @@ from typing import Any, cast
 
 from edge0.errors import RequestError, TierReadError
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
-from edge0.runtime.engine import Engine
-from edge0.runtime.summary import RunStats
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.engine.summary import RunStats
 from edge0.server.chat import chat_ids
 from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Sampling, TextRequest

@@ -3,7 +3,7 @@
 Route mode at decode step t runs MoE layer b on the set that the head of the
 previous MoE layer predicted at step t-1 (the last layer's wrap-around head
 predicts the first layer; without a head, at the first token, or while the
-prompt is prefilled, a layer runs its true top-K, as edge0.runtime.runner does). Gate
+prompt is prefilled, a layer runs its true top-K, as edge0.runtime.compute.runner does). Gate
 weights come from the true router scores of the set, renormalised by the
 family's rule. This module reproduces that arithmetic over
 whole sequences with resident experts, in two passes:
@@ -113,7 +113,7 @@ def model_type(model: nn.Module) -> str:
 
 def runtime_wraps() -> bool:
     """Whether `edge0 run`'s default first-layer policy is the wrap-around head."""
-    from edge0.runtime.setup import EngineOptions
+    from edge0.runtime.engine.setup import EngineOptions
 
     return bool(EngineOptions().first_layer == "wrap")
 
@@ -192,8 +192,8 @@ def generate(
     """Continue (B, P) prompts by `new_tokens` sampled tokens (route mode when `state`).
 
     The prompt is prefilled with true top-K routing and the continuation is routed
-    by the prediction, as in edge0.runtime.runner. Returns (B, P + new_tokens) tokens and the
-    sets executed for inputs 0..P+n-2.
+    by the prediction, as in edge0.runtime.compute.runner. Returns (B, P + new_tokens) tokens
+    and the sets executed for inputs 0..P+n-2.
     """
     if state is not None:
         state.mode = "plan"

@@ -32,8 +32,8 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
               extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from edge0.dist.launch import node_of
     from edge0.dist.pipeline import gather_stats, ping
-    from edge0.runtime.engine import Engine
-    from edge0.runtime.stats import peak_rss_bytes
+    from edge0.runtime.engine.api import Engine
+    from edge0.stats import peak_rss_bytes
 
     opts: dict[str, Any] = dict(mode=mode, top_k=k, tiers=tiers, predictor="init", **extra)
     if ranks > 1:

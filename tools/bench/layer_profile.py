@@ -72,14 +72,14 @@ def install(c: Counters) -> None:
     import mlx_lm.models.switch_layers as switch
 
     import edge0.routing.families.base as fam
-    import edge0.runtime.block as block
-    import edge0.runtime.fetcher as fetcher
-    import edge0.runtime.layers as layers
-    import edge0.runtime.readers as readers
-    import edge0.runtime.scheduler as scheduler
-    import edge0.runtime.slots as slots
-    import edge0.runtime.steps as steps
-    import edge0.runtime.syncs as syncs
+    import edge0.runtime.compute.steps as steps
+    import edge0.runtime.io.fetcher as fetcher
+    import edge0.runtime.io.readers as readers
+    import edge0.runtime.io.scheduler as scheduler
+    import edge0.runtime.io.slots as slots
+    import edge0.runtime.layers.block as block
+    import edge0.runtime.layers.streams as layers
+    import edge0.runtime.layers.syncs as syncs
 
     c.wrap(mx, "eval", "mx.eval")
     c.wrap(mx, "async_eval", "mx.async_eval")
@@ -118,7 +118,7 @@ def _subclasses(cls: type) -> list[type]:
 
 
 async def profile(c: Counters, model: str, mode: str, tokens: int, tiers: str) -> dict[str, Any]:
-    from edge0.runtime.engine import Engine
+    from edge0.runtime.engine.api import Engine
 
     async with Engine.open(model, mode=mode, tiers=tiers) as eng:
         ids = list(eng.tokenizer.encode("def fibonacci(n):"))[:1]

@@ -6,7 +6,7 @@ import resource
 import sys
 import time
 
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 
 
 def hwm_mib() -> float:

@@ -2,7 +2,7 @@
 
 For each `--overlap` variant, one Engine (route mode) runs one prompt in chunks
 of `--chunk` with routing recorded; every early read of a chunk
-(edge0.runtime.prefill.OVERLAP) is compared with the next layer's true union
+(edge0.runtime.prefill.chunks.OVERLAP) is compared with the next layer's true union
 for that chunk. Prints, per variant: the experts read early, how many were in
 the true union, and per early read the mean true union, the mean number of
 distinct experts predicted for the chunk and how many of those are the ones
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from edge0.bench.worker import encode_prompts
-from edge0.runtime import prefill
-from edge0.runtime.engine import Engine
-from edge0.runtime.prefill import ChunkState
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.prefill import chunks as prefill
+from edge0.runtime.prefill.chunks import ChunkState
 
 PREFETCH, NEXT_UNION = ChunkState.prefetch, prefill.next_union
 

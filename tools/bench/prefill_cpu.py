@@ -6,8 +6,8 @@ depend on how many other processes share the cores. Each variant opens its own
 Engine (route, K=4 by default), runs a 4-token warm-up request, then one prompt
 of `--prompt-len` tokens with `max_tokens=1`; variants are interleaved per round.
 `--overlap none,router,heads` also compares reading the next layer's predicted first
-group during this layer's compute (edge0.runtime.prefill.OVERLAP), predicted by
-its router or by the prerouter heads (edge0.runtime.prefill_ahead), for each chunk.
+group during this layer's compute (edge0.runtime.prefill.chunks.OVERLAP), predicted by
+its router or by the prerouter heads (edge0.runtime.prefill.ahead), for each chunk.
 
 Usage: .venv/bin/python tools/bench/prefill_cpu.py MODEL --prompt-len 96 --chunks 1,96,32
        [--overlap none,router,heads] [--predictor heads] [--json out.json]
@@ -23,9 +23,9 @@ import os
 import time
 
 from edge0.bench.worker import encode_prompts
-from edge0.runtime import prefill
-from edge0.runtime.engine import Engine
-from edge0.runtime.prefill_ahead import OVERLAPS
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.prefill import chunks as prefill
+from edge0.runtime.prefill.ahead import OVERLAPS
 
 
 async def one(model: str, n: int, chunk: int, tiers: str, k: int, overlap: str,

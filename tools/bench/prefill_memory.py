@@ -22,9 +22,9 @@ from typing import Any
 import mlx.core as mx
 
 from edge0.bench.worker import encode_prompts, reset_peak_rss
-from edge0.runtime import prefill_memory
-from edge0.runtime.engine import Engine
-from edge0.runtime.stats import current_rss_bytes, peak_rss_bytes
+from edge0.runtime.engine.api import Engine
+from edge0.runtime.prefill import memory as prefill_memory
+from edge0.stats import current_rss_bytes, peak_rss_bytes
 
 _MIB = 1 << 20
 

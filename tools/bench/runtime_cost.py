@@ -37,7 +37,7 @@ PROMPTS = (
 )
 WORKER = r"""
 import asyncio, json, sys
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 
 args = json.loads(sys.argv[1])
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from edge0 import log
-from edge0.runtime.engine import Engine, run
-from edge0.runtime.summary import RunStats
+from edge0.runtime.engine.api import Engine, run
+from edge0.runtime.engine.summary import RunStats
 
 STORE = Path("/work/scratch/edge0-bench/e0")
 SPEC = dict(model_type="qwen3_moe", hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64,

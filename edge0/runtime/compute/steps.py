@@ -1,0 +1,160 @@
+"""The step clock of one model's streaming layers: counters, request and step boundaries, timings.
+
+`Steps` counts steps (global: the scheduler's fence uses them) and positions
+(within a request), tells the scheduler where a request and a step begin, and
+keeps one `StepRecord` of compute-thread timing per step. It runs on the
+compute thread; the per-layer work is in edge0.runtime.layers.streams.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+import mlx.core as mx
+
+from edge0.routing.predictors import Predictor
+from edge0.runtime.io.scheduler import Scheduler
+from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.trace import Tracer
+from edge0.runtime.layers.syncs import SyncGroups
+
+if TYPE_CHECKING:
+    from edge0.runtime.compute.batch import BatchStep
+    from edge0.runtime.layers.policy import RoutePolicy
+    from edge0.runtime.prefill.chunks import ChunkState
+
+MODES = ("resident", "reactive", "hint", "route")
+
+
+class Stream(Protocol):
+    """What the clock needs of a layer's stream (edge0.runtime.layers.streams.LayerStream)."""
+
+    @property
+    def plan(self) -> tuple[int, list[int]] | None: ...
+
+    def reset(self) -> None: ...
+
+    def attach(self, scheduler: Scheduler) -> None: ...
+
+
+@attrs.define
+class StepRecord:
+    """Timing of one step on the compute thread (seconds)."""
+
+    step: int
+    prefill: bool
+    wall: float = 0.0
+    eval: float = 0.0  # in mx.eval (MLX compute)
+    wait: float = 0.0  # blocked on reads
+    predict: float = 0.0  # predictor graphs (MLX compute, included in `eval` too)
+    layers: int = 0  # streamed layers run
+    cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
+    cpu_excluded: float = 0.0  # ... of it inside mx.eval (spans given a cpu figure)
+    syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
+    recall_hits: int = 0  # routed layers: experts run that are in the true top-K (when known)
+    recall_slots: int = 0  # ... out of this many (K per layer whose true top-K was read back)
+    lead_reads: int = 0  # reads started one layer ahead by the deadline route policy
+
+
+class Steps:
+    """The step clock of one model's streaming layers: counters, request boundaries, timings.
+
+    `mode`, `top_k` and `predictor` are what the engine was built with (for the
+    stats); the layers' behaviour was chosen when they were built, not here.
+    """
+
+    def __init__(
+        self, mode: str, top_k: int, tracer: Tracer, predictor: Predictor | None = None,
+        memory: SlotMemory | None = None,
+    ) -> None:  # fmt: skip
+        self.mode = mode
+        self.top_k = top_k
+        self.tracer = tracer
+        self.predictor = predictor
+        self.memory = memory
+        self.scheduler: Scheduler | None = None
+        self.layers: dict[int, Stream] = {}  # model layer -> its stream (streaming blocks)
+        self.step = -1  # global step counter (fences use it)
+        self.pos = -1  # position within the current request
+        self.prefill = False
+        self.prefetching = False  # this step's predictions are used by the next step
+        self.groups: SyncGroups | None = None  # route mode, --sync-every G > 1
+        self.request = 0
+        self.routed_by_prediction = 0  # layer-steps whose routing was the prediction
+        self.recording: dict[tuple[int, int], list[int]] | None = None  # (pos, layer) -> true set
+        # layers whose experts stay in memory (first-layer policy "resident"): field -> (E, ...)
+        self.resident_experts: dict[int, dict[str, mx.array]] = {}
+        self.records: list[StepRecord] = []
+        self.cur = StepRecord(-1, True)
+        self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill.chunks)
+        self.chunk: ChunkState | None = None  # the prompt chunk being computed
+        self.batch: BatchStep | None = None  # a batched decode step (edge0.runtime.compute.batch)
+        self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
+
+    def count_recall(self, used: list[int], true: list[int]) -> None:
+        """A routed layer ran `used` where the true top-K was `true` (recall of the true set)."""
+        self.cur.recall_hits += len(set(used) & set(true))
+        self.cur.recall_slots += len(true)
+
+    def attach(self, scheduler: Scheduler) -> None:
+        """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""
+        self.scheduler = scheduler
+        for stream in self.layers.values():
+            stream.attach(scheduler)
+
+    def predictions(self) -> dict[int, tuple[int, list[int]]]:
+        """Layer -> (step, experts): the latest prediction made for each layer."""
+        return {i: s.plan for i, s in self.layers.items() if s.plan is not None}
+
+    # --- request and step boundaries ----------------------------------------------------
+    def begin_request(self, request: int) -> None:
+        self.request, self.pos = request, -1
+        self.records.clear()  # only the running request's steps are kept (stats, benches)
+        for stream in self.layers.values():
+            stream.reset()
+        if self.scheduler is not None:
+            self.scheduler.begin_request(request)
+
+    def end_request(self) -> None:
+        """After the request's last step: cancel its prefetches still queued."""
+        if self.scheduler is not None:
+            self.scheduler.end_request()
+
+    def begin_step(self, prefill: bool, prefetch: bool = True) -> None:
+        """Step `self.step + 1` begins; `prefetch`: its predictions are for a step that runs
+        and uses them (not a prompt step before the last one, nor the request's last step)."""
+        self.step += 1
+        self.pos += 1
+        self.prefill = prefill
+        self.prefetching = prefetch
+        self.cur = StepRecord(self.step, prefill)
+        if self.scheduler is not None:
+            self.scheduler.begin_step(self.step)
+
+    def fence(self, out: mx.array) -> None:
+        """Evaluate `out` and everything deferred: every graph of the step has run after it."""
+        if self.groups is not None and self.groups.busy:
+            self.groups.flush([out])
+            return
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval(out)
+        self.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
+        self.cur.syncs += 1
+
+    def end_step(self, wall: float) -> None:
+        self.cur.wall = wall
+        self.records.append(self.cur)
+
+    def span(self, kind: str, layer: int, start: float, end: float, cpu: float = 0.0) -> None:
+        """Account a compute-thread span; `cpu` is its thread CPU time (eval and wait)."""
+        self.cur.cpu_excluded += cpu
+        if kind == "eval":
+            self.cur.eval += end - start
+        elif kind == "predict":
+            self.cur.predict += end - start
+            self.cur.eval += end - start
+        elif kind == "wait":
+            self.cur.wait += end - start
+        self.tracer.compute(kind, self.step, layer, start, end)

@@ -1,0 +1,1 @@
+"""The request side: the async `Engine`, its worker paths (solo, batcher), requests, setup."""

@@ -1,0 +1,251 @@
+"""Continuous batching on the event loop: up to `max_batch` requests decode together, a token each.
+
+The engine's worker with `max_batch` > 1. Between steps it lets requests join
+and leave: a queued request joins while fewer than `max_batch` are active, its
+prompt running as its own steps (chunked, edge0.runtime.prefill.chunks) before the next
+decode step; a request leaves after the step that ends it (end of sequence,
+length, its consumer gone, its error). Each decode step feeds every runnable
+request one token: one request alone runs on the one-request path
+(`Runner.feed`, route mode's deferred syncs included); two or more run one
+`BatchStep` (edge0.runtime.compute.batch) in which every streamed layer reads the union
+of their experts once.
+
+A slow consumer cannot stall the batch: a request whose consumer has
+`token_buffer` tokens waiting unread is paused (skipped by the steps, keeping its
+cache, its plans and its place) until the consumer pulls again; nothing is dropped.
+A request whose expert read fails, or whose forward raises, ends with that error;
+the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from edge0.runtime.compute.batch import (
+    BatchStep,
+    RowState,
+    export_state,
+    import_state,
+    prefetch_plans,
+)
+from edge0.runtime.compute.steps import StepRecord
+from edge0.runtime.engine.requests import EngineClosedError, Request
+from edge0.runtime.engine.solo import finish_stats, new_stats, prefill, reads_now
+from edge0.runtime.engine.summary import RunStats
+from edge0.runtime.io.scheduler import ReadStats
+
+if TYPE_CHECKING:
+    from edge0.runtime.engine.api import Engine
+
+
+@attrs.define
+class StepLog:
+    """One decode step of the worker: how many requests it fed, its time and its reads."""
+
+    rows: int
+    wall: float
+    wait: float  # blocked on reads
+    eval: float  # in mx.eval (MLX compute)
+    bytes: int
+    cpu: float = 0.0  # process CPU time over the step, every thread (compute, MLX, tiers)
+
+
+@attrs.define(eq=False)
+class Active:
+    """A request between its prompt and its end."""
+
+    req: Request
+    row: RowState
+    stats: RunStats
+    reads0: ReadStats | None
+    records: list[StepRecord]
+    tok: int = -1  # the token the next step feeds
+    n: int = 0  # tokens generated
+    t_decode: float = 0.0
+    decode_bytes: float = 0.0  # its share of the bytes read in its decode steps
+
+
+class Batcher:
+    """The batching worker of one engine (`Engine._serve` runs `serve`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.max_batch = engine.options.max_batch
+        self.buffer = engine.options.token_buffer
+        self.active: list[Active] = []
+        self.solo: RowState | None = None  # whose state the layer streams hold
+        self.wake = asyncio.Event()
+        self.log: list[StepLog] = []  # decode steps (the batch bench reads it)
+        self._last: list[Active] = []
+        self._step = BatchStep(engine.setup.ctx, engine.setup.model)
+
+    def notify(self) -> None:
+        """A request arrived, or a consumer pulled or went away."""
+        self.wake.set()
+
+    async def serve(self) -> None:
+        try:
+            while True:
+                for a in [a for a in self.active if a.req.cancelled]:
+                    await self._leave(a)
+                await self._admit()
+                runnable = [a for a in self.active if a.req.backlog < self.buffer]
+                if runnable:
+                    await self._decode(runnable)
+                    continue
+                # nothing to run (all paused, or none) and nobody can join: wait for a
+                # consumer to pull or go away, or for a request (no wake-up is lost: nothing
+                # else runs between these lines)
+                if not self.active and self.engine._pending.empty():
+                    self.engine._idle.set()
+                self.wake.clear()
+                await self.wake.wait()
+        except asyncio.CancelledError:
+            for a in self.active:
+                a.req.finish(EngineClosedError("the engine closed during this request"))
+            raise
+
+    async def _admit(self) -> None:
+        eng = self.engine
+        while len(self.active) < self.max_batch and not eng._pending.empty():
+            req = eng._pending.get_nowait()
+            eng._idle.clear()
+            if req.cancelled:
+                req.finish()
+                continue
+            req.state, req.on_pull = "running", self.notify
+            await self._join(req)
+
+    async def _join(self, req: Request) -> None:
+        """The request's prompt, as its own steps; then it is active (or already done)."""
+        eng = self.engine
+        ctx, compute, settings = eng.setup.ctx, eng._compute, req.settings
+        others = bool(self.active)
+        await self._to_rows()
+
+        def start() -> Any:
+            if others:  # a fresh step: the others' prefetched slots may serve the prompt
+                ctx.step += 1
+            return eng.setup.make_runner(req.id, settings.sampler(), settings)
+
+        runner = await compute.run(start)
+        row = RowState(runner, req.id)
+        stats = new_stats(eng, req, runner)
+        reads0 = reads_now(eng)
+        if not others:
+            eng._lags = []
+        t0 = time.perf_counter()
+        a = Active(req, row, stats, reads0, [])
+        try:
+            a.tok = await compute.run(lambda: prefill(runner, req.ids, req.max_tokens > 1))
+        except Exception as exc:  # noqa: BLE001 - this request's error, not the engine's
+            stats.finish_reason = "error"
+            self.solo = None
+            await self._end(a, exc)
+            return
+        self.solo = row
+        a.records = list(ctx.records)  # the runner started a fresh list: the prompt's steps
+        a.t_decode = time.perf_counter()
+        stats.prefill_s = a.t_decode - t0
+        sched = eng.setup.scheduler
+        if sched is not None and reads0 is not None:
+            stats.prefill_bytes_per_token = (sched.stats.bytes - reads0.bytes) / len(req.ids)
+        self.active.append(a)
+        if not self._emit(a, a.tok):
+            await self._leave(a)
+
+    async def _to_rows(self) -> None:
+        """The streams' request state (one that ran alone) goes back into its row."""
+        if self.solo is not None:
+            solo, self.solo = self.solo, None
+            await self.engine._compute.run(lambda: export_state(self.engine.setup.ctx, solo))
+
+    def _emit(self, a: Active, tok: int) -> bool:
+        """Hand `tok` on; False when the request ends with it."""
+        req, stats = a.req, a.stats
+        if tok in req.eos:
+            stats.finish_reason = "stop"
+            return False
+        a.n, a.tok = a.n + 1, tok
+        stats.generated_tokens = a.n
+        req.put(tok)
+        if a.n >= req.max_tokens:
+            stats.finish_reason = "length"
+            return False
+        a.row.more = a.n + 1 < req.max_tokens  # else no prefetch: no step uses it
+        return not req.cancelled
+
+    async def _decode(self, runnable: list[Active]) -> None:
+        """One decode step of the runnable requests."""
+        eng = self.engine
+        ctx, sched, compute = eng.setup.ctx, eng.setup.scheduler, eng._compute
+        rows = [a.row for a in runnable]
+        bytes0 = sched.stats.bytes if sched is not None else 0
+        cpu0 = time.process_time()
+        toks: list[int | None]
+        ran = True  # the step reached its end (its record is the last one)
+        if len(runnable) == 1:
+            a = runnable[0]
+            if self.solo is not a.row:
+                await self._to_rows()
+                await compute.run(lambda: import_state(ctx, a.row))
+                self.solo = a.row
+            try:
+                toks = [await compute.run(lambda: a.row.runner.feed(a.tok, False, a.row.more))]
+            except Exception as exc:  # noqa: BLE001 - this request's error
+                a.row.error, toks, ran = exc, [None], False
+        else:
+            await self._to_rows()
+            replan = runnable != self._last
+
+            def step() -> list[int | None]:
+                if replan:  # a prompt ran or a request came back: its slots may be gone
+                    prefetch_plans(ctx, rows)
+                return self._step.run(rows, [a.tok for a in runnable])
+
+            try:
+                toks = await compute.run(step)
+            except Exception as exc:  # noqa: BLE001 - the step's error ends its requests only
+                for row in rows:
+                    row.error = exc
+                toks, ran = [None] * len(rows), False
+        self._last = runnable
+        rec = ctx.records[-1] if ran and ctx.records else StepRecord(-1, False)
+        read = (sched.stats.bytes if sched is not None else 0) - bytes0
+        cpu = time.process_time() - cpu0
+        self.log.append(StepLog(len(runnable), rec.wall, rec.wait, rec.eval, read, cpu))
+        for a, tok in zip(runnable, toks, strict=True):
+            a.records.append(rec)
+            a.stats.decode_steps += 1
+            a.decode_bytes += read / len(runnable)
+            a.stats.decode_s = time.perf_counter() - a.t_decode
+            if tok is None:
+                a.stats.finish_reason = "error"
+                await self._leave(a, a.row.error)
+            elif not self._emit(a, tok):
+                await self._leave(a)
+
+    async def _leave(self, a: Active, error: BaseException | None = None) -> None:
+        self.active.remove(a)
+        if self.solo is a.row:
+            self.solo = None
+        a.stats.decode_s = time.perf_counter() - a.t_decode
+        if not self.active:  # nobody uses the queued prefetches any more
+            await self.engine._compute.run(a.row.runner.finish)
+        await self._end(a, error)
+
+    async def _end(self, a: Active, error: BaseException | None) -> None:
+        eng, stats = self.engine, a.stats
+        sched = eng.setup.scheduler
+        decode_io = sched.io_time(a.t_decode, time.perf_counter()) if sched and a.t_decode else 0
+        a.req.stats = stats
+        finish_stats(eng, stats, a.records, a.reads0, decode_io, a.decode_bytes)
+        tokens = stats.prompt_tokens + stats.generated_tokens
+        if sched is not None and tokens:  # its own prompt's reads and its share of the steps'
+            stats.bytes_per_token = (stats.prefill_bytes_per_token * stats.prompt_tokens
+                                     + a.decode_bytes) / tokens  # fmt: skip
+        a.req.finish(error)

@@ -1,0 +1,158 @@
+"""Making a loaded model stream: predictor, slot memory, one stream per layer, streaming blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.model.loaded import activation_dtype
+from edge0.model.sparse import sparse_blocks
+from edge0.routing.families import family_for
+from edge0.routing.predictors import Predictor, make_predictor
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.slots import SlotPool, pool_size
+from edge0.runtime.io.trace import Tracer
+from edge0.runtime.layers.block import StreamingMoE
+from edge0.runtime.layers.policy import (
+    DEFAULT_DEADLINE_MS,
+    RoutePolicy,
+    layer_heads_for,
+    route_slots,
+)
+from edge0.runtime.layers.streams import (
+    LayerStream,
+    Lookahead,
+    ResidentExperts,
+    RoutedStream,
+    SlotExperts,
+)
+from edge0.runtime.layers.syncs import SyncGroups
+from edge0.runtime.plan.options import SYNC_EVERY, EngineOptions
+
+
+def batch_k(top_k: int, max_batch: int, n_experts: int) -> int:
+    """Experts a layer may need in one step: the union of `max_batch` rows' sets."""
+    return min(n_experts, top_k * max_batch)
+
+
+def model_top_k(block: nn.Module) -> int:
+    for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):  # granitemoe
+        for attr in ("top_k", "num_experts_per_tok"):
+            k = getattr(owner, attr, None)
+            if isinstance(k, int):
+                return k
+    raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
+
+
+def prepare(
+    model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
+    tracer: Tracer, n_slots: int | None = None,
+) -> tuple[Steps, SlotMemory | None, SlotPool | None]:  # fmt: skip
+    """On the compute thread: predictor, slot memory, one stream per layer, streaming blocks.
+
+    The mode is decided here, once: which stream class each layer gets, which
+    layers own a prediction, where each layer's experts are.
+    """
+    blocks = sparse_blocks(model)
+    layers = [i for i, _, _ in blocks]
+    k = opts.top_k or model_top_k(blocks[0][2])
+    if k > manifest.n_experts:
+        raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
+    family = family_for(manifest.model_type)
+    family.check_top_k(k)
+    if opts.mode == "resident":
+        for _, _, block in blocks:
+            family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
+        return Steps("resident", k, tracer), None, None
+    predictor = choose_predictor(model, layers, opts, model_dir)
+    layer_heads = (
+        layer_heads_for(model_dir, model) if opts.route_policy == "deadline" else None
+    )  # fmt: skip  # read from the routers before the blocks are replaced
+    keep = kept_layers(layers, opts)
+    streamed = [i for i in layers if i not in keep]
+    base = pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
+    grouped = opts.mode == "route" and (opts.sync_every or SYNC_EVERY) > 1
+    n_slots = n_slots or route_slots(opts.route_policy, opts.route_deadline_ms, grouped, base, k,
+                                     manifest.n_experts, len(streamed), manifest.record_size)
+    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+    table = SlotPool(streamed, n_slots)
+    steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
+    if keep and model_dir is not None:
+        steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
+    if opts.record_routing:
+        steps.recording = {}
+    sync_every = opts.sync_every or SYNC_EVERY
+    if opts.mode == "route" and sync_every > 1:
+        steps.groups = SyncGroups(sync_every, steps)
+    if opts.mode == "route" and opts.route_policy != "predicted":
+        deadline = DEFAULT_DEADLINE_MS if opts.route_deadline_ms is None else opts.route_deadline_ms
+        steps.policy = RoutePolicy(opts.route_policy, deadline, steps, layer_heads)
+    streams = make_streams(layers, steps, memory, manifest, opts.mode)
+    if predictor is not None:  # heads only for layers that are streamed
+        predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
+        for owner, target in predictor.targets.items():
+            streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+    install_streams(model, blocks, family, steps, streams)
+    return steps, memory, table
+
+
+def choose_predictor(model: nn.Module, layers: list[int], opts: EngineOptions,
+                     model_dir: Path | None) -> Predictor | None:  # fmt: skip
+    """hint/route: the asked-for predictor, else trained heads when the model has them, else
+    init; built over every MoE layer `layers` before the sparse blocks are replaced."""
+    if opts.mode not in ("hint", "route"):
+        return None
+    name = opts.predictor or (
+        "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
+    )
+    return make_predictor(name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
+                          recording=opts.recording)  # fmt: skip
+
+
+def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
+    """The MoE layers whose experts stay resident (not streamed) outside resident mode."""
+    return layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+
+
+def make_streams(layers: list[int], steps: Steps, memory: SlotMemory, manifest: Manifest,
+                 mode: str) -> dict[int, LayerStream]:  # fmt: skip
+    """One stream per MoE layer: over its resident experts when kept, else over its slots."""
+    stream_cls = RoutedStream if mode == "route" else LayerStream
+    streams: dict[int, LayerStream] = {}
+    for i in layers:
+        where: ResidentExperts | SlotExperts = (
+            ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
+            else SlotExperts(i, memory.views[i], steps)
+        )  # fmt: skip
+        streams[i] = stream_cls(i, steps, where, manifest.quantization)
+    return streams
+
+
+def install_streams(model: nn.Module, blocks: list[Any], family: Any, steps: Steps,
+                    streams: dict[int, LayerStream]) -> None:  # fmt: skip
+    """Replace each sparse block of `model` by its streaming block."""
+    steps.layers = dict(streams)
+    for i, attr, block in blocks:
+        setattr(model.layers[i], attr, StreamingMoE(block, i, family, streams[i]))
+
+
+def resident_stacks(model_dir: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
+    """All experts of `layer` as stacked (E, ...) arrays (CRC-checked), for a resident layer."""
+    from edge0.layout.load import read_expert_stacks
+
+    dtype = activation_dtype()
+    stacks = read_expert_stacks(model_dir, manifest, layer)
+    for name, a in stacks.items():  # gather_qmm would widen every expert's scales per call
+        if mx.issubdtype(a.dtype, mx.floating) and a.dtype.size < dtype.size:
+            stacks[name] = a.astype(dtype)
+            mx.eval(stacks[name])  # one field's narrow copy alive at a time (memory.load_bytes)
+            del a
+    mx.eval(list(stacks.values()))
+    return stacks

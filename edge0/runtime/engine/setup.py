@@ -1,0 +1,120 @@
+"""Building an engine: plan the memory, load the model, make it stream, open the tier stack.
+
+The parts live in `options` (EngineOptions), `footprint` (sizes from the headers),
+`prepare` (streams and blocks on the compute thread); their names are kept here for
+the modules that import them from `edge0.runtime.engine.setup`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.nn as nn
+
+from edge0.layout.manifest import Manifest
+from edge0.log import get_logger
+from edge0.runtime.compute.runner import Runner
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.engine.prepare import (
+    batch_k,
+    choose_predictor,
+    install_streams,
+    kept_layers,
+    make_streams,
+    model_top_k,
+    prepare,
+    resident_stacks,
+)
+from edge0.runtime.io.scheduler import ComputeThread, Scheduler
+from edge0.runtime.io.trace import Tracer
+from edge0.runtime.plan.footprint import footprint
+from edge0.runtime.plan.memory import DEFAULT_CHUNK, Footprint, MemoryPlan, plan, with_ram
+from edge0.runtime.plan.options import FIRST_LAYER, KV_CONTEXT, SYNC_EVERY, EngineOptions
+from edge0.stats import current_rss_bytes
+from edge0.storage.spec import open_tiers
+from edge0.storage.tier import Tier
+
+__all__ = [
+    "FIRST_LAYER", "KV_CONTEXT", "SYNC_EVERY", "EngineOptions", "Footprint", "Setup", "batch_k",
+    "build", "choose_predictor", "footprint", "install_streams", "kept_layers", "make_streams",
+    "model_top_k", "prepare", "resident_stacks",
+]  # fmt: skip
+
+log = get_logger("edge0.runtime.engine.api")
+
+
+@attrs.define
+class Setup:
+    """Everything an Engine runs with."""
+
+    options: EngineOptions
+    path: Path
+    model: nn.Module
+    tokenizer: Any
+    manifest: Manifest
+    ctx: Steps  # the step clock and per-layer streams of the model
+    tracer: Tracer
+    scheduler: Scheduler | None = None
+    tier: Tier | None = None
+    memory_plan: MemoryPlan | None = None
+    # edge0.dist replaces how a request runs (rank 0 of a pipeline) and adds its own shutdown
+    runner: Callable[..., Any] | None = None  # (request, sampler, settings) -> a Runner
+    on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
+    dist: Any = None  # the pipeline node (edge0.dist.build.Node) of rank 0
+
+    def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:
+        if self.runner is not None:
+            return self.runner(request, sampler, settings)
+        return Runner(self.model, self.ctx, request, sampler)
+
+
+async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
+    """Load `path` on the compute thread, then open the tier stack and the scheduler."""
+    from edge0.layout.load import load_layout
+    from edge0.model.loader import LoadedModel
+
+    opts.check()
+    if opts.hosts is not None:
+        from edge0.dist.launch import build_pipeline
+
+        return await build_pipeline(path, opts, compute)
+    baseline = current_rss_bytes()  # interpreter + libraries, before any weights
+    manifest = Manifest.load(path)
+    spec = opts.tiers
+    memory_plan = None
+    if opts.memory_budget is not None:  # from the headers: refuses before anything is loaded
+        memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline),
+                           opts.prefill_chunk)  # fmt: skip
+        if isinstance(spec, str):
+            spec = with_ram(spec, memory_plan.cache)
+        log.info("memory_plan", line=memory_plan.line(), tiers=spec)
+    experts = "resident" if opts.mode == "resident" else "none"
+    def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
+        from edge0.model.lora import maybe_apply_adapters
+
+        loaded = load_layout(path, experts=experts)
+        maybe_apply_adapters(loaded.model, path, enabled=opts.adapter)
+        return loaded
+
+    loaded: LoadedModel = await compute.run(load)
+    tracer = Tracer(chrome=opts.trace is not None)
+    n_slots = memory_plan.n_slots if memory_plan is not None else None
+    ctx, memory, table = await compute.run(
+        lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots)
+    )
+    ctx.prefill_chunk = (memory_plan.prefill_chunk if memory_plan is not None
+                         else opts.prefill_chunk or DEFAULT_CHUNK)  # fmt: skip
+    setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
+    setup.memory_plan = memory_plan
+    if memory is None or table is None:
+        return setup
+    setup.tier = open_tiers(spec, path, manifest)
+    layers = list(table.order)
+    if not layers:
+        return setup  # nothing streamed (a single MoE layer kept resident)
+    setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
+    ctx.attach(setup.scheduler)
+    return setup

@@ -1,0 +1,130 @@
+"""One request at a time: the engine's FIFO worker path (max_batch 1), and what batching shares.
+
+`run_request` runs one request's prompt and decode steps on the compute thread,
+putting each token into the request's queue; `finish_stats` derives its RunStats.
+`prefill` and `new_stats` are used by the batching worker (edge0.runtime.engine.batcher) too.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from edge0.log import get_logger
+from edge0.runtime.compute.runner import Runner, greedy
+from edge0.runtime.compute.steps import StepRecord
+from edge0.runtime.engine.requests import Request
+from edge0.runtime.engine.summary import RunStats, diff_reads, fill
+from edge0.runtime.io.scheduler import ReadStats
+from edge0.stats import peak_mlx_bytes, peak_rss_bytes
+
+if TYPE_CHECKING:
+    from edge0.runtime.engine.api import Engine
+
+log = get_logger("edge0.runtime.engine.api")
+
+
+def chunk(runner: Any) -> int:
+    """Prompt tokens per forward: a pipeline's rank 0 (edge0.dist) feeds one token per step."""
+    return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
+
+
+def prefill(runner: Runner, ids: list[int], decode: bool) -> int:
+    """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
+    and, when a decode step follows (`decode`), prefetches."""
+    if chunk(runner) > 1 and len(ids) > 1:  # chunked: only the last chunk draws
+        return runner.prefill(ids, decode=decode)
+    sampler, runner.sampler = runner.sampler, greedy
+    try:
+        runner.prefill(ids[:-1], decode=False)
+    finally:
+        runner.sampler = sampler
+    return runner.feed(ids[-1], prefill=True, prefetch=decode)
+
+
+def reads_now(engine: Engine) -> ReadStats | None:
+    sched = engine.setup.scheduler
+    return sched.counters() if sched else None
+
+
+def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
+    ctx = engine.setup.ctx
+    policy = engine.options.route_policy if ctx.mode == "route" else ""
+    stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
+                     predictor=getattr(ctx.predictor, "name", ""),
+                     prefill_chunk=chunk(runner), route_policy=policy)  # fmt: skip
+    stats.finish_reason = "cancelled"
+    return stats
+
+
+async def run_request(engine: Engine, req: Request) -> None:
+    """One request's steps on the compute thread; tokens go to its queue as they come."""
+    ctx, sched, compute = engine.setup.ctx, engine.setup.scheduler, engine._compute
+    settings = req.settings
+    runner = await compute.run(  # the sampler is seeded on this thread
+        lambda: engine.setup.make_runner(req.id, settings.sampler(), settings)
+    )
+    first_record = len(ctx.records)
+    reads0 = reads_now(engine)
+    await compute.run(mx.reset_peak_memory)
+    engine._lags = []
+    stats = new_stats(engine, req, runner)
+    t0 = time.perf_counter()
+    io_at_decode: float | None = None
+    bytes_at_decode: int | None = None
+    try:
+        tok = await compute.run(lambda: prefill(runner, req.ids, req.max_tokens > 1))
+        t1 = time.perf_counter()
+        stats.prefill_s = t1 - t0
+        if sched is not None and reads0 is not None:
+            io_at_decode, bytes_at_decode = t1, sched.stats.bytes
+            stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(req.ids)
+        n = 0
+        while True:
+            if tok in req.eos:
+                stats.finish_reason = "stop"
+                break
+            n += 1
+            stats.generated_tokens = n
+            stats.decode_s = time.perf_counter() - t1
+            req.put(tok)
+            if n >= req.max_tokens:
+                stats.finish_reason = "length"
+                break
+            if req.cancelled:
+                break
+            more = n + 1 < req.max_tokens  # else no prefetch: no step uses it
+            tok = await compute.run(functools.partial(runner.feed, tok, False, more))
+            stats.decode_steps += 1
+        stats.decode_s = time.perf_counter() - t1
+    except Exception:
+        stats.finish_reason = "error"
+        raise
+    finally:
+        compute.submit(runner.finish)  # after its last step: cancel queued prefetches
+        req.stats = stats
+        decode_io, decode_bytes = 0.0, 0
+        if sched is not None and io_at_decode is not None and bytes_at_decode is not None:
+            decode_io = sched.io_time(io_at_decode, time.perf_counter())
+            decode_bytes = sched.stats.bytes - bytes_at_decode
+        finish_stats(engine, stats, ctx.records[first_record:], reads0, decode_io, decode_bytes)
+
+
+def finish_stats(
+    engine: Engine, stats: RunStats, records: list[StepRecord], reads0: ReadStats | None,
+    decode_io: float, decode_bytes: float,
+) -> None:  # fmt: skip
+    """Fill a finished request's stats from its step records and read counters; log them."""
+    sched = engine.setup.scheduler
+    reads = diff_reads(sched.counters(), reads0) if sched and reads0 else ReadStats()
+    fill(stats, records, reads, decode_io, int(decode_bytes))
+    stats.peak_mlx_bytes = peak_mlx_bytes()
+    stats.peak_rss_bytes = peak_rss_bytes()
+    lags = sorted(engine._lags) or [0.0]
+    stats.loop_max_lag_ms = lags[-1] * 1e3
+    stats.loop_p99_lag_ms = lags[int(0.99 * (len(lags) - 1))] * 1e3
+    engine.last_stats = stats
+    log.info("request_done", **{k: v for k, v in stats.to_dict().items() if k != "tier_reads"})

@@ -1,0 +1,163 @@
+"""The streaming sparse-MoE block: the resident router, then gather_qmm over the slot table.
+
+It replaces a model's sparse block (`layer.mlp`) and keeps every child of the
+original except the routed experts (`switch_mlp`), under the same names, so
+parameter paths of the router and shared expert do not change. It asks one
+collaborator, its layer's `LayerStream` (edge0.runtime.layers.streams, chosen per mode
+when the engine is built). Per call (one token, one decode step) on the compute
+thread:
+  1. router scores, and the true top-K (family rule) unless the stream needs no
+     true set (a route decode step whose layer reads nothing back: `needs_true`);
+  2. `stream.planned()`: in route mode the set predicted one step earlier, which
+     is then the routing (or, under a route policy, `stream.choose` picks the set
+     from true scores and what is servable: edge0.runtime.layers.policy), with gate
+     weights from the true scores (family rule); the in-graph available-first
+     policy chooses on the device instead (`_choose_on_device`);
+  3. `stream.route(...)`: one eval of the routing and of the prediction this
+     layer owns; that prediction is prefetched for the next step;
+  4. `stream.slots(...)`: blocks until this layer's experts are staged;
+  5. the experts' FFN over the slot views with an expert->slot index: one native op on
+     the CPU (edge0.kernels), else gather_qmm (same expert order as the resident block,
+     so outputs are bit-identical for the same set).
+In a batched decode step (`steps.batch`, edge0.runtime.compute.batch) the call hands its
+row's hidden state to the batch, which runs these steps once for all rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0 import kernels
+from edge0.errors import Edge0Error
+from edge0.layout.records import projection_quant
+from edge0.routing.families import Family
+
+if TYPE_CHECKING:
+    from edge0.runtime.layers.streams import LayerStream
+
+
+class StreamingMoE(nn.Module):
+    """A sparse block whose routed experts live in slot memory, not in the model."""
+
+    def __init__(self, original: nn.Module, layer: int, family: Family, stream: LayerStream):
+        super().__init__()
+        for name, child in original.children().items():
+            if name != family.switch_attr:
+                setattr(self, name, child)
+        for attr in ("norm_topk_prob", "top_k", "num_experts_per_tok", "num_experts"):
+            if hasattr(original, attr):
+                object.__setattr__(self, attr, getattr(original, attr))
+        object.__setattr__(self, "layer", layer)
+        object.__setattr__(self, "family", family)
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "activation", original[family.switch_attr].activation)
+        object.__setattr__(self, "_plan", None)  # (views, ffn_plan of them)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        # x: (1, 1, d_model), the post-attention-norm hidden of one token
+        batch = self.stream.steps.batch
+        if batch is not None:  # one row of a batched step waits for the batch's layer
+            return batch.join(self, x)
+        if x.shape[0] == 1 and x.shape[1] > 1 and self.stream.steps.chunk is not None:
+            from edge0.runtime.prefill.chunks import block_call
+
+            return block_call(self, x)  # a prompt chunk (edge0.runtime.prefill.chunks)
+        if x.shape[0] * x.shape[1] != 1:
+            raise Edge0Error(
+                f"the streaming block of layer {self.layer} runs one token per step, got input "
+                f"shape {tuple(x.shape)}; feed tokens one at a time (the Engine does)"
+            )
+        stream, fam = self.stream, self.family
+        scores = fam.scores(self, x)  # (1, 1, E)
+        planned = stream.planned()
+        true_inds: mx.array | None = None
+        if planned is None or stream.needs_true():  # (1, 1, K) each
+            true_inds, w = fam.select(self, scores, stream.top_k)
+        policy = stream.steps.policy
+        if planned is not None and policy is not None and policy.on_device:
+            assert true_inds is not None  # (a route policy ranks by the true set)
+            return self._choose_on_device(x, scores, true_inds, w, planned)
+        if planned is not None:  # route mode: the prediction (or the route policy's choice)
+            exact = False
+            if true_inds is not None:
+                planned, exact = stream.choose(x, scores, true_inds, planned)
+            if exact:  # the true top-K: the router's own indices and weights
+                assert true_inds is not None
+                inds = true_inds
+            else:
+                inds = mx.array([[planned]], dtype=mx.uint32)  # (1, 1, K)
+                w = fam.weights(self, scores, inds)
+        else:
+            assert true_inds is not None
+            inds = true_inds
+        experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
+        y = self._experts(fam.expert_input(x, w), stream.slots(experts, inds))  # (1, 1, K, d)
+        return fam.extra(self, x, fam.combine(y, w))
+
+    def _choose_on_device(
+        self, x: mx.array, scores: mx.array, true_inds: mx.array, w: mx.array, planned: list[int]
+    ) -> mx.array:
+        """Route mode under the in-graph available-first policy (edge0.runtime.layers.policy_graph):
+        the set is chosen on the device among the staged candidates, no readback."""
+        stream, fam = self.stream, self.family
+        choice = stream.steps.policy.device
+        cands = choice.candidates(stream, planned)
+        inds, w = choice.graph(self, fam, scores, true_inds, w, cands, len(planned))
+        stream.route(x, true_inds, inds, w, planned)  # deferred: read back with its group
+        idx = choice.slots(stream, cands, inds, scores.shape[-1])
+        y = (self._experts(x, idx) * w[..., None]).sum(axis=-2)
+        return fam.extra(self, x, y)
+
+    def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
+        h = mx.expand_dims(x, (-2, -3))  # (1, 1, 1, 1, d_model)
+        views = self.stream.views
+        plan = self._plan
+        if plan is None or plan[0] is not views:  # the slot views do not change: built once
+            plan = (views, ffn_plan(self.stream.quant, views))
+            object.__setattr__(self, "_plan", plan)
+        out = expert_ffn(self, views, h, idx, plan=plan[1])  # (1, 1, K, 1, d_model)
+        return out.squeeze(-2)
+
+
+# one projection's arrays and quantization: weight, scales, biases, bias, group size, bits, mode
+Proj = tuple[mx.array, mx.array, "mx.array | None", "mx.array | None", int, int, str]
+
+
+def ffn_plan(quant: dict[str, Any], views: dict[str, mx.array]) -> tuple[Proj, Proj, Proj]:
+    """The up, gate and down projections of `views`, looked up once (a decode step's layer
+    reuses its slot views' plan: no per-call key formatting or quantization lookup)."""
+
+    def one(name: str) -> Proj:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
+        return (views[f"{name}.weight"], views[f"{name}.scales"],
+                views.get(f"{name}.biases"),  # none in mxfp4 records
+                views.get(f"{name}.bias"),  # experts with biased projections (gpt-oss)
+                q["group_size"], q["bits"], q["mode"])  # fmt: skip
+
+    return one("up_proj"), one("gate_proj"), one("down_proj")
+
+
+def expert_ffn(
+    block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array,
+    sorted_indices: bool = False, plan: tuple[Proj, Proj, Proj] | None = None,
+) -> mx.array:  # fmt: skip
+    """The routed experts' gated FFN of `h` with the experts (slots) `idx`: one native op
+    on the CPU (edge0.kernels), else three gather_qmm."""
+    up_p, gate_p, down_p = plan or ffn_plan(block.stream.quant, views)
+    fused = kernels.expert_ffn(h, idx, up_p, gate_p, down_p, block.activation)
+    if fused is not None:
+        return fused
+
+    def proj(p: Proj, inp: mx.array) -> Any:
+        w, scales, biases, bias, group_size, bits, mode = p
+        out = mx.gather_qmm(inp, w, scales, biases, rhs_indices=idx, transpose=True,
+                            group_size=group_size, bits=bits, mode=mode,
+                            sorted_indices=sorted_indices)  # fmt: skip
+        return out if bias is None else out + mx.expand_dims(bias[idx], -2)
+
+    up = proj(up_p, h)  # (..., d_ff)
+    gate = proj(gate_p, h)
+    return proj(down_p, block.activation(up, gate))  # (..., d_model)

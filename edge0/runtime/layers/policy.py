@@ -1,0 +1,177 @@
+"""Route policies: which experts a route-mode layer runs, from the prediction, the true scores
+and what can be served without waiting on storage.
+
+`predicted` is route mode as the paper runs it: the set predicted one token ahead
+is the routing (no policy object; the block never reads the router on the host).
+
+- `available-first` (at deadline 0 with deferred syncs, --sync-every > 1: the
+  default) chooses in the graph (edge0.runtime.layers.policy_graph): the K best experts
+  by true routing (the family's true top-K first, then by score) among those
+  ready in a slot when the layer is built: the predicted set and whatever else of
+  the layer the slot pool still holds (the pool is grown into a device-side cache
+  for it, `route_slots`). No host sync beyond `predicted`'s, no record copies.
+  With a deadline above 0, or one sync per layer, it runs as
+  `available-first-sync`.
+
+The other policies read the layer's true router scores back (one host sync per
+routed layer, which --sync-every cannot defer) and choose, per layer:
+
+- `available-first-sync`: the K best experts by true routing among the predicted
+  set (staged for this step) and those servable now: ready in a slot, or in the
+  outermost tier's RAM cache (copied into a slot on the compute thread); missing
+  true experts are demand-read and waited for at most the deadline;
+- `deadline`: the same, plus a second horizon: after layer l's routing, a
+  same-token head (prerouter-layer.*, or the training-free next-router rule)
+  predicts layer l+1's experts; those not servable are fetched at once, with one
+  layer of lead time, and used if they are in when layer l+1 chooses.
+
+With an unbounded deadline (`inf`) every expert is servable: both reduce to the
+true top-K, in the router's order, with the router's gate weights (exact routing).
+Gate weights of any other chosen set come from the family rule over the true scores.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from edge0.errors import ConfigError
+from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.layers.policy_graph import DeviceChoice, pool_slots
+
+if TYPE_CHECKING:
+    from edge0.runtime.compute.steps import Steps
+    from edge0.runtime.layers.streams import LayerStream
+
+POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
+DEFAULT_POLICY = "predicted"  # reproducible tokens: docs/benchmarks/route_policy.md, "Default"
+DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
+
+
+def check_policy(name: str, deadline_ms: float | None) -> None:
+    """ConfigError for an unknown policy or a negative deadline."""
+    if name not in POLICIES:
+        raise ConfigError(f"unknown route policy {name!r}; choose one of {', '.join(POLICIES)}")
+    if deadline_ms is not None and (math.isnan(deadline_ms) or deadline_ms < 0):
+        raise ConfigError(f"--route-deadline-ms must be 0 or more (or inf), got {deadline_ms}")
+
+
+def host_rank(true: list[int], scores: list[float]) -> list[int]:
+    """Every expert, best first: the true top-K in the router's order, then by true score
+    (ties by expert index). The choice is the first K of these that are servable."""
+    head = set(true)
+    return true + sorted((e for e in range(len(scores)) if e not in head), key=lambda e: -scores[e])
+
+
+def in_graph(name: str, deadline_ms: float, grouped: bool) -> bool:
+    """Whether the policy chooses on the device (no readback): available-first at deadline 0
+    with deferred syncs (a wait for a true expert, or --sync-every 1, runs it on the host)."""
+    return name == "available-first" and deadline_ms == 0 and grouped
+
+
+def route_slots(
+    name: str, deadline_ms: float | None, grouped: bool, base: int, k: int, n_experts: int,
+    layers: int, record_size: int,
+) -> int:  # fmt: skip
+    """Slots of the pool: `base`, grown into a device-side cache for the in-graph choice."""
+    deadline = DEFAULT_DEADLINE_MS if deadline_ms is None else deadline_ms
+    if not in_graph(name, deadline, grouped):
+        return base
+    return pool_slots(base, k, n_experts, layers, record_size)
+
+
+class RoutePolicy:
+    """One engine's policy (not `predicted`): `choose` per routed layer-step on the host, or
+    `device` (in the graph, `on_device`)."""
+
+    def __init__(
+        self, name: str, deadline_ms: float, steps: Steps,
+        layer_heads: PrerouterSet | None = None,
+    ) -> None:  # fmt: skip
+        self.name = name
+        self.deadline_s = deadline_ms / 1e3
+        self.steps = steps
+        self.layer_heads = heads = layer_heads if name == "deadline" else None
+        self.ahead: dict[int, int] = dict(heads.target) if heads is not None else {}
+        self.on_device = in_graph(name, deadline_ms, steps.groups is not None)
+        self.device = DeviceChoice()
+
+    @property
+    def exact(self) -> bool:
+        return math.isinf(self.deadline_s)
+
+    def choose(
+        self, stream: LayerStream, x: mx.array, scores: mx.array, true_inds: mx.array,
+        planned: list[int],
+    ) -> tuple[list[int], bool]:  # fmt: skip
+        """The experts `stream`'s layer runs at this step, and whether they are the true
+        top-K (then in the router's order: the caller keeps the router's indices and weights)."""
+        steps, k = self.steps, len(planned)
+        lead = self._lead_graph(stream, x, true_inds, k)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval([a for a in (scores, true_inds, lead) if a is not None])  # the policy's sync
+        steps.span("eval", stream.layer, t0, time.perf_counter(), time.thread_time() - c0)
+        steps.cur.syncs += 1
+        true: list[int] = true_inds.tolist()[0][0]  # type: ignore[index,assignment]  # (1, 1, K)
+        chosen = true if self.exact else self._select(stream.layer, true, scores, planned)
+        steps.count_recall(chosen, true)
+        if lead is not None:
+            self._fetch_ahead(stream.layer, lead.tolist())  # type: ignore[arg-type]
+        exact = set(chosen) == set(true)
+        return (true if exact else chosen), exact
+
+    def _select(
+        self, layer: int, true: list[int], scores: mx.array, planned: list[int]
+    ) -> list[int]:
+        steps, k = self.steps, len(planned)
+        sched = steps.scheduler
+        assert sched is not None, "Steps.attach(scheduler) was not called"
+        rank = host_rank(true, scores.reshape(-1).tolist())  # type: ignore[arg-type]  # (E,)
+        # the predicted set was staged for this step (compute waits for it as `predicted`
+        # does): never worse than the prediction, by true score
+        now = sched.servable(layer, rank) | set(planned)
+        missing = [e for e in true if e not in now]
+        if missing and self.deadline_s > 0:
+            t0 = time.perf_counter()
+            now |= sched.fetch_within(layer, steps.step, missing, self.deadline_s)
+            steps.span("wait", layer, t0, time.perf_counter())
+        chosen = [e for e in rank if e in now][:k]  # K of them: `planned` has K
+        sched.keep(layer, steps.step, chosen)  # their slots held; RAM hits copied here
+        return chosen
+
+    def _lead_graph(
+        self, stream: LayerStream, x: mx.array, true_inds: mx.array, k: int
+    ) -> mx.array | None:
+        """The same-token prediction of the next layer's experts (deadline policy), lazy."""
+        heads, nxt = self.layer_heads, self.ahead.get(stream.layer)
+        if heads is None or nxt is None or nxt not in self.steps.layers or self.exact:
+            return None
+        prev = stream.prev_inds
+        return heads.predict_topk(stream.layer, x.reshape(-1), true_inds.reshape(-1),
+                                  None if prev is None else prev.reshape(-1), k)  # fmt: skip
+
+    def _fetch_ahead(self, layer: int, predicted: list[int]) -> None:
+        """Start reading the next layer's predicted experts that are not servable: one layer
+        of lead time (used by `_select` there if they are in by then)."""
+        sched, nxt = self.steps.scheduler, self.ahead[layer]
+        assert sched is not None
+        have = sched.servable(nxt, predicted)
+        misses = [e for e in predicted if e not in have]
+        if misses:
+            self.steps.cur.lead_reads += sched.prefetch(nxt, self.steps.step, misses)
+
+
+def layer_heads_for(model_dir: object, model: object) -> PrerouterSet:
+    """The same-token heads of the deadline policy: trained (prerouter-layer.*) when the
+    model directory has them, else the training-free next-router rule (built from `model`,
+    before its sparse blocks are replaced)."""
+    from pathlib import Path
+
+    if model_dir is not None and PrerouterSet.exists(Path(str(model_dir)), "layer"):
+        heads = PrerouterSet.load(Path(str(model_dir)), "layer")
+        heads.check_model(model)  # type: ignore[arg-type]
+        return heads
+    return PrerouterSet.from_model(model, wrap=False, lean=True, horizon="layer")  # type: ignore[arg-type]

@@ -1,0 +1,93 @@
+"""The available-first choice made in the graph: a masked top-K over the experts in slots.
+
+The host knows, without reading anything back, which experts of a layer sit ready
+in a slot when the layer is built (the slot table is host state): the predicted
+set (staged for this step; compute waits for it as `predicted` does) and every
+other slot still holding one of the layer's experts. Under this policy the slot
+pool is larger (`pool_slots`), so it works as a device-side cache of recently run
+experts. Those candidates go to the device as a (E,) mask and a (E,) expert->slot
+lookup; the graph keeps the K best candidates as the host policy ranks them (the
+family's true top-K first, then by true score), takes their gate weights from the
+true scores (the router's own indices and weights when the choice is the true
+top-K) and gathers their slots. No host sync beyond `predicted`'s, and no record
+copies on the compute thread: the chosen set is read back with the layer's
+deferred group (edge0.runtime.layers.syncs), for the recall and the next prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from edge0.runtime.io.slots import pool_size
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+    from edge0.routing.families import Family
+    from edge0.runtime.layers.streams import LayerStream
+
+POOL_WIDTH = 8  # the pool holds up to 8K experts per layer (the candidates' cache) ...
+POOL_EXTRA_BYTES = 64 << 20  # ... in at most this many bytes of slots beyond the usual pool
+
+
+def pool_slots(base: int, k: int, n_experts: int, layers: int, record_size: int) -> int:
+    """Slots of the pool under the in-graph choice: `base` (the usual pool) grown towards
+    POOL_WIDTH x K experts per layer (never past every expert), by at most POOL_EXTRA_BYTES."""
+    want = min(pool_size(POOL_WIDTH * k, layers), n_experts * layers + base)
+    return max(base, min(want, base + POOL_EXTRA_BYTES // max(1, record_size)))
+
+
+def choose_graph(
+    family: Family, block: nn.Module, scores: mx.array, true_inds: mx.array, w_true: mx.array,
+    allowed: mx.array, k: int,
+) -> tuple[mx.array, mx.array]:  # fmt: skip
+    """(inds (1, 1, k), gate weights (1, 1, k)): the k best experts where `allowed` ((E,) bool,
+    at least k set): the true top-K first, then by true score; the router's own indices and
+    weights when the choice is the true top-K (bit-identical to exact routing). A dozen
+    small ops: on the CPU their dispatch, not their arithmetic, is the cost."""
+    s, t = scores.reshape(-1), true_inds.reshape(-1)
+    is_true = (t[:, None] == mx.arange(s.shape[0], dtype=t.dtype)[None, :]).any(axis=0)
+    key = mx.where(allowed, mx.where(is_true, math.inf, s), -math.inf)
+    chosen = mx.argpartition(-key, kth=k - 1)[:k].astype(t.dtype).reshape(true_inds.shape)
+    exact = allowed[t].all()
+    inds = mx.where(exact, true_inds, chosen)
+    return inds, mx.where(exact, w_true, family.weights(block, scores, chosen))
+
+
+class DeviceChoice:
+    """Per routed layer-step: the candidates (host), the choice (graph), the slot index."""
+
+    def candidates(self, stream: LayerStream, planned: list[int]) -> list[int]:
+        """The predicted set, then every other expert of the layer ready in a slot, pinned for
+        this step (one scheduler call, no reads: no prefetch may take their slots before the
+        layer's graph has run)."""
+        steps, layer = stream.steps, stream.layer
+        sched = steps.scheduler
+        assert sched is not None, "Steps.attach(scheduler) was not called"
+        ready = sched.staged(layer, set(planned))
+        if ready:
+            sched.prefetch(layer, steps.step, ready)  # all held: reservations, no tickets
+        return list(planned) + ready
+
+    def graph(
+        self, block: nn.Module, family: Family, scores: mx.array, true_inds: mx.array,
+        w_true: mx.array, cands: list[int], k: int,
+    ) -> tuple[mx.array, mx.array]:  # fmt: skip
+        mask = [False] * scores.shape[-1]
+        for e in cands:
+            mask[e] = True
+        return choose_graph(family, block, scores, true_inds, w_true, mx.array(mask), k)
+
+    def slots(
+        self, stream: LayerStream, cands: list[int], chosen: mx.array, n_experts: int
+    ) -> mx.array:
+        """(1, 1, K) slot indices of the chosen experts (blocks until the candidates are
+        staged: the predicted ones may still be loading, as under `predicted`)."""
+        got = stream.acquire(cands)
+        lookup = [0] * n_experts
+        for e, s in zip(cands, got, strict=True):
+            lookup[e] = s
+        return mx.array(lookup, dtype=mx.uint32)[chosen]

@@ -1,0 +1,264 @@
+"""One collaborator per streamed layer: its planned set, its routing sync and prefetch, its slots.
+
+A `StreamingMoE` block asks only its `LayerStream`. Which class a layer gets is
+decided once, when the engine is built (edge0.runtime.engine.setup): `LayerStream`
+(the true routing is the routing: reactive, hint) or `RoutedStream` (route: the
+set predicted one step earlier is the routing); a `Lookahead` only on layers
+that own a prediction (hint, route); `ResidentExperts` or `SlotExperts` for
+where the expert weights are. Everything here runs on the compute thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import mlx.core as mx
+
+from edge0.routing.predictors import Predictor
+from edge0.runtime.io.scheduler import FenceNeeded
+from edge0.runtime.layers.syncs import Deferred
+
+if TYPE_CHECKING:
+    from edge0.runtime.compute.steps import Steps
+    from edge0.runtime.io.scheduler import Scheduler
+
+
+class Experts(Protocol):
+    """Where a layer's expert weights are, and how compute indexes them."""
+
+    views: dict[str, mx.array]  # field -> stacked (n, ...) weights, scales, biases
+
+    def index(self, experts: list[int], inds: mx.array) -> mx.array: ...
+
+
+class ResidentExperts:
+    """All experts of the layer in memory (first-layer policy "resident"): they index themselves."""
+
+    def __init__(self, views: dict[str, mx.array]) -> None:
+        self.views = views
+
+    def index(self, experts: list[int], inds: mx.array) -> mx.array:
+        return inds
+
+
+class SlotExperts:
+    """The layer's slot table: `index` blocks until the experts are staged, returns their slots."""
+
+    def __init__(self, layer: int, views: dict[str, mx.array], steps: Steps) -> None:
+        self.layer = layer
+        self.views = views
+        self.steps = steps
+        self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+
+    def index(self, experts: list[int], inds: mx.array) -> mx.array:
+        return mx.array([[self.acquire(experts)]], dtype=mx.uint32)  # (1, 1, K) slot indices
+
+    def acquire(self, experts: list[int]) -> list[int]:
+        """The slots of `experts` for this step, once staged (blocks on their reads)."""
+        assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
+        steps = self.steps
+        t0 = time.perf_counter()
+        groups = steps.groups
+        fenced = groups is None or not groups.busy  # else earlier layers' graphs may be pending
+        try:
+            slots = self.scheduler.acquire(self.layer, steps.step, experts, fenced)
+        except FenceNeeded:
+            assert groups is not None
+            groups.flush([])  # evaluates up to this layer's input: earlier slots are free
+            slots = self.scheduler.acquire(self.layer, steps.step, experts)
+        # wall time only: blocked on reads costs no CPU, the slot bookkeeping is overhead
+        steps.span("wait", self.layer, t0, time.perf_counter())
+        return slots
+
+
+class Lookahead:
+    """The prediction one layer owns: its target layer's experts at the next step, prefetched."""
+
+    def __init__(self, layer: int, predictor: Predictor, target: LayerStream, steps: Steps) -> None:
+        self.layer = layer
+        self.predictor = predictor
+        self.target = target
+        self.steps = steps
+        self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+        self.on_host: bool | None = None  # the predictor decides on the host (known once run)
+
+    def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
+        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor)."""
+        got = self.predictor.graph(self.layer, x, inds, prev, k)
+        self.on_host = got is None
+        return got
+
+    def issue(
+        self, x: mx.array, experts: list[int], true: list[int], prev: list[int] | None,
+        graph: mx.array | None, k: int,
+    ) -> None:  # fmt: skip
+        """Hand the prediction to the target layer and prefetch it for the next step."""
+        steps = self.steps
+        got: list[int] | None
+        if graph is not None:
+            got = graph.tolist()  # type: ignore[assignment]
+        else:
+            t0 = time.perf_counter()
+            got = self.predictor.predict(self.layer, steps.pos, x, experts, true, prev, k)
+            steps.span("predict", self.layer, t0, time.perf_counter())
+        if got is None:
+            return
+        self.target.offer(steps.step + 1, got)
+        assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
+        self.scheduler.prefetch(self.target.layer, steps.step + 1, got)
+
+
+class LayerStream:
+    """A streamed layer whose routing is the true router's (reactive, hint)."""
+
+    def __init__(self, layer: int, steps: Steps, experts: Experts, quant: dict[str, Any]) -> None:
+        self.layer = layer
+        self.steps = steps
+        self.experts = experts
+        self.quant = quant
+        self.top_k = steps.top_k
+        self.host_experts = not isinstance(experts, ResidentExperts)  # slots need the set on host
+        self.head: Lookahead | None = None  # the prediction this layer owns, if any
+        # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
+        # in the step predicts step t+1 before this layer has used its plan for step t
+        self.plans: list[tuple[int, list[int]] | None] = [None, None]
+        self.prev_experts: list[int] | None = None  # executed at the previous step
+        self.prev_inds: mx.array | None = None
+
+    def attach(self, scheduler: Scheduler) -> None:
+        """The scheduler, once the tier stack is open: for slot acquisition and prefetch."""
+        if isinstance(self.experts, SlotExperts):
+            self.experts.scheduler = scheduler
+        if self.head is not None:
+            self.head.scheduler = scheduler
+
+    def reset(self) -> None:
+        """A new request: nothing predicted, no previous step."""
+        self.plans = [None, None]
+        self.prev_experts = self.prev_inds = None
+
+    def offer(self, step: int, experts: list[int]) -> None:
+        """The owner's prediction of this layer's experts at `step`."""
+        self.plans[step & 1] = (step, experts)
+
+    def acquire(self, experts: list[int]) -> list[int]:
+        """The slots of `experts` (a streamed layer) for this step, once staged."""
+        assert isinstance(self.experts, SlotExperts), f"layer {self.layer} has no slots"
+        return self.experts.acquire(experts)
+
+    @property
+    def plan(self) -> tuple[int, list[int]] | None:
+        """The latest prediction made for this layer."""
+        made = [p for p in self.plans if p is not None]
+        return max(made, key=lambda p: p[0]) if made else None
+
+    def planned(self) -> list[int] | None:
+        """The expert set predicted for this step when it is the routing (only `RoutedStream`)."""
+        return None
+
+    def choose(
+        self, x: mx.array, scores: mx.array, true_inds: mx.array, planned: list[int]
+    ) -> tuple[list[int], bool]:
+        """Route mode: the set this layer runs (the route policy's choice, else the
+        prediction) and whether it is the true top-K in the router's order."""
+        policy = self.steps.policy
+        if policy is None:
+            return planned, False
+        return policy.choose(self, x, scores, true_inds, planned)
+
+    def needs_true(self) -> bool:
+        """Whether this step reads the true router's top-K (the block builds it only then)."""
+        return True
+
+    def route(
+        self, x: mx.array, true_inds: mx.array | None, inds: mx.array, w: mx.array,
+        planned: list[int] | None,
+    ) -> list[int]:  # fmt: skip
+        """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
+        steps = self.steps
+        head = self.head if steps.prefetching else None
+        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
+        steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
+        steps.cur.syncs += 1
+        steps.cur.layers += 1
+        self.prev_inds = inds
+        self.finish(Deferred(self, x, true_inds, pred, planned, self.prev_experts, head))
+        assert self.prev_experts is not None
+        return self.prev_experts
+
+    def finish(self, work: Deferred) -> None:
+        """After the readback: record the routing, hand the owned prediction on (prefetch)."""
+        steps = self.steps
+        true: list[int] | None = None
+        if work.true_inds is not None:
+            true = work.true_inds.tolist()[0][0]  # type: ignore[index,assignment]  # (1, 1, K)
+        experts = work.experts if work.experts is not None else true
+        if work.chosen is not None:  # the in-graph route policy's choice was the routing
+            experts = work.chosen.reshape(-1).tolist()  # type: ignore[assignment]
+        assert experts is not None
+        if steps.recording is not None and true is not None:
+            steps.recording[(steps.pos, self.layer)] = list(true)
+        if true is not None and work.experts is not None and (
+            steps.policy is None or work.chosen is not None
+        ):
+            steps.count_recall(experts, true)  # the prediction (or the choice) was the routing
+        self.prev_experts = experts
+        if work.head is not None:
+            work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)
+
+    def slots(self, experts: list[int], inds: mx.array) -> mx.array:
+        """Indices into `views` of `experts` (blocks until a streamed layer's slots are staged)."""
+        return self.experts.index(experts, inds)
+
+    @property
+    def views(self) -> dict[str, mx.array]:
+        return self.experts.views
+
+
+class RoutedStream(LayerStream):
+    """A layer in route mode: in decode steps the set predicted one step ago is the routing.
+
+    With `steps.groups` (--sync-every G > 1) a decode step's layer needs no readback:
+    its prediction and recorded routing are evaluated with its group of G layers.
+    """
+
+    def planned(self) -> list[int] | None:
+        steps = self.steps
+        plan = self.plans[steps.step & 1]
+        if steps.prefill or plan is None or plan[0] != steps.step:
+            return None
+        steps.routed_by_prediction += 1
+        return plan[1]
+
+    def needs_true(self) -> bool:
+        # a grouped decode step reads the true set back only to record it or for a host
+        # predictor (not known before the head first ran: then read, to be safe)
+        steps = self.steps
+        if steps.groups is None or steps.prefill or steps.recording is not None or steps.policy:
+            return True  # (a route policy ranks by the true set)
+        return self.head is not None and steps.prefetching and self.head.on_host is not False
+
+    def route(
+        self, x: mx.array, true_inds: mx.array | None, inds: mx.array, w: mx.array,
+        planned: list[int] | None,
+    ) -> list[int]:  # fmt: skip
+        steps, groups = self.steps, self.steps.groups
+        if groups is None or steps.prefill or (planned is None and self.host_experts):
+            if groups is not None and groups.busy:
+                groups.flush([])
+            return super().route(x, true_inds, inds, w, planned)
+        head = self.head if steps.prefetching else None
+        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        chosen = inds if steps.policy is not None and steps.policy.on_device else None
+        read_true = planned is None or steps.recording is not None or chosen is not None or (
+            head is not None and pred is None)  # fmt: skip
+        assert true_inds is not None or not read_true, "needs_true() said no true set"
+
+        steps.cur.layers += 1
+        self.prev_inds = inds
+        groups.add(Deferred(self, x, true_inds if read_true else None, pred, planned,
+                            self.prev_experts, head, chosen))  # fmt: skip
+        return planned if planned is not None else []  # [] only for resident experts (unused)

@@ -1,0 +1,96 @@
+"""Host syncs of route mode: the layers' host work deferred and evaluated in groups of G layers.
+
+In a route decode step every streamed layer's expert set is the prediction made
+one step earlier, so compute needs no router readback. What still needs the host
+is the prediction each layer owns (it drives the prefetch for the next step) and
+the recorded routing: `SyncGroups` collects that work per layer and evaluates it
+every `every` layers with `mx.async_eval`, completing a group (one host sync;
+its fence move and prefetches handed to the planner thread, edge0.runtime.io.planner)
+when the next one is launched, before a layer that must sync anyway, and at the
+step fence together with the step's own outputs.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import TYPE_CHECKING
+
+import attrs
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    from edge0.runtime.compute.steps import Steps
+    from edge0.runtime.layers.streams import LayerStream, Lookahead
+
+
+@attrs.define(slots=True)
+class Deferred:
+    """One layer's host work of one step: the arrays to read back and what to do with them."""
+
+    stream: LayerStream
+    x: mx.array
+    true_inds: mx.array | None  # read back when the routing is recorded or a host predictor asks
+    pred: mx.array | None  # the owned prediction graph
+    experts: list[int] | None  # the set computed (None: the true set, once read back)
+    prev: list[int] | None  # the set of the previous step
+    head: Lookahead | None  # the prediction to hand on (None: none this step)
+    chosen: mx.array | None = None  # the set an in-graph route policy chose (policy_graph)
+
+    def arrays(self) -> list[mx.array]:
+        # x too: once it is evaluated, so is every earlier layer of the step (the slot fence)
+        return [a for a in (self.x, self.true_inds, self.pred, self.chosen) if a is not None]
+
+
+class SyncGroups:
+    """Deferred layer work of one step, evaluated asynchronously every `every` layers."""
+
+    def __init__(self, every: int, steps: Steps) -> None:
+        self.every = every
+        self.steps = steps
+        self.pending: list[Deferred] = []
+        self.inflight: list[Deferred] = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.inflight)
+
+    def add(self, work: Deferred) -> None:
+        self.pending.append(work)
+        if len(self.pending) >= self.every:
+            self.launch()
+
+    def launch(self) -> None:
+        """Start evaluating the pending group; complete the group launched before it."""
+        self.complete()
+        arrays = [a for w in self.pending for a in w.arrays()]
+        if arrays:  # graph walk and scheduling happen on this thread: MLX's work, as an eval
+            t0, c0 = time.perf_counter(), time.thread_time()
+            mx.async_eval(arrays)
+            self.steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
+        self.inflight, self.pending = self.pending, []
+
+    def complete(self) -> None:
+        """Wait for the group in flight (one host sync) and issue its layers' prefetches."""
+        group, self.inflight = self.inflight, []
+        if group:
+            self._finish(group, [])
+
+    def flush(self, extra: list[mx.array]) -> None:
+        """Evaluate everything deferred with `extra` (the step fence's outputs): one sync."""
+        group, self.inflight, self.pending = self.inflight + self.pending, [], []
+        self._finish(group, extra)
+
+    def _finish(self, group: list[Deferred], extra: list[mx.array]) -> None:
+        steps = self.steps
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval([a for w in group for a in w.arrays()] + extra)
+        steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
+        steps.cur.syncs += 1
+        sched = steps.scheduler
+        # the fence move and the group's prefetches: applied by the planner thread
+        with sched.deferred() if sched is not None else nullcontext():
+            if group and sched is not None:  # their inputs ran: earlier layers' slots free
+                sched.evaluated(steps.step, group[-1].stream.layer)
+            for work in group:
+                work.stream.finish(work)

@@ -1,0 +1,269 @@
+"""`--memory-budget`: the memory plan, made from file headers before anything is loaded.
+
+peak RSS = process baseline (interpreter and libraries: RSS before loading)
+         + resident weights (resident.safetensors, in the dtypes the loader keeps)
+         + resident experts (the first MoE layer under `--first-layer resident`;
+           every layer in `resident` mode)
+         + loading them: one record and one field's stored-dtype stack alive while a
+           layer's experts are read and cast (`load_bytes`)
+         + predictor heads (prerouter.safetensors, or the untrained copies of the routers)
+         + slot pool (K x (L + 2) records and their compute-dtype sidecar)
+         + KV cache for the planned context + recurrent state (linear-attention layers)
+         + decode working memory (measured: docs/memory.md)
+         + a prompt chunk (`--prefill-chunk`: its activations; chosen here when not given)
+         + what the budget has left, which goes to more slots or to the RAM cache.
+A RAM cache smaller than one step's reads (L x K records) would almost never hit
+(measured: 15 of 5,391 reads on the 35B shape), so such a remainder buys slots;
+a larger one sizes the tier spec's `ram` stage (one is put in front when the spec
+has none). `MemoryPlan.line()` says which.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from edge0.errors import ConfigError
+from edge0.layout.manifest import Manifest
+from edge0.runtime.io.slotmem import ALIGN
+from edge0.storage.spec import TierStage, format_spec, parse_size, parse_spec
+
+_MIB = 1 << 20
+KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many tokens
+# decode working memory (MLX buffer cache, per-step temporaries, interpreter growth), measured
+# with tools/memprobe.py: 14 / 28 / 52 MiB at d_model 512 / 1024 / 2048, the same at K=2, 4, 8
+WORKING_BASE = 16 * _MIB
+WORKING_PER_1K_D = 24 * _MIB
+DEFAULT_CHUNK = 256  # prompt tokens per forward without a budget (docs/benchmarks/prefill.md)
+PROMPT_SHARE = 2  # an unasked prompt chunk takes at most 1/2 of what the fixed parts leave
+
+
+@attrs.frozen
+class Footprint:
+    """What a run will hold, from the files (bytes)."""
+
+    resident: int
+    resident_experts: int
+    heads: int
+    slot: int  # one slot: a record and its sidecar
+    record: int  # one record as read
+    layers: int  # streamed MoE layers
+    top_k: int
+    kv: int
+    state: int
+    working: int
+    overhead: int
+    chunk_fixed: int = 0  # a prompt chunk's memory whatever its length (prefill_memory)
+    chunk_token: int = 0  # ... and per chunk token
+    load: int = 0  # the transient of loading resident experts (load_bytes)
+
+    @property
+    def min_slots(self) -> int:
+        from edge0.runtime.io.slots import pool_size
+
+        return pool_size(self.top_k, self.layers) if self.layers else 0
+
+
+@attrs.frozen
+class MemoryPlan:
+    budget: int
+    resident: int  # resident weights, plus resident experts
+    slots: int  # slot pool bytes
+    kv: int  # KV cache and recurrent state
+    cache: int  # bytes of the RAM cache tier (0: none)
+    overhead: int = 0  # process RSS before the model was loaded
+    working: int = 0  # decode working memory
+    heads: int = 0  # predictor heads
+    n_slots: int = 0
+    extra_slots: int = 0  # slots bought with what the budget left
+    choice: str = ""  # where the remainder went, and why
+    prompt: int = 0  # a prompt chunk's working memory
+    prefill_chunk: int = 1  # prompt tokens per forward that `prompt` holds
+    load: int = 0  # loading resident experts: the transient (load_bytes)
+
+    def line(self) -> str:
+        return (
+            f"memory budget {self.budget / _MIB:.0f} MiB = resident {self.resident / _MIB:.0f} + "
+            f"heads {self.heads / _MIB:.0f} + slots {self.slots / _MIB:.0f} "
+            f"({self.n_slots} slots) + KV {self.kv / _MIB:.0f} + "
+            f"process {self.overhead / _MIB:.0f} + working {self.working / _MIB:.0f} + "
+            f"loading {self.load / _MIB:.0f} + "
+            f"prompt chunk {self.prompt / _MIB:.0f} ({self.prefill_chunk} tokens) + "
+            f"RAM cache {self.cache / _MIB:.0f} MiB; {self.choice}"
+        )
+
+
+def to_bytes(value: str | int) -> int:
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"--memory-budget: {exc}") from None
+
+
+def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPlan:
+    """Split `budget`; ConfigError naming the parts when it cannot hold the fixed ones.
+
+    `chunk`: the asked-for `--prefill-chunk` (ConfigError when it cannot fit what the
+    fixed parts leave); None: the plan chooses one (`prompt_chunk`).
+    """
+    total = to_bytes(budget)
+    n_min = fp.min_slots
+    kv = fp.kv + fp.state
+    resident = fp.resident + fp.resident_experts
+    fixed = (resident + fp.heads + n_min * fp.slot + ALIGN + kv + fp.overhead + fp.working
+             + fp.load)  # fmt: skip
+    left = total - fixed
+    if left < 0:
+        raise ConfigError(
+            f"--memory-budget {total / _MIB:.0f} MiB is below the {fixed / _MIB:.0f} MiB that "
+            f"resident weights ({resident / _MIB:.0f}), predictor heads ({fp.heads / _MIB:.0f}), "
+            f"the slot pool ({n_min} slots, {n_min * fp.slot / _MIB:.0f}), KV cache and state "
+            f"({kv / _MIB:.0f}), process ({fp.overhead / _MIB:.0f}), decode working memory "
+            f"({fp.working / _MIB:.0f}) and loading ({fp.load / _MIB:.0f}) need; raise the "
+            f"budget, lower --top-k or the context"
+        )
+    tokens, prompt = prompt_chunk(total, left, fp, chunk)
+    left -= prompt
+    step = fp.layers * fp.top_k * fp.record  # one decode step's reads
+    extra, cache = 0, 0
+    if not fp.layers:
+        choice = "nothing is streamed: the rest is unused"
+    elif left < step:
+        extra = left // fp.slot
+        choice = (
+            f"the {left / _MIB:.0f} MiB left buy {extra} more slots (a RAM cache smaller than "
+            f"one step's reads, {step / _MIB:.0f} MiB, would almost never hit)"
+        )
+    else:
+        cache = left
+        choice = f"the {left / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
+    n = n_min + extra
+    return MemoryPlan(total, resident, n * fp.slot + ALIGN if n else 0, kv, cache, fp.overhead,
+                      fp.working, fp.heads, n, extra, choice, prompt, tokens, fp.load)  # fmt: skip
+
+
+def chunk_cost(fp: Footprint, tokens: int) -> int:
+    """Bytes a prompt chunk of `tokens` holds (0 for one token: decode's working memory)."""
+    return 0 if tokens <= 1 else fp.chunk_fixed + tokens * fp.chunk_token
+
+
+def prompt_chunk(total: int, left: int, fp: Footprint, chunk: int | None) -> tuple[int, int]:
+    """(tokens, bytes) of the prompt chunk: the asked one if it fits in `left`, else an error;
+    unasked, the largest up to DEFAULT_CHUNK within PROMPT_SHARE of `left` (1 if none fits)."""
+    if chunk is not None:
+        need = chunk_cost(fp, chunk)
+        if need > left:
+            fit = max(1, (left - fp.chunk_fixed) // fp.chunk_token) if fp.chunk_token else 1
+            raise ConfigError(
+                f"--prefill-chunk {chunk} needs {need / _MIB:.0f} MiB but --memory-budget "
+                f"{total / _MIB:.0f} MiB leaves {left / _MIB:.0f} MiB after the fixed parts; "
+                f"use --prefill-chunk {fit} or less, or raise the budget"
+            )
+        return chunk, need
+    share = left // PROMPT_SHARE
+    tokens = DEFAULT_CHUNK
+    if fp.chunk_token:
+        tokens = min(DEFAULT_CHUNK, max(1, (share - fp.chunk_fixed) // fp.chunk_token))
+    return (tokens, chunk_cost(fp, tokens)) if tokens > 1 else (1, 0)
+
+
+def _text(config: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = config.get("text_config") or config
+    return c
+
+
+def attention_layers(config: dict[str, Any]) -> int:
+    """Layers whose KV cache grows with the context (full attention)."""
+    c = _text(config)
+    layer_types = c.get("layer_types")
+    if layer_types:  # transformers' explicit per-layer list (qwen3_5_moe, qwen3_next, gpt_oss)
+        return sum(1 for t in layer_types if t == "full_attention")
+    layers = int(c.get("num_hidden_layers", 0))
+    interval = int(c.get("full_attention_interval", 1) or 1)
+    return layers // interval if interval > 1 else layers
+
+
+def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
+    """KV cache of `context` tokens (rounded up to mlx-lm's growth step) for the full-attention
+    layers of a config."""
+    c = _text(config)
+    heads = int(c.get("num_key_value_heads") or c.get("num_attention_heads") or 1)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
+    tokens = -(-context // KV_STEP) * KV_STEP
+    return 2 * attention_layers(config) * heads * head_dim * tokens * itemsize
+
+
+def state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
+    """Recurrent state of the linear-attention layers (conv state and delta-rule state)."""
+    c = _text(config)
+    n = sum(1 for t in c.get("layer_types") or [] if t == "linear_attention")
+    if not n:
+        return 0
+    hk, dk = int(c["linear_num_key_heads"]), int(c["linear_key_head_dim"])
+    hv, dv = int(c["linear_num_value_heads"]), int(c["linear_value_head_dim"])
+    conv = (int(c.get("linear_conv_kernel_dim", 4)) - 1) * (2 * hk * dk + hv * dv)
+    return n * (conv + hv * dk * dv) * itemsize
+
+
+def working_bytes(config: dict[str, Any], context: int) -> int:
+    """Decode working memory: the measured model (docs/memory.md), plus one attention layer's
+    KV cache (mlx-lm grows a layer's cache by concatenation: old and new alive at once)."""
+    d = int(_text(config).get("hidden_size", 1024))
+    layers = max(1, attention_layers(config))  # a config without layer_types: every layer
+    return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv_bytes(config, context) // layers
+
+
+def load_bytes(manifest: Manifest, compute_itemsize: int) -> int:
+    """The transient of loading one layer's experts resident (0 when none is): the record
+    buffer they are read through, and the largest float field's (E, ...) stack in its
+    stored dtype while its compute-dtype copy is made (one field at a time; narrower
+    float fields only). Measured on gpt-oss-20b: reading the layer through a numpy copy
+    held it twice (404 MiB over the steady state), docs/memory.md."""
+    from edge0.layout.records import VIEW_DTYPES
+
+    widest = 0
+    for f in manifest.fields:
+        size = np.dtype(VIEW_DTYPES[f.dtype]).itemsize
+        if f.dtype in ("bfloat16", "float16") and size < compute_itemsize:
+            widest = max(widest, int(np.prod(f.shape, dtype=np.int64)) * size)
+    return manifest.record_size + manifest.n_experts * widest
+
+
+def head_bytes(path: Path, manifest: Manifest, predictor: str, owners: int) -> int:
+    """Predictor heads: the trained file's tensors, or untrained router copies (E x d fp32)."""
+    if predictor == "heads":
+        from edge0.layout.safetensors_io import read_header
+        from edge0.routing.prerouter import WEIGHTS_FILE
+
+        header = read_header(path / WEIGHTS_FILE)
+        return sum(int(np.prod(v.shape, dtype=np.int64)) * v.itemsize for v in header.values())
+    if predictor == "init":
+        d = int(_text(manifest.config)["hidden_size"])
+        return owners * manifest.n_experts * d * 4
+    return 0
+
+
+def with_ram(spec: str, cache: int) -> str:
+    """The spec with its `ram` stage sized to `cache` bytes, added in front if missing, or
+    dropped when `cache` is 0."""
+    stages = parse_spec(spec)
+    names = [st.name for st in stages]
+    if "ram" in names:
+        i = names.index("ram")
+        if cache <= 0:
+            return format_spec(stages[:i] + stages[i + 1 :])
+        ram = stages[i]
+        opts = tuple((k, v) for k, v in ram.options if k != "budget")
+        stages[i] = TierStage("ram", str(cache), opts)
+        return format_spec(stages)
+    if cache <= 0:
+        return spec
+    return format_spec([TierStage("ram", str(cache), ()), *stages])
+
+
+apply_to_spec = with_ram  # the earlier name (edge0.bench.worker)

@@ -1,0 +1,177 @@
+"""Multi-token expert compute: a streamed MoE layer over a prompt chunk, its union staged in groups.
+
+A chunk of T tokens routes to T x K (token, expert) pairs. The union of their
+experts is staged G at a time (`group_size`), each group as its own scheduler
+sub-step, so the slot pool's fence rule holds unchanged: group j computes at
+sub-step s+j while group j+1 is read into other slots for s+j+1. Each group runs
+one sorted `gather_qmm` over the pairs routed to it and is evaluated before the
+next sub-step starts (begin_step moves the pool's fence past it: its slots may
+then be rewritten). The pair outputs are put back in (token, k) order and summed with
+the gate weights exactly as the one-token block sums them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from edge0.layout.records import projection_quant
+from edge0.runtime.layers.block import expert_ffn
+from edge0.runtime.layers.streams import ResidentExperts
+from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, on_cpu
+
+DENSE_EXPERT_ROWS = 4  # rows from which an expert's weights are dequantized (prefill.md); 0: never
+
+if TYPE_CHECKING:
+    from edge0.runtime.layers.block import StreamingMoE
+
+
+def run_pairs(
+    block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array
+) -> mx.array:
+    """SwiGLU of each row of `h` (P, 1, d) with expert slot `idx` (P,) sorted; (P, 1, d)."""
+    return expert_ffn(block, views, h, idx, sorted_indices=True)
+
+
+def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: mx.array
+                 ) -> mx.array:  # fmt: skip
+    """The gated FFN of rows `h` (R, d) with the expert in `slot`, its weights dequantized
+    once: on the CPU backend int4 kernels unpack the weight again per row (prefill_dense)."""
+    quant = block.stream.quant
+
+    def proj(name: str, inp: mx.array) -> mx.array:
+        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
+        biases = views.get(f"{name}.biases")
+        scales = views[f"{name}.scales"][slot].astype(inp.dtype)
+        w = mx.dequantize(views[f"{name}.weight"][slot], scales,
+                          None if biases is None else biases[slot].astype(inp.dtype),
+                          group_size=q["group_size"], bits=q["bits"])  # fmt: skip
+        out = inp @ w.T
+        bias = views.get(f"{name}.bias")
+        return out if bias is None else out + bias[slot]
+
+    return proj("down_proj", block.activation(proj("up_proj", h), proj("gate_proj", h)))
+
+
+def dense_experts_ok(block: StreamingMoE) -> bool:
+    """Whether this layer's experts may run dequantized: affine records on the CPU backend,
+    each projection's fp32 weight within DENSE_MAX_BYTES (a wider one, e.g. Mixtral's or
+    Llama-4's 4096-5120 x 8192-14336 experts, keeps the int4 kernel: its dequantized copy
+    would be more memory than the plan's prompt chunk holds)."""
+    quant = block.stream.quant
+    if not (DENSE_EXPERT_ROWS > 0 and on_cpu() and quant.get("mode", "affine") == "affine"):
+        return False
+    views = block.stream.views
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        out, packed = views[f"{name}.weight"].shape[-2:]
+        if out * packed * (32 // int(projection_quant(quant, name)["bits"])) * 4 > DENSE_MAX_BYTES:
+            return False
+    return True
+
+
+def group_pairs(block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.ndarray,
+                slot_ids: np.ndarray) -> tuple[np.ndarray, mx.array]:  # fmt: skip
+    """Outputs (P, d) of the (token, expert) `pairs` (sorted by slot; token `rows`, slot
+    `slot_ids`) and the pair order they come in: an expert with DENSE_EXPERT_ROWS rows or more
+    runs dequantized (affine records), the others in one sorted gather_qmm."""
+    views = block.stream.views
+    slots, counts = np.unique(slot_ids, return_counts=True)
+    dense = slots[counts >= DENSE_EXPERT_ROWS] if dense_experts_ok(block) else slots[:0]
+    few = ~np.isin(slot_ids, dense)
+    parts, outs = [], []
+    if few.any():
+        h = x2[mx.array(rows[few])][:, None, :]  # (P', 1, d)
+        outs.append(run_pairs(block, views, h, mx.array(slot_ids[few])).squeeze(1))
+        parts.append(pairs[few])
+    for s in dense.tolist():
+        sel = slot_ids == s
+        outs.append(dense_expert(block, views, s, x2[mx.array(rows[sel])]))
+        parts.append(pairs[sel])
+    out = mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
+    return np.concatenate(parts), out
+
+
+def stage_order(union: list[int], last: list[int] | None, early: list[int] | None = None
+                ) -> list[int]:  # fmt: skip
+    """The union with the experts read `early` first and those named in `last` at the end
+    (they stay staged for decode: the end wins over `early`)."""
+    tail = set(last or [])
+    head = [e for e in early or [] if e in set(union) and e not in tail]
+    rest = [e for e in union if e not in set(head)]
+    return head + [e for e in rest if e not in tail] + [e for e in rest if e in tail]
+
+
+def read_ahead(block: StreamingMoE, g: int) -> None:
+    """Stage the next streamed layer's predicted first group (`g` experts) for this sub-step:
+    its layer computes next, at the same step; the reads overlap the compute until then."""
+    st = block.stream.steps.chunk
+    assert st is not None
+    nxt = st.following.get(block.stream.layer)
+    if nxt is None or nxt.layer not in st.predicted:
+        return
+    keep = set(st.decode_set(nxt.layer) or [])  # staged last there, for the first decode step
+    early = [e for e in st.predicted.pop(nxt.layer) if e not in keep][:g]
+    st.ahead[nxt.layer] = early
+    st.prefetch(nxt.layer, early, ahead=0)
+
+
+def group_size(n_slots: int, layers: int, top_k: int) -> int:
+    """Experts staged per sub-step: G with 2G + K x (layers - 1) <= n_slots, at least 1.
+
+    The slot pool is shared by all streamed layers. While one layer stages its
+    chunk, every other streamed layer may hold up to K slots (its experts staged
+    for a step ahead); this layer needs its current group and the next one's
+    prefetch at once. Within that bound a group can always be staged, so the
+    pool is never over capacity (K x (layers + 2) slots give G = 3K/2).
+    """
+    return max(1, (n_slots - top_k * (layers - 1)) // 2)
+
+
+def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.array:
+    """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d) for routing `inds` (T, K)."""
+    stream = block.stream
+    steps, layer = stream.steps, stream.layer
+    st = steps.chunk
+    assert st is not None
+    t, k = inds.shape
+    flat = inds.reshape(-1)  # (T*K,) pair p = (token p // K, slot p % K)
+    x2 = x.reshape(t, x.shape[-1])  # (T, d)
+    resident = isinstance(stream.experts, ResidentExperts)
+    assert steps.memory is not None
+    g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
+    if resident:  # every expert in memory: one sorted gather over all pairs
+        groups = [sorted(set(flat.tolist()))]
+        read_ahead(block, g)
+    else:
+        early = st.ahead.pop(layer, None)
+        union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer), early)
+        groups = [union[i : i + g] for i in range(0, len(union), g)]
+    pair_parts: list[np.ndarray] = []
+    out_parts: list[mx.array] = []
+    for j, group in enumerate(groups):
+        if resident:
+            slot_of = {e: e for e in group}
+        else:
+            if j > 0:
+                st.substep()  # group j-1 is evaluated: its slots may be rewritten from here on
+            if j + 1 < len(groups):
+                st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
+            slot_of = dict(zip(group, st.acquire(layer, group), strict=True))
+            if j + 1 == len(groups):
+                read_ahead(block, g)  # the next layer's first group, into the other half
+        pairs = np.nonzero(np.isin(flat, np.asarray(group)))[0]
+        slot_ids = np.asarray([slot_of[int(e)] for e in flat[pairs]], dtype=np.uint32)
+        order = np.argsort(slot_ids, kind="stable")  # sorted indices for gather_qmm
+        pairs, out = group_pairs(block, x2, pairs[order] // k, pairs[order], slot_ids[order])
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mx.eval(out)  # before the next sub-step: nothing pending may read these slots
+        steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
+        pair_parts.append(pairs)
+        out_parts.append(out)
+    pairs_all = np.concatenate(pair_parts)
+    outs = mx.concatenate(out_parts, axis=0) if len(out_parts) > 1 else out_parts[0]
+    back = mx.array(np.argsort(pairs_all, kind="stable").astype(np.uint32))
+    return outs[back].reshape(1, t, k, x.shape[-1])  # (1, T, K, d) in (token, k) order
