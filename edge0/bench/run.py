@@ -70,6 +70,7 @@ class Variant:
     prefill_chunk: int | None = None  # prompt tokens per forward; None: the engine's default
     policy: str = "predicted"  # route mode's --route-policy
     deadline_ms: float | None = None  # its --route-deadline-ms (None: the engine's default)
+    kernels: str = "native"  # "mlx": EDGE0_NATIVE_KERNELS=0 (MLX's own ops, edge0.kernels)
 
     @property
     def label(self) -> str:
@@ -80,7 +81,8 @@ class Variant:
                                          else f" {self.deadline_ms:g}ms")  # fmt: skip
         tiers = "-" if self.mode == "resident" else self.tiers
         chunk = "" if self.prefill_chunk is None else f" chunk={self.prefill_chunk}"
-        return f"{self.mode}{pred} {k}{chunk} @ {tiers}"
+        ops = "" if self.kernels == "native" else f" [{self.kernels} ops]"
+        return f"{self.mode}{pred} {k}{chunk}{ops} @ {tiers}"
 
 
 @attrs.frozen
@@ -112,10 +114,10 @@ class BenchOptions:
 def make_variants(
     modes: Sequence[str], ks: Sequence[int | None], tiers: Sequence[str], predictor: str = "init",
     chunks: Sequence[int | None] = (None,), policies: Sequence[str] = ("predicted",),
-    deadline_ms: float | None = None,
+    deadline_ms: float | None = None, kernels: Sequence[str] = ("native",),
 ) -> list[Variant]:  # fmt: skip
-    """modes x K x tier stacks x prefill chunks, and route x route policies (resident once
-    per K: it reads nothing)."""
+    """modes x K x tier stacks x prefill chunks x kernels, and route x route policies
+    (resident once per K: it reads nothing)."""
     from edge0.cli.stream import MODES
 
     out: list[Variant] = []
@@ -126,7 +128,8 @@ def make_variants(
             for spec in tiers[:1] if mode == "resident" else tiers:
                 for pol in policies if mode == "route" else ("predicted",):
                     dl = deadline_ms if pol != "predicted" else None
-                    out += [Variant(mode, k, spec, predictor, c, pol, dl) for c in chunks]
+                    out += [Variant(mode, k, spec, predictor, c, pol, dl, kern)
+                            for c in chunks for kern in kernels]
     return out
 
 
@@ -138,7 +141,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
         "warmup_tokens": opts.warmup_tokens, "cold": opts.cold,
         "memory_budget": opts.memory_budget, "first_layer": opts.first_layer,
         "io_workers": opts.io_workers, "trace": trace, "prefill_chunk": v.prefill_chunk,
-        "route_policy": v.policy, "route_deadline_ms": v.deadline_ms,
+        "route_policy": v.policy, "route_deadline_ms": v.deadline_ms, "kernels": v.kernels,
     }  # fmt: skip
 
 

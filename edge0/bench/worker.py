@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -126,6 +127,14 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def use_kernels(which: str) -> None:
+    """native: the native CPU kernels where they run; mlx: MLX's own ops (edge0.kernels)."""
+    from edge0.kernels import native
+
+    os.environ["EDGE0_NATIVE_KERNELS"] = "0" if which == "mlx" else "1"
+    native.reset()
+
+
 def measure(job: dict[str, Any]) -> dict[str, Any]:
     """Run one variant as described by `job` (see edge0.bench.run.make_job); a result dict."""
     import mlx.core as mx
@@ -135,6 +144,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     from edge0.runtime.engine.api import Engine, run
 
     log.configure(job.get("log_level", "warning"))
+    use_kernels(job.get("kernels", "native"))
     gc.collect()
     mx.clear_cache()
     reset = reset_peak_rss()

@@ -159,6 +159,9 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
               "deadline); each route variant runs once per policy.")  # fmt: skip
 @click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
               help="--route-deadline-ms of the non-predicted policies [default: the engine's].")
+@click.option("--kernels", default="native", show_default=True,
+              help="Matrix kernels to compare (comma-separated: native, mlx = MLX's own "
+              "ops, as with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.")
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
     from edge0.bench import prefill as bench_prefill
@@ -190,8 +193,12 @@ def run_cmd(**kw: Any) -> None:
         if p not in ROUTE_POLICIES:
             raise click.BadParameter(f"unknown route policy {p!r}; choose from "
                                      f"{', '.join(ROUTE_POLICIES)}")  # fmt: skip
+    kernels = _csv(kw["kernels"])
+    for name in kernels:
+        if name not in ("native", "mlx"):
+            raise click.BadParameter(f"unknown kernels {name!r}; choose from native, mlx")
     variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks, policies,
-                                       kw["deadline_ms"])  # fmt: skip
+                                       kw["deadline_ms"], kernels)  # fmt: skip
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None

@@ -32,33 +32,30 @@ inline float half_to_float(uint16_t h) {
   return out;
 }
 
-inline float scalar_at(const void* p, DType dt, int64_t i) {
-  switch (dt) {
-    case DType::F32:
-      return static_cast<const float*>(p)[i];
-    case DType::BF16: {
-      const uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
-      float out;
-      __builtin_memcpy(&out, &bits, 4);
-      return out;
-    }
-    case DType::F16:
-      return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::U8: {  // an e8m0 exponent: 2^(e - 127)
-      const uint32_t e = static_cast<const uint8_t*>(p)[i];
-      const uint32_t bits = e == 0 ? 0x00400000u : (e == 255 ? 0x7fc00000u : e << 23);
-      float out;
-      __builtin_memcpy(&out, &bits, 4);
-      return out;
-    }
+template <DType D>
+inline float scalar_of(const void* p, int64_t i) {
+  if constexpr (D == DType::F32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (D == DType::BF16) {
+    const uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+    float out;
+    __builtin_memcpy(&out, &bits, 4);
+    return out;
+  } else if constexpr (D == DType::F16) {
+    return half_to_float(static_cast<const uint16_t*>(p)[i]);
+  } else {  // an e8m0 exponent: 2^(e - 127)
+    const uint32_t e = static_cast<const uint8_t*>(p)[i];
+    const uint32_t bits = e == 0 ? 0x00400000u : (e == 255 ? 0x7fc00000u : e << 23);
+    float out;
+    __builtin_memcpy(&out, &bits, 4);
+    return out;
   }
-  return 0.0f;
 }
 
 enum Kind { A4, A8, FP4 };
 
 // R output rows from `r` for MT input rows: out[m * ldo + r + i]
-template <Kind K, int R, int MT>
+template <Kind K, DType D, int R, int MT>
 void tile(const QMat& q, const float* xp, const float* xs, int r, float* out, int64_t ldo) {
   const int64_t cols = q.cols;
   const int gs = q.group;
@@ -110,12 +107,12 @@ void tile(const QMat& q, const float* xp, const float* xs, int r, float* out, in
       }
     }
     for (int i = 0; i < R; ++i) {
-      const float s = scalar_at(q.scales, q.sdt, int64_t(r + i) * q.s_row + g);
+      const float s = scalar_of<D>(q.scales, int64_t(r + i) * q.s_row + g);
       const typename V::f sv = V::set1(s);
       for (int m = 0; m < MT; ++m) acc[i][m] = V::fma(ga[i][m], sv, acc[i][m]);
       if constexpr (K != FP4) {
         if (q.biases != nullptr) {
-          const float bb = scalar_at(q.biases, q.sdt, int64_t(r + i) * q.b_row + g);
+          const float bb = scalar_of<D>(q.biases, int64_t(r + i) * q.b_row + g);
           for (int m = 0; m < MT; ++m) bsum[i][m] += bb * xs[m * G + g];
         }
       }
@@ -126,7 +123,7 @@ void tile(const QMat& q, const float* xp, const float* xs, int r, float* out, in
 }
 
 // every input row of `xp` (M of them) against rows [r0, r1), four rows at a time
-template <Kind K>
+template <Kind K, DType D>
 void rows_kind(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
                float* out, int64_t ldo) {
   const int64_t cols = q.cols;
@@ -140,33 +137,41 @@ void rows_kind(const QMat& q, const float* xp, const float* xs, int M, int r0, i
       float* o = out + m0 * ldo;
       switch (mt) {
         case 1:
-          tile<K, 4, 1>(q, x, s, r, o, ldo);
+          tile<K, D, 4, 1>(q, x, s, r, o, ldo);
           break;
         case 2:
-          tile<K, 2, 2>(q, x, s, r, o, ldo);
-          tile<K, 2, 2>(q, x, s, r + 2, o, ldo);
+          tile<K, D, 2, 2>(q, x, s, r, o, ldo);
+          tile<K, D, 2, 2>(q, x, s, r + 2, o, ldo);
           break;
         case 3:
-          for (int i = 0; i < 4; ++i) tile<K, 1, 3>(q, x, s, r + i, o, ldo);
+          for (int i = 0; i < 4; ++i) tile<K, D, 1, 3>(q, x, s, r + i, o, ldo);
           break;
         default:
-          for (int i = 0; i < 4; ++i) tile<K, 1, 4>(q, x, s, r + i, o, ldo);
+          for (int i = 0; i < 4; ++i) tile<K, D, 1, 4>(q, x, s, r + i, o, ldo);
           break;
       }
     }
   }
   for (; r < r1; ++r) {
-    for (int m = 0; m < M; ++m) tile<K, 1, 1>(q, xp + m * cols, xs + m * G, r, out + m * ldo, ldo);
+    for (int m = 0; m < M; ++m) tile<K, D, 1, 1>(q, xp + m * cols, xs + m * G, r, out + m * ldo, ldo);
   }
 }
 
 void rows_entry(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
                 float* out, int64_t ldo) {
   if (q.mode == Mode::Mxfp4) {
-    rows_kind<FP4>(q, xp, xs, M, r0, r1, out, ldo);
-  } else if (q.bits == 8) {
-    rows_kind<A8>(q, xp, xs, M, r0, r1, out, ldo);
-  } else {
-    rows_kind<A4>(q, xp, xs, M, r0, r1, out, ldo);
+    rows_kind<FP4, DType::U8>(q, xp, xs, M, r0, r1, out, ldo);
+    return;
+  }
+  switch (q.sdt) {  // affine: float scales and biases of one dtype
+    case DType::BF16:
+      if (q.bits == 8) return rows_kind<A8, DType::BF16>(q, xp, xs, M, r0, r1, out, ldo);
+      return rows_kind<A4, DType::BF16>(q, xp, xs, M, r0, r1, out, ldo);
+    case DType::F16:
+      if (q.bits == 8) return rows_kind<A8, DType::F16>(q, xp, xs, M, r0, r1, out, ldo);
+      return rows_kind<A4, DType::F16>(q, xp, xs, M, r0, r1, out, ldo);
+    default:
+      if (q.bits == 8) return rows_kind<A8, DType::F32>(q, xp, xs, M, r0, r1, out, ldo);
+      return rows_kind<A4, DType::F32>(q, xp, xs, M, r0, r1, out, ldo);
   }
 }
