@@ -1,0 +1,133 @@
+// Checks every row-kernel variant built for this target against a plain double-precision
+// reference (dequantize, then dot), with no MLX involved: this is how the NEON variant
+// is tested on an x86 machine (cross-compiled, run under qemu; tests/test_kernels_native.py).
+// Prints one line per variant and exits non-zero on the first mismatch.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "compute.h"
+
+using namespace edge0k;
+
+namespace {
+
+const float FP4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t(u >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// one case: returns the relative error of k's qmm against the reference
+double run_case(const Kernels& k, std::mt19937& rng, int rows, int cols, int bits, int group,
+                Mode mode, DType sdt, int M, int threads) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int G = cols / group;
+  std::vector<uint8_t> w(size_t(rows) * cols * bits / 8);
+  for (auto& b : w) b = uint8_t(byte(rng));
+  std::vector<float> sf(size_t(rows) * G), bf(size_t(rows) * G);
+  std::vector<uint16_t> s16(sf.size()), b16(bf.size());
+  std::vector<uint8_t> e8(sf.size());
+  for (size_t i = 0; i < sf.size(); ++i) {
+    sf[i] = 0.01f + 0.05f * std::fabs(normal(rng));
+    bf[i] = -8.0f * sf[i] + 0.01f * normal(rng);
+    if (sdt == DType::BF16) {
+      s16[i] = to_bf16(sf[i]);
+      b16[i] = to_bf16(bf[i]);
+      sf[i] = from_bf16(s16[i]);
+      bf[i] = from_bf16(b16[i]);
+    }
+    if (mode == Mode::Mxfp4) {
+      e8[i] = uint8_t(120 + byte(rng) % 10);
+      sf[i] = std::ldexp(1.0f, int(e8[i]) - 127);
+    }
+  }
+  QMat q;
+  q.w = w.data();
+  q.w_row = int64_t(cols) * bits / 8;
+  q.rows = rows;
+  q.cols = cols;
+  q.bits = bits;
+  q.group = group;
+  q.mode = mode;
+  q.s_row = q.b_row = G;
+  q.sdt = mode == Mode::Mxfp4 ? DType::U8 : sdt;
+  if (mode == Mode::Mxfp4) {
+    q.scales = e8.data();
+  } else if (sdt == DType::BF16) {
+    q.scales = s16.data();
+    q.biases = b16.data();
+  } else {
+    q.scales = sf.data();
+    q.biases = bf.data();
+  }
+  std::vector<float> x(size_t(M) * cols), out(size_t(M) * rows);
+  for (auto& v : x) v = normal(rng);
+  Settings st;
+  st.threads = threads;
+  st.min_bytes_per_thread = 1024;
+  qmm(k, st, q, x.data(), M, out.data());
+  double err = 0, mag = 0;
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < rows; ++r) {
+      double ref = 0;
+      for (int c = 0; c < cols; ++c) {
+        const int bit = c * bits;
+        const int code = (w[size_t(r) * q.w_row + bit / 8] >> (bit % 8)) & ((1 << bits) - 1);
+        const int g = c / group;
+        const double val = mode == Mode::Mxfp4 ? double(FP4[code]) * sf[size_t(r) * G + g]
+                                               : double(sf[size_t(r) * G + g]) * code +
+                                                     bf[size_t(r) * G + g];
+        ref += double(x[size_t(m) * cols + c]) * val;
+      }
+      err = std::fmax(err, std::fabs(ref - out[size_t(m) * rows + r]));
+      mag = std::fmax(mag, std::fabs(ref));
+    }
+  return err / (mag > 0 ? mag : 1);
+}
+
+}  // namespace
+
+int main() {
+  const char* names[] = {"avx512", "avx2", "neon", "portable"};
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (const char* name : names) {
+    const Kernels* k = select_kernels(name);
+    if (k == nullptr) continue;
+    double worst = 0;
+    int cases = 0;
+    for (int bits : {4, 8})
+      for (int group : {32, 64, 128})
+        for (DType sdt : {DType::F32, DType::BF16})
+          for (int M : {1, 2, 3, 4, 5, 9})
+            for (int rows : {1, 7, 12}) {
+              const int threads = (rows == 12 && M == 2) ? 2 : 1;
+              worst = std::fmax(worst, run_case(*k, rng, rows, group * 3, bits, group,
+                                                Mode::Affine, sdt, M, threads));
+              ++cases;
+            }
+    for (int M : {1, 4, 6}) {
+      worst = std::fmax(worst, run_case(*k, rng, 9, 128, 4, 32, Mode::Mxfp4, DType::U8, M, 1));
+      ++cases;
+    }
+    std::printf("%s: %d cases, max relative error %.3g\n", name, cases, worst);
+    if (!(worst <= 1e-5)) return 1;
+    ++checked;
+  }
+  std::printf("variants checked: %d\n", checked);
+  return checked > 0 ? 0 : 1;
+}
