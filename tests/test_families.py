@@ -283,3 +283,34 @@ def test_init_heads_are_the_next_router_bias_included(
         for heads in (lean, full, loaded):
             got = heads.predict(owner, x, None, None)
             assert np.allclose(np.array(got), np.array(want), atol=1e-5), (model_type, owner)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_native_kernels_and_mlx_ops_decode_the_same_tokens(
+    built: dict[str, Any], model_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resident and route (init heads) greedy tokens are the same with the native CPU
+    kernels (edge0.kernels) and with MLX's own ops; the other modes equal resident
+    (test_convert_verify_and_every_mode_match_resident runs with the native kernels)."""
+    from edge0.kernels import native
+
+    e0 = built[model_type]["e0"]
+
+    def decode_modes() -> list[list[int]]:
+        opts: list[dict[str, Any]] = [
+            {"mode": "resident"},
+            {"mode": "route", "predictor": "init", "first_layer": "wrap"},
+        ]
+        return [asyncio.run(_decode(e0, **o))[0] for o in opts]
+
+    assert native.module() is not None, native.status()
+    with_native = decode_modes()
+    monkeypatch.setenv("EDGE0_NATIVE_KERNELS", "0")
+    native.reset()
+    try:
+        assert native.module() is None
+        with_mlx = decode_modes()
+    finally:
+        monkeypatch.delenv("EDGE0_NATIVE_KERNELS")
+        native.reset()
+    assert with_native == with_mlx
