@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
-from edge0.runtime.engine import prepare
+from edge0.runtime.setup import prepare
 from edge0.runtime.engine.api import Engine
 
 N = 8  # decode tokens
