@@ -27,13 +27,13 @@ from edge0 import log as edge0_log
 from edge0.errors import PromptError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
-from edge0.runtime.setup.build import Setup, build
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.engine.batcher import Batcher
 from edge0.runtime.engine.requests import EngineClosedError, Request
 from edge0.runtime.engine.solo import run_request
 from edge0.runtime.engine.summary import RunStats
 from edge0.runtime.plan.options import EngineOptions
+from edge0.runtime.setup.build import Setup, build
 
 __all__ = ["Engine"]
 T = TypeVar("T")
