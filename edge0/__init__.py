@@ -9,7 +9,8 @@ from edge0.errors import Edge0Error
 if TYPE_CHECKING:
     from edge0.model.generate import generate
     from edge0.model.loader import LoadedModel, load
-    from edge0.runtime.engine.api import Engine, SyncEngine
+    from edge0.runtime.engine.api import Engine
+    from edge0.runtime.engine.sync import SyncEngine
 
 __version__ = "0.1.0"
 
@@ -24,10 +25,14 @@ def __getattr__(name: str) -> Any:
         from edge0.model import loader
 
         return getattr(loader, name)
-    if name in ("Engine", "SyncEngine"):
-        from edge0.runtime.engine import api as engine
+    if name == "Engine":
+        from edge0.runtime.engine.api import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "SyncEngine":
+        from edge0.runtime.engine.sync import SyncEngine
+
+        return SyncEngine
     if name == "generate":
         from edge0.model.generate import generate
 

@@ -62,7 +62,7 @@ async def main(path: Path, max_tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    from edge0.runtime.engine.api import run
+    from edge0.loop import run
 
     args = parse_args(__doc__, max_tokens=32)
     run(main(args.model, args.max_tokens))

@@ -69,6 +69,6 @@ async def main(path: Path, max_tokens: int) -> None:
 
 if __name__ == "__main__":
     args = parse_args(__doc__, max_tokens=24)
-    from edge0.runtime.engine.api import run
+    from edge0.loop import run
 
     run(main(args.model, args.max_tokens))

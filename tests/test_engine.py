@@ -12,8 +12,9 @@ import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
 from edge0.errors import ConfigError
-from edge0.runtime.engine.api import Engine, SyncEngine
+from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
+from edge0.runtime.engine.sync import SyncEngine
 
 
 @pytest.fixture(scope="module")

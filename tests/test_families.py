@@ -218,8 +218,7 @@ def test_flagship_shapes_follow_their_family_rules(shape: str) -> None:
 
 def test_plan_sizes_equal_what_synthesis_writes(tmp_path: Path) -> None:
     from edge0.layout.manifest import RESIDENT_FILE
-    from edge0.synth.flagships import plan_sizes
-    from edge0.synth.layout import synthesize
+    from edge0.synth.layout import plan_sizes, synthesize
 
     plan = plan_sizes("tiny-qwen3", group_size=32)
     m = synthesize("tiny-qwen3", tmp_path / "t", group_size=32)

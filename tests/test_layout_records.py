@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 
 from edge0.errors import CheckpointError
-from edge0.layout.manifest import FIELD_ALIGN, RECORD_ALIGN, Manifest
-from edge0.layout.records import FIELD_NAMES, field_views, pack_record, record_layout, unpack_record
+from edge0.layout.manifest import Manifest
+from edge0.layout.records import (
+    FIELD_ALIGN,
+    FIELD_NAMES,
+    RECORD_ALIGN,
+    field_views,
+    pack_record,
+    record_layout,
+    unpack_record,
+)
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
-from edge0.runtime.engine import prepare
 from edge0.runtime.engine.api import Engine
+from edge0.runtime.setup import prepare
 
 N = 8  # decode tokens
 

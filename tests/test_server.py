@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import KEY, TIERS, LiveServer, demo_model
 
 from edge0.model.generate import SamplingSettings
-from edge0.runtime.engine.api import SyncEngine
+from edge0.runtime.engine.sync import SyncEngine
 from edge0.server.app import ServerConfig
 
 PROMPT = "def parse(s):"

@@ -23,7 +23,7 @@ import click
 
 CYCLE = """
 import sys
-from edge0.runtime.engine.api import SyncEngine
+from edge0.runtime.engine.sync import SyncEngine
 with SyncEngine(sys.argv[1], mode=sys.argv[2], tiers="pread") as eng:
     pieces = list(eng.generate([5, 17, 42, 7], max_tokens=4))
 assert pieces, "no output"

@@ -24,9 +24,8 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge0.errors import Edge0Error  # noqa: E402
-from edge0.synth.flagships import plan_sizes  # noqa: E402
 from edge0.synth.hf import MAX_HF_BYTES, write_hf  # noqa: E402
-from edge0.synth.layout import SHAPES, synthesize  # noqa: E402
+from edge0.synth.layout import SHAPES, plan_sizes, synthesize  # noqa: E402
 
 
 @click.command()

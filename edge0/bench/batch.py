@@ -93,7 +93,7 @@ def run_bench(
 ) -> dict[str, Any]:  # fmt: skip
     """Every (tier, mode, batch) variant, `repeats` interleaved rounds; medians per variant
     (`on_run` sees each run's figures as it ends)."""
-    from edge0.runtime.engine.api import run
+    from edge0.loop import run
 
     stacks = list(tiers)
     calibration: dict[str, Any] | None = None

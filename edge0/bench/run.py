@@ -118,7 +118,7 @@ def make_variants(
 ) -> list[Variant]:  # fmt: skip
     """modes x K x tier stacks x prefill chunks x kernels, and route x route policies
     (resident once per K: it reads nothing)."""
-    from edge0.cli.stream import MODES
+    from edge0.runtime.compute.steps import MODES
 
     out: list[Variant] = []
     for mode in modes:

@@ -141,7 +141,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     from edge0 import log
     from edge0.bench.tiers import drop_page_cache
-    from edge0.runtime.engine.api import Engine, run
+    from edge0.loop import run
+    from edge0.runtime.engine.api import Engine
 
     log.configure(job.get("log_level", "warning"))
     use_kernels(job.get("kernels", "native"))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from edge0.dist.hosts import LAUNCHED, launched_rank
+
 DIST_KEYS = ("hosts", "layers", "rank_timeout")
-LAUNCHED = "mlx.launch"  # hosts value: the ranks were started by mlx.launch (MLX_RANK is set)
 
 
 def dist_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -28,13 +28,6 @@ def dist_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def launched_rank() -> int | None:
-    """This process's rank when mlx.launch started it (MLX_RANK and MLX_HOSTFILE set)."""
-    if "MLX_RANK" in os.environ and os.environ.get("MLX_HOSTFILE"):
-        return int(os.environ["MLX_RANK"])
-    return None
 
 
 def resolve(dist: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ def policy_quality(model: str, corpus: str, teacher: str, policies: tuple[str, .
     from edge0.errors import ConfigError
     from edge0.eval.policy import evaluate_policy, markdown, teacher_logits, variants_for
     from edge0.layout.manifest import Manifest
-    from edge0.runtime.engine.api import run
+    from edge0.loop import run
     from edge0.train.traces import corpus_text, sample_windows, text_encoder
 
     if not is_layout(Path(model)):

@@ -107,8 +107,8 @@ def command(
 
     from edge0 import log
     from edge0.cli.stream import is_layout
+    from edge0.loop import run
     from edge0.model.demo import default_model_path
-    from edge0.runtime.engine.api import run
     from edge0.server.app import ServerConfig, create_app
     from edge0.storage.spec import parse_size
 

@@ -27,8 +27,9 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
                   runtime: dict[str, Any]) -> None:  # fmt: skip
     """Stream the reply to stdout, the summary to stderr; Ctrl-C stops with the stats so far."""
     from edge0 import log
+    from edge0.loop import run
     from edge0.model.generate import SamplingSettings
-    from edge0.runtime.engine.api import Engine, run
+    from edge0.runtime.engine.api import Engine
     from edge0.runtime.engine.summary import RunStats
 
     json_file = runtime.pop("run_log_json", None)

@@ -21,8 +21,10 @@ import attrs
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
-from edge0.runtime.plan.memory import MemoryPlan, kv_bytes, plan, state_bytes
-from edge0.runtime.engine.setup import EngineOptions, Footprint, footprint, kept_layers
+from edge0.runtime.plan.footprint import footprint
+from edge0.runtime.plan.memory import Footprint, MemoryPlan, kv_bytes, plan, state_bytes
+from edge0.runtime.plan.options import EngineOptions
+from edge0.runtime.setup.prepare import kept_layers
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _HEAD = re.compile(r"^heads\.(\d+)\.")

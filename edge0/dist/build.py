@@ -23,12 +23,16 @@ from edge0.model.sparse import sparse_blocks
 from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor
 from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.compute.thread import ComputeThread
+from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.slots import SlotPool, pool_size
+from edge0.runtime.io.trace import Tracer
 from edge0.runtime.layers.streams import LayerStream, Lookahead, ResidentExperts
 from edge0.runtime.plan.memory import with_ram
-from edge0.runtime.io.scheduler import ComputeThread
-from edge0.runtime.engine.setup import (
-    EngineOptions,
-    Setup,
+from edge0.runtime.plan.options import EngineOptions
+from edge0.runtime.setup.build import Setup
+from edge0.runtime.setup.prepare import (
     choose_predictor,
     install_streams,
     kept_layers,
@@ -36,10 +40,6 @@ from edge0.runtime.engine.setup import (
     model_top_k,
     resident_stacks,
 )
-from edge0.runtime.io.slotmem import SlotMemory
-from edge0.runtime.io.slots import SlotPool, pool_size
-from edge0.runtime.compute.steps import Steps
-from edge0.runtime.io.trace import Tracer
 from edge0.storage.spec import open_tiers
 
 log = get_logger("edge0.dist.build")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -12,6 +13,14 @@ import attrs
 from edge0.errors import ConfigError
 
 DEFAULT_PORT = 32323  # mlx.launch's default starting port for the ring backend
+LAUNCHED = "mlx.launch"  # hosts value: the ranks were started by mlx.launch (MLX_RANK is set)
+
+
+def launched_rank() -> int | None:
+    """This process's rank when mlx.launch started it (MLX_RANK and MLX_HOSTFILE set)."""
+    if "MLX_RANK" in os.environ and os.environ.get("MLX_HOSTFILE"):
+        return int(os.environ["MLX_RANK"])
+    return None
 
 
 @attrs.frozen

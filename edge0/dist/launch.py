@@ -34,14 +34,16 @@ from edge0.dist.plan import Split, plan_split
 from edge0.errors import ConfigError, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
+from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.plan.memory import MemoryPlan
-from edge0.runtime.io.scheduler import ComputeThread
-from edge0.runtime.engine.setup import EngineOptions, Setup
+from edge0.runtime.plan.options import EngineOptions
+from edge0.runtime.setup.build import Setup
 from edge0.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.launch")
 T = TypeVar("T")
 START_TIMEOUT_S = 600.0  # joining the ring and loading every rank's layers
+JOINING = "rank_joining"  # a worker's log event just before it joins (edge0.dist.worker)
 _OPENED = False  # whether this process has joined a ring (one per process)
 
 
@@ -139,8 +141,6 @@ class Ranks:
 
     def joining(self) -> bool:
         """Whether every rank has logged that it is about to join the ring."""
-        from edge0.dist.worker import JOINING
-
         return all(JOINING in f.read_text(errors="replace") for f in self.logs)
 
     def stop(self, grace_s: float = 10.0) -> None:
@@ -191,7 +191,7 @@ async def _join(link: Link, ranks: Ranks | Launched, timeout: float) -> None:
 
 async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
     """Rank 0 of a pipeline: spawn, join, load own layers, wait for every rank; a Setup."""
-    from edge0.cli.dist_flags import LAUNCHED
+    from edge0.dist.hosts import LAUNCHED
 
     global _OPENED
     assert opts.hosts is not None

@@ -38,9 +38,9 @@ from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings
 from edge0.model.sparse import sparse_blocks
 from edge0.runtime.compute.runner import greedy
+from edge0.runtime.compute.steps import Steps
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.stats import peak_rss_bytes
-from edge0.runtime.compute.steps import Steps
 
 log = get_logger("edge0.dist.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its

@@ -23,18 +23,17 @@ from edge0.dist.plan import Split
 from edge0.errors import Edge0Error, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
-from edge0.runtime.engine.api import run as run_async
-from edge0.runtime.io.scheduler import ComputeThread
-from edge0.runtime.engine.setup import EngineOptions
+from edge0.loop import run as run_async
+from edge0.runtime.compute.thread import ComputeThread
+from edge0.runtime.plan.options import EngineOptions
 from edge0.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.worker")
-JOINING = "rank_joining"
 
 
 async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) -> None:
     """Join the ring as `rank` (MLX_RANK / MLX_HOSTFILE set), load, serve until STOP."""
-    from edge0.dist.launch import START_TIMEOUT_S, codec_for, split_for
+    from edge0.dist.launch import JOINING, START_TIMEOUT_S, codec_for, split_for
 
     baseline = current_rss_bytes()  # before any weights: this rank's memory plan starts here
     manifest = Manifest.load(path)
@@ -106,7 +105,7 @@ if __name__ == "__main__":
 def worker_from_cli(path: Path, runtime: dict[str, Any], predictor: str | None,
                     dist: dict[str, Any]) -> bool:  # fmt: skip
     """`edge0 run` under mlx.launch: on a rank > 0, serve as a worker (True); rank 0: False."""
-    from edge0.cli.dist_flags import LAUNCHED, launched_rank
+    from edge0.dist.hosts import LAUNCHED, launched_rank
 
     rank = launched_rank()
     if dist.get("hosts") != LAUNCHED or rank is None or rank == 0:

@@ -52,6 +52,7 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
     but the last as a decode step. Returns the (T, V) logits of those steps (predicting
     `window[prompt_len + 1:]`) and the steps' counters."""
     from edge0.runtime.compute.runner import Runner, greedy
+    from edge0.runtime.prefill.chunks import prefill
 
     setup = eng.setup
     steps, sched = setup.ctx, setup.scheduler
@@ -63,7 +64,7 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
 
     def job() -> tuple[np.ndarray, dict]:
         runner = Runner(setup.model, steps, -1, greedy)
-        runner.prefill(window[:prompt_len], decode=True)
+        prefill(runner, window[:prompt_len], decode=True)
         runner.sampler = record
         bytes0 = sched.stats.bytes if sched is not None else 0
         t0 = time.perf_counter()

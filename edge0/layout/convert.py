@@ -32,11 +32,8 @@ from edge0.layout.convert_quant import (
     _resident_bits,
     _scale_dtype,
 )  # fmt: skip
-from edge0.layout.manifest import (
-    FORMAT_VERSION,
-    RESIDENT_FILE,
-    Manifest,
-)
+from edge0.layout.manifest import RESIDENT_FILE, Manifest
+from edge0.layout.manifest_checks import FORMAT_VERSION
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import conversion_dtype, quantize
 from edge0.layout.records import (

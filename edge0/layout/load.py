@@ -14,13 +14,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edge0.errors import CheckpointError, Edge0Error
+from edge0.layout.files import check_files, check_resident_header
 from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Manifest
 from edge0.layout.manifest_checks import check_model
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import quantize_stored, switch_modules
 from edge0.layout.records import PROJECTIONS, field_views, projection_quant
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
-from edge0.layout.verify import check_files, check_resident_header
 from edge0.log import get_logger
 from edge0.model.loaded import LoadedModel, activation_dtype, load_tokenizer
 

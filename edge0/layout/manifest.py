@@ -19,26 +19,14 @@ from typing import Any
 import attrs
 
 from edge0.errors import CheckpointError
+from edge0.layout.manifest_checks import parse_manifest
+from edge0.layout.records import RecordField
 
-FORMAT_VERSION = 1
 MANIFEST_FILE = "edge0.json"
 RESIDENT_FILE = "resident.safetensors"
 EXPERTS_FILE = "experts.bin"
 ZSTD_FILE = "experts.zst"
 ZSTD_INDEX_FILE = "experts.zst.idx"
-RECORD_ALIGN = 16 * 1024
-FIELD_ALIGN = 64
-
-
-@attrs.frozen
-class RecordField:
-    """One tensor inside an expert record (e.g. `gate_proj.weight`)."""
-
-    name: str  # "gate_proj.weight", "gate_proj.scales", "gate_proj.biases", ...
-    dtype: str  # numpy dtype name: "uint32", "float16", "bfloat16", "float32"
-    shape: tuple[int, ...]  # per expert, e.g. (d_ff, d_model * bits // 32)
-    offset: int  # bytes from the record start
-    nbytes: int
 
 
 @attrs.frozen
@@ -125,6 +113,4 @@ class Manifest:
             d = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as exc:
             raise CheckpointError(f"{path} is unreadable ({exc}); re-run `edge0 convert`") from None
-        from edge0.layout.manifest_checks import parse_manifest
-
-        return parse_manifest(d, path)
+        return cls(**parse_manifest(d, path))

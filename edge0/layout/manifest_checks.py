@@ -1,6 +1,6 @@
 """Validation of a parsed edge0.json: every field's type, range and consistency, one clear error.
 
-`parse_manifest` turns the JSON object into a `Manifest` or raises CheckpointError naming
+`parse_manifest` turns the JSON object into a `Manifest`'s fields or raises CheckpointError naming
 the file, the key and the fix. The record layout must be exactly what `record_layout`
 computes for the stored bits / group size / widths (so a hand-edited shape, offset or
 size can never reach the runtime), and the model built from `config` must have the
@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge0.errors import CheckpointError
-from edge0.layout.manifest import FIELD_ALIGN, FORMAT_VERSION, RECORD_ALIGN, Manifest, RecordField
+from edge0.layout.records import FIELD_ALIGN, PROJECTIONS, RECORD_ALIGN, RecordField, record_layout
 
+if TYPE_CHECKING:
+    from edge0.layout.manifest import Manifest
+
+FORMAT_VERSION = 1  # the edge0.json format this Edge0 reads and writes
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize's affine mode packs
 SUPPORTED_GROUPS = (32, 64, 128)
 MAX_INT = 1 << 62  # no size, offset or count in a real checkpoint comes near this
@@ -65,8 +69,6 @@ def _fields(raw: Any) -> tuple[RecordField, ...]:
 
 def _layout(q: dict[str, Any], fields: tuple[RecordField, ...], record_size: int) -> None:
     """The stored record layout must be the one `record_layout` computes."""
-    from edge0.layout.records import record_layout
-
     by_name = {f.name: f for f in fields}
     gate, down = by_name.get("gate_proj.weight"), by_name.get("down_proj.weight")
     scales, bias = by_name.get("gate_proj.scales"), by_name.get("gate_proj.bias")
@@ -113,8 +115,6 @@ def _quantization(raw: Any) -> dict[str, Any]:
 
 def _projections(raw: Any) -> None:
     """Per-projection bits / group size (`projections`): known projections, supported values."""
-    from edge0.layout.records import PROJECTIONS
-
     if raw is None:
         return
     if not isinstance(raw, dict) or not set(raw) <= set(PROJECTIONS):
@@ -148,7 +148,7 @@ def _compression(raw: Any) -> dict[str, Any] | None:
     return dict(raw)
 
 
-def _parse(d: Any) -> Manifest:
+def _parse(d: Any) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise _Bad(f"the top level must be an object, not {_show(d)}")
     version = d.get("format_version")
@@ -191,7 +191,7 @@ def _parse(d: Any) -> Manifest:
             raise _Bad(f"'resident_crc32' must be null or an object, not {_show(resident)}")
         resident = {"header": _int(resident, "header", 0, (1 << 32) - 1),
                     "file": _int(resident, "file", 0, (1 << 32) - 1)}  # fmt: skip
-    return Manifest(
+    return dict(
         format_version=FORMAT_VERSION, model_type=model_type, config=config, quantization=q,
         moe_layers=tuple(layers), n_experts=n_experts, record_size=record_size,
         data_offset=data_offset, fields=fields, crc32=tuple(crc),
@@ -199,8 +199,8 @@ def _parse(d: Any) -> Manifest:
     )  # fmt: skip
 
 
-def parse_manifest(d: Any, path: Path) -> Manifest:
-    """A validated Manifest from the JSON object `d` read from `path`."""
+def parse_manifest(d: Any, path: Path) -> dict[str, Any]:
+    """A validated Manifest's fields from the JSON object `d` read from `path`."""
     try:
         return _parse(d)
     except _Bad as exc:

@@ -11,14 +11,18 @@ RECORD_ALIGN.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
 from edge0.errors import CheckpointError
-from edge0.layout.manifest import FIELD_ALIGN, RECORD_ALIGN, Manifest, RecordField
 
+if TYPE_CHECKING:
+    from edge0.layout.manifest import Manifest
+
+RECORD_ALIGN = 16 * 1024  # record size and data offset: one aligned read fetches one expert
+FIELD_ALIGN = 64  # each field's offset inside a record
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 PARTS = ("weight", "scales", "biases")
 FIELD_NAMES = tuple(f"{p}.{q}" for p in PROJECTIONS for q in PARTS)
@@ -34,6 +38,17 @@ VIEW_DTYPES = {
     "uint32": "uint32", "uint8": "uint8", "bfloat16": "uint16", "float16": "float16",
     "float32": "float32",
 }  # fmt: skip
+
+
+@attrs.frozen
+class RecordField:
+    """One tensor inside an expert record (e.g. `gate_proj.weight`)."""
+
+    name: str  # "gate_proj.weight", "gate_proj.scales", "gate_proj.biases", ...
+    dtype: str  # numpy dtype name: "uint32", "float16", "bfloat16", "float32"
+    shape: tuple[int, ...]  # per expert, e.g. (d_ff, d_model * bits // 32)
+    offset: int  # bytes from the record start
+    nbytes: int
 
 
 @attrs.frozen

@@ -13,12 +13,12 @@ import numpy as np
 from tqdm import tqdm
 
 from edge0.errors import CheckpointError
+from edge0.layout.files import FIX as _FIX
+from edge0.layout.files import record_name as _where
 from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
-from edge0.layout.safetensors_io import header_bytes, read_header
 from edge0.log import get_logger
 
 log = get_logger(__name__)
-_FIX = "re-run `edge0 convert` (or copy the directory again)"
 CHUNK = 64 * 1024 * 1024
 
 
@@ -34,43 +34,6 @@ class VerifyReport:
     @property
     def gb_per_s(self) -> float:
         return self.bytes / 1e9 / max(self.seconds, 1e-9)
-
-
-def _where(manifest: Manifest, index: int) -> str:
-    layer = manifest.moe_layers[index // manifest.n_experts]
-    return f"layer {layer} expert {index % manifest.n_experts}"
-
-
-def check_files(path: Path, manifest: Manifest) -> None:
-    """Presence and sizes of resident.safetensors and experts.bin (cheap)."""
-    resident = path / RESIDENT_FILE
-    if not resident.is_file():
-        raise CheckpointError(f"{resident} is missing; {_FIX}")
-    read_header(resident)  # every tensor's bytes lie within the file
-    experts = path / EXPERTS_FILE
-    if not experts.is_file():
-        raise CheckpointError(f"{experts} is missing; {_FIX}")
-    size, want = experts.stat().st_size, manifest.experts_file_size
-    if size != want:
-        detail = ""
-        if size < want:
-            cut = max(0, (size - manifest.data_offset) // manifest.record_size)
-            detail = f"; records from {_where(manifest, cut)} on are cut off"
-        raise CheckpointError(
-            f"{experts} has {size} bytes, the manifest says {want}{detail}; {_FIX}"
-        )
-    if len(manifest.crc32) != manifest.n_records:
-        raise CheckpointError(
-            f"{path / 'edge0.json'} lists {len(manifest.crc32)} CRCs for "
-            f"{manifest.n_records} records; {_FIX}"
-        )
-
-
-def check_resident_header(path: Path, manifest: Manifest) -> None:
-    """The resident header is the one convert wrote (a swapped dtype or offset cannot pass)."""
-    crcs, resident = manifest.resident_crc32, path / RESIDENT_FILE
-    if crcs is not None and zlib.crc32(header_bytes(resident)) != crcs["header"]:
-        raise CheckpointError(f"{resident}: the safetensors header fails its CRC32 check; {_FIX}")
 
 
 def file_crc32(path: Path) -> int:

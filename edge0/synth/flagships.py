@@ -1,8 +1,8 @@
 """Full-size shapes of each family's flagship model (config.json as the released checkpoint has it).
 
 Values are the published configs' architecture fields, built with transformers'
-config classes; `plan_sizes` gives a shape's resident and expert bytes in the edge0
-layout without writing anything.
+config classes; edge0.synth.layout's `plan_sizes` gives a shape's resident and expert
+bytes in the edge0 layout without writing anything.
 """
 
 from __future__ import annotations
@@ -226,31 +226,3 @@ def flagship_config(name: str) -> dict[str, Any]:
     out: dict[str, Any] = FLAGSHIPS[name]().to_dict()
     out["model_type"] = MODEL_TYPES.get(name, out["model_type"])
     return out
-
-
-def plan_sizes(shape: str, bits: int = 4, group_size: int = 64) -> dict[str, Any]:
-    """Bytes of a shape in the edge0 layout (resident file, one record, all experts), no writes."""
-    from edge0.layout.model import build_float_model
-    from edge0.synth.layout import _plan_bytes, resident_plan, shape_config
-
-    config = shape_config(shape)
-    model = build_float_model(config)
-    layers, n_experts, spec = expert_spec(model, expert_params(shape, bits, group_size))
-    plan, _ = resident_plan(model, {"group_size": group_size, "bits": bits, "mode": "affine"})
-    tc = config.get("text_config") or config
-    k = int(tc["num_experts_per_tok"])
-    return {
-        "shape": shape,
-        "model_type": config["model_type"],
-        "layers": int(tc["num_hidden_layers"]),
-        "moe_layers": len(layers),
-        "experts": int(n_experts),
-        "top_k": k,
-        "expert_mode": expert_params(shape, bits, group_size)["mode"],
-        "record_bytes": spec.record_size,
-        "resident_bytes": sum(_plan_bytes(p) for p in plan),
-        "experts_bytes": len(layers) * int(n_experts) * spec.record_size,
-        # streamed at the model's top-k, first MoE layer resident (the runtime's default):
-        "first_layer_bytes": int(n_experts) * spec.record_size,
-        "slot_bytes": 2 * k * (len(layers) - 1) * spec.record_size,
-    }

@@ -4,6 +4,7 @@ Shapes come from transformers' config classes. Resident tensors are random (bf16
 mlx-lm's convert keeps float, int4/int8 with sane scales where it quantizes); expert
 records are random packed uint32 plus scales/biases whose dequantized values have a
 1/sqrt(fan_in) spread. No full-precision expert tensor is ever materialized.
+`plan_sizes` gives the same shape's bytes without writing anything.
 """
 
 from __future__ import annotations
@@ -19,11 +20,8 @@ from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from edge0.layout.atomic import atomic_directory, check_destination, check_free_space
-from edge0.layout.manifest import (
-    FORMAT_VERSION,
-    RESIDENT_FILE,
-    Manifest,
-)
+from edge0.layout.manifest import RESIDENT_FILE, Manifest
+from edge0.layout.manifest_checks import FORMAT_VERSION
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import cast_allowed, quant_params, quantized_shapes, switch_modules
 from edge0.layout.records import RecordSpec, field_views, projection_quant
@@ -244,3 +242,28 @@ def _plan_bytes(entry: Any) -> int:
         return int(np.prod(shape)) * (2 if dtype == "bfloat16" else 4)
     w, s = quantized_shapes(shape, params)
     return int(np.prod(w)) * 4 + 2 * int(np.prod(s)) * 2
+
+
+def plan_sizes(shape: str, bits: int = 4, group_size: int = 64) -> dict[str, Any]:
+    """Bytes of a shape in the edge0 layout (resident file, one record, all experts), no writes."""
+    config = shape_config(shape)
+    model = build_float_model(config)
+    layers, n_experts, spec = expert_spec(model, expert_params(shape, bits, group_size))
+    plan, _ = resident_plan(model, {"group_size": group_size, "bits": bits, "mode": "affine"})
+    tc = config.get("text_config") or config
+    k = int(tc["num_experts_per_tok"])
+    return {
+        "shape": shape,
+        "model_type": config["model_type"],
+        "layers": int(tc["num_hidden_layers"]),
+        "moe_layers": len(layers),
+        "experts": int(n_experts),
+        "top_k": k,
+        "expert_mode": expert_params(shape, bits, group_size)["mode"],
+        "record_bytes": spec.record_size,
+        "resident_bytes": sum(_plan_bytes(p) for p in plan),
+        "experts_bytes": len(layers) * int(n_experts) * spec.record_size,
+        # streamed at the model's top-k, first MoE layer resident (the runtime's default):
+        "first_layer_bytes": int(n_experts) * spec.record_size,
+        "slot_bytes": 2 * k * (len(layers) - 1) * spec.record_size,
+    }

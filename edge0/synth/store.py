@@ -14,12 +14,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from edge0.layout.manifest import (
-    FORMAT_VERSION,
-    RECORD_ALIGN,
-    Manifest,
-)
-from edge0.layout.records import RecordSpec, pack_record, record_layout
+from edge0.layout.manifest import Manifest
+from edge0.layout.manifest_checks import FORMAT_VERSION
+from edge0.layout.records import RECORD_ALIGN, RecordSpec, pack_record, record_layout
 from edge0.layout.writer import RecordWriter
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from edge0 import log
-from edge0.runtime.engine.api import Engine, run
+from edge0.loop import run
+from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
 
 STORE = Path("/work/scratch/edge0-bench/e0")

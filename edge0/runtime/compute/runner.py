@@ -1,8 +1,8 @@
-"""One request on the compute thread: a fresh KV cache, the prompt in chunks, then a token a step.
+"""One request on the compute thread: a fresh KV cache, then a token a step.
 
-The prompt runs in chunks of `prefill_chunk` tokens per forward
-(edge0.runtime.prefill.chunks) or one step per token; the step clock is
-edge0.runtime.compute.steps, the per-layer work edge0.runtime.layers.streams.
+The prompt runs one step per token here, or in chunks of `prefill_chunk` tokens
+per forward (edge0.runtime.prefill.chunks drives the runner for that); the step
+clock is edge0.runtime.compute.steps, the per-layer work edge0.runtime.layers.streams.
 """
 
 from __future__ import annotations
@@ -58,14 +58,10 @@ class Runner:
         return int(nxt.item())  # type: ignore[arg-type]
 
     def prefill(self, tokens: list[int], decode: bool = True) -> int:
-        """Feed the prompt; return the first generated token. Only the last prompt step
-        prefetches (the others are followed by prompt steps, routed by the true router),
-        and only when a decode step follows (`decode`). With `prefill_chunk` > 1 the
-        prompt runs in chunks (edge0.runtime.prefill.chunks)."""
-        if self.steps.prefill_chunk > 1 and len(tokens) > 1:
-            from edge0.runtime.prefill.chunks import chunked_prefill
-
-            return chunked_prefill(self, tokens, self.steps.prefill_chunk, decode)
+        """Feed the prompt one token per step; return the first generated token. Only the
+        last prompt step prefetches (the others are followed by prompt steps, routed by
+        the true router), and only when a decode step follows (`decode`). The prompt in
+        chunks is edge0.runtime.prefill.chunks."""
         nxt = -1
         for i, tok in enumerate(tokens):
             nxt = self.feed(tok, prefill=True, prefetch=decode and i == len(tokens) - 1)

@@ -8,7 +8,8 @@ request's tokens go into its own queue (edge0.runtime.engine.requests), so no co
 however slow or stuck, holds the engine.
 A caller that closes its stream or is cancelled ends its request after the step
 already running on the compute thread. A tier error ends that request with the
-error; the next request runs normally. `SyncEngine` wraps it for plain code.
+error; the next request runs normally. `SyncEngine` (edge0.runtime.engine.sync) wraps it
+for plain code.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from edge0 import log as edge0_log
 from edge0.errors import PromptError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
+from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.engine.batcher import Batcher
 from edge0.runtime.engine.requests import EngineClosedError, Request
-from edge0.runtime.engine.setup import EngineOptions, Setup, build
 from edge0.runtime.engine.solo import run_request
 from edge0.runtime.engine.summary import RunStats
-from edge0.runtime.engine.sync import SyncEngine, run
-from edge0.runtime.io.scheduler import ComputeThread
+from edge0.runtime.plan.options import EngineOptions
+from edge0.runtime.setup.build import Setup, build
 
-__all__ = ["Engine", "SyncEngine", "run"]
+__all__ = ["Engine"]
 T = TypeVar("T")
 
 log = get_logger("edge0.runtime.engine.api")
@@ -77,7 +78,13 @@ class Engine:
         opts = EngineOptions(**options)
         compute = ComputeThread()
         try:
-            setup = await build(Path(path), opts, compute)
+            if opts.hosts is not None:  # a pipeline over several ranks: this is rank 0
+                from edge0.dist.launch import build_pipeline
+
+                opts.check()
+                setup = await build_pipeline(Path(path), opts, compute)
+            else:
+                setup = await build(Path(path), opts, compute)
         except BaseException:
             compute.close()
             raise

@@ -19,6 +19,7 @@ from edge0.runtime.compute.steps import StepRecord
 from edge0.runtime.engine.requests import Request
 from edge0.runtime.engine.summary import RunStats, diff_reads, fill
 from edge0.runtime.io.scheduler import ReadStats
+from edge0.runtime.prefill.chunks import chunked_prefill
 from edge0.stats import peak_mlx_bytes, peak_rss_bytes
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def prefill(runner: Runner, ids: list[int], decode: bool) -> int:
     """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
     and, when a decode step follows (`decode`), prefetches."""
     if chunk(runner) > 1 and len(ids) > 1:  # chunked: only the last chunk draws
-        return runner.prefill(ids, decode=decode)
+        return chunked_prefill(runner, ids, chunk(runner), decode)
     sampler, runner.sampler = runner.sampler, greedy
     try:
         runner.prefill(ids[:-1], decode=False)

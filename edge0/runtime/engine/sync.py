@@ -1,4 +1,4 @@
-"""Blocking use of the engine: `SyncEngine`, and `run` (asyncio.run with uvloop when installed)."""
+"""Blocking use of the engine: `SyncEngine`, a private event loop around `Engine`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge0.loop import loop_factory
+from edge0.runtime.engine.api import Engine
+
 if TYPE_CHECKING:
-    from edge0.runtime.engine.api import Engine
     from edge0.runtime.engine.summary import RunStats
 
 
@@ -19,9 +21,7 @@ class SyncEngine:
     """
 
     def __init__(self, path: str | Path, **options: Any) -> None:
-        self._runner = asyncio.Runner(loop_factory=_loop_factory())
-        from edge0.runtime.engine.api import Engine
-
+        self._runner = asyncio.Runner(loop_factory=loop_factory())
         self._cm = Engine.open(path, **options)
         try:
             self.engine: Engine = self._runner.run(self._cm.__aenter__())
@@ -49,17 +49,3 @@ class SyncEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _loop_factory() -> Any:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
-        return None
-    return uvloop.new_event_loop
-
-
-def run(main: Any) -> Any:
-    """asyncio.run with uvloop when installed."""
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(main)

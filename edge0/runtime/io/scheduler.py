@@ -25,13 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from edge0.errors import Edge0Error, TierReadError
-from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.io.fetcher import Fetcher, ReadStats
 from edge0.runtime.io.route_slots import RouteSlots
 from edge0.runtime.io.slots import SlotState
 from edge0.runtime.io.tickets import DEMAND, FetchTicket
 
-__all__ = ["ComputeThread", "FenceNeeded", "ReadStats", "Scheduler"]
+__all__ = ["FenceNeeded", "ReadStats", "Scheduler"]
 
 
 class FenceNeeded(Exception):

@@ -61,10 +61,9 @@ class StreamingMoE(nn.Module):
         batch = self.stream.steps.batch
         if batch is not None:  # one row of a batched step waits for the batch's layer
             return batch.join(self, x)
-        if x.shape[0] == 1 and x.shape[1] > 1 and self.stream.steps.chunk is not None:
-            from edge0.runtime.prefill.chunks import block_call
-
-            return block_call(self, x)  # a prompt chunk (edge0.runtime.prefill.chunks)
+        chunk = self.stream.steps.chunk
+        if x.shape[0] == 1 and x.shape[1] > 1 and chunk is not None:
+            return chunk.block_call(self, x)  # a prompt chunk (edge0.runtime.prefill.chunks)
         if x.shape[0] * x.shape[1] != 1:
             raise Edge0Error(
                 f"the streaming block of layer {self.layer} runs one token per step, got input "

@@ -9,7 +9,6 @@ import numpy as np
 from edge0.layout.manifest import Manifest
 from edge0.model.loaded import activation_dtype
 from edge0.routing.prerouter import PrerouterSet
-from edge0.runtime.engine.prepare import batch_k
 from edge0.runtime.io.slotmem import ALIGN, slot_bytes
 from edge0.runtime.plan.memory import (
     Footprint,
@@ -21,6 +20,11 @@ from edge0.runtime.plan.memory import (
 )
 from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.prefill.memory import chunk_bytes_per_token, chunk_fixed_bytes
+
+
+def batch_k(top_k: int, max_batch: int, n_experts: int) -> int:
+    """Experts a layer may need in one step: the union of `max_batch` rows' sets."""
+    return min(n_experts, top_k * max_batch)
 
 
 def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int) -> Footprint:

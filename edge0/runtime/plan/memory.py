@@ -56,7 +56,7 @@ class Footprint:
     state: int
     working: int
     overhead: int
-    chunk_fixed: int = 0  # a prompt chunk's memory whatever its length (prefill_memory)
+    chunk_fixed: int = 0  # a prompt chunk's memory whatever its length (prefill.memory)
     chunk_token: int = 0  # ... and per chunk token
     load: int = 0  # the transient of loading resident experts (load_bytes)
 

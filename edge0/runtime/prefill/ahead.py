@@ -1,4 +1,4 @@
-"""What a prompt chunk reads early of the next streamed layer (prefill.OVERLAP): router or head.
+"""What a prompt chunk reads early of the next streamed layer (chunks.OVERLAP): router or head.
 
 While a streaming block computes its chunk, the next streamed layer's first group
 of experts can already be read (edge0.runtime.prefill.chunk_moe.read_ahead). Which ones is

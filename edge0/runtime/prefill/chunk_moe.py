@@ -39,7 +39,7 @@ def run_pairs(
 def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: mx.array
                  ) -> mx.array:  # fmt: skip
     """The gated FFN of rows `h` (R, d) with the expert in `slot`, its weights dequantized
-    once: on the CPU backend int4 kernels unpack the weight again per row (prefill_dense)."""
+    once: on the CPU backend int4 kernels unpack the weight again per row (prefill.dense)."""
     quant = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> mx.array:

@@ -87,6 +87,10 @@ class ChunkState:
         got = self.pending.get(layer)
         return None if got is None else got[1]
 
+    def block_call(self, block: StreamingMoE, x: mx.array) -> mx.array:
+        """A streaming block's multi-token input is this chunk: `block_call` runs it."""
+        return block_call(block, x)
+
 
 def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     """The streaming block on a chunk `x` (1, T, d): true routing, union staged, experts applied."""
@@ -223,6 +227,14 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     steps.end_step(t2 - t0)
     st.next_token = int(nxt.item())  # type: ignore[arg-type]
     return st
+
+
+def prefill(runner: Runner, tokens: list[int], decode: bool = True) -> int:
+    """Feed the prompt; return the first generated token: `prefill_chunk` tokens per
+    forward when the step clock says so, else one token per step (`Runner.prefill`)."""
+    if runner.steps.prefill_chunk > 1 and len(tokens) > 1:
+        return chunked_prefill(runner, tokens, runner.steps.prefill_chunk, decode)
+    return runner.prefill(tokens, decode)
 
 
 def chunked_prefill(runner: Runner, tokens: list[int], chunk: int, decode: bool = True) -> int:

@@ -41,7 +41,7 @@ def recurrent_state_bytes(config: dict[str, Any]) -> int:
 
 def chunk_fixed_bytes(config: dict[str, Any]) -> int:
     """What a chunk holds whatever its length: the states of one evaluated recurrent piece
-    and the dequantized weights of the dense chunk linears (prefill_dense)."""
+    and the dequantized weights of the dense chunk linears (prefill.dense)."""
     return (SUB_TOKENS + 2) * recurrent_state_bytes(config) + dense_weight_bytes(config)
 
 
@@ -86,7 +86,7 @@ class _Pieces(nn.Module):
 
     Its input projections (`in_proj_*`) run once over the whole chunk and its output
     projection once over the pieces' outputs (both are per-token linears: the same
-    values), so a dense chunk linear (prefill_dense) dequantizes each weight once a chunk.
+    values), so a dense chunk linear (prefill.dense) dequantizes each weight once a chunk.
     """
 
     def __init__(self, inner: nn.Module, size: int) -> None:

@@ -1,8 +1,7 @@
 """Building an engine: plan the memory, load the model, make it stream, open the tier stack.
 
-The parts live in `options` (EngineOptions), `footprint` (sizes from the headers),
-`prepare` (streams and blocks on the compute thread); their names are kept here for
-the modules that import them from `edge0.runtime.engine.setup`.
+The plan comes from edge0.runtime.plan (options, footprint, memory plan); making
+the loaded model stream is `prepare`, on the compute thread.
 """
 
 from __future__ import annotations
@@ -18,30 +17,18 @@ from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.runtime.compute.runner import Runner
 from edge0.runtime.compute.steps import Steps
-from edge0.runtime.engine.prepare import (
-    batch_k,
-    choose_predictor,
-    install_streams,
-    kept_layers,
-    make_streams,
-    model_top_k,
-    prepare,
-    resident_stacks,
-)
-from edge0.runtime.io.scheduler import ComputeThread, Scheduler
+from edge0.runtime.compute.thread import ComputeThread
+from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.plan.footprint import footprint
-from edge0.runtime.plan.memory import DEFAULT_CHUNK, Footprint, MemoryPlan, plan, with_ram
-from edge0.runtime.plan.options import FIRST_LAYER, KV_CONTEXT, SYNC_EVERY, EngineOptions
+from edge0.runtime.plan.memory import DEFAULT_CHUNK, MemoryPlan, plan, with_ram
+from edge0.runtime.plan.options import EngineOptions
+from edge0.runtime.setup.prepare import prepare
 from edge0.stats import current_rss_bytes
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import Tier
 
-__all__ = [
-    "FIRST_LAYER", "KV_CONTEXT", "SYNC_EVERY", "EngineOptions", "Footprint", "Setup", "batch_k",
-    "build", "choose_predictor", "footprint", "install_streams", "kept_layers", "make_streams",
-    "model_top_k", "prepare", "resident_stacks",
-]  # fmt: skip
+__all__ = ["Setup", "build"]
 
 log = get_logger("edge0.runtime.engine.api")
 
@@ -77,10 +64,6 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     from edge0.model.loader import LoadedModel
 
     opts.check()
-    if opts.hosts is not None:
-        from edge0.dist.launch import build_pipeline
-
-        return await build_pipeline(path, opts, compute)
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     spec = opts.tiers

@@ -34,12 +34,8 @@ from edge0.runtime.layers.streams import (
     SlotExperts,
 )
 from edge0.runtime.layers.syncs import SyncGroups
+from edge0.runtime.plan.footprint import batch_k
 from edge0.runtime.plan.options import SYNC_EVERY, EngineOptions
-
-
-def batch_k(top_k: int, max_batch: int, n_experts: int) -> int:
-    """Experts a layer may need in one step: the union of `max_batch` rows' sets."""
-    return min(n_experts, top_k * max_batch)
 
 
 def model_top_k(block: nn.Module) -> int:
