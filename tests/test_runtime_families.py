@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from edge0.kernels import use_native
+from edge0.kernels.layers import use_native
 from edge0.routing.families import FAMILIES, family_for
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.io.trace import Tracer

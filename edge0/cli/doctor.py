@@ -20,9 +20,9 @@ def command() -> None:
     """Print versions, the compute device and which matrix kernels run here."""
     import mlx.core as mx
 
-    from edge0 import kernels
+    from edge0.kernels.native import status
 
     click.echo(f"edge0 {_version('edge0')}, mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, "
                f"python {platform.python_version()} ({platform.machine()})")  # fmt: skip
     click.echo(f"device: {mx.default_device()}")
-    click.echo(kernels.status())
+    click.echo(status())

@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
-from edge0.kernels import use_native
+from edge0.kernels.layers import use_native
 from edge0.model import arch as models
 
 

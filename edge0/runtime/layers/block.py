@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0 import kernels
 from edge0.errors import Edge0Error
+from edge0.kernels.ops import expert_ffn as native_expert_ffn
 from edge0.layout.records import projection_quant
 from edge0.routing.families import Family
 
@@ -146,7 +146,7 @@ def expert_ffn(
     """The routed experts' gated FFN of `h` with the experts (slots) `idx`: one native op
     on the CPU (edge0.kernels), else three gather_qmm."""
     up_p, gate_p, down_p = plan or ffn_plan(block.stream.quant, views)
-    fused = kernels.expert_ffn(h, idx, up_p, gate_p, down_p, block.activation)
+    fused = native_expert_ffn(h, idx, up_p, gate_p, down_p, block.activation)
     if fused is not None:
         return fused
 
