@@ -32,7 +32,7 @@ def test_run_streams_and_writes_trace_and_json_log(store: Path, tmp_path: Path) 
     trace, logs = tmp_path / "t.json", tmp_path / "log.jsonl"
     args = ["run", str(store), "-p", "hello", "--max-tokens", "4", "--mode", "hint",
             "--top-k", "2", "--tiers", "ram:1MiB>pread", "--trace", str(trace),
-            "--log-json", str(logs), "--sample-top-k", "0"]  # fmt: skip
+            "--log-json", str(logs), "--sample-top-k", "0", "--stats", "full"]  # fmt: skip
     try:
         res = CliRunner().invoke(main, args)
     finally:  # the JSON sink stays open for the process; close it for the next tests
