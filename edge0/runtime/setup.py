@@ -17,7 +17,7 @@ import mlx.nn as nn
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.runtime.footprint import footprint
-from edge0.runtime.memory import DEFAULT_CHUNK, Footprint, MemoryPlan, plan, with_ram
+from edge0.runtime.memory import DEFAULT_CHUNK, Footprint, MemoryPlan, given_cache, plan, with_ram
 from edge0.runtime.options import FIRST_LAYER, KV_CONTEXT, SYNC_EVERY, EngineOptions
 from edge0.runtime.prepare import (
     batch_k,
@@ -86,12 +86,14 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     spec = opts.tiers
     memory_plan = None
     if opts.memory_budget is not None:  # from the headers: refuses before anything is loaded
+        given = given_cache(spec) if isinstance(spec, str) else None  # ram:SIZE is kept
         memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline),
-                           opts.prefill_chunk)  # fmt: skip
+                           opts.prefill_chunk, given)  # fmt: skip
         if isinstance(spec, str):
             spec = with_ram(spec, memory_plan.cache)
         log.info("memory_plan", line=memory_plan.line(), tiers=spec)
     experts = "resident" if opts.mode == "resident" else "none"
+
     def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
         from edge0.model.lora import maybe_apply_adapters
 
