@@ -40,22 +40,22 @@ def steps(calibrated: str) -> dict[str, list[list[str]]]:
                 "--plot", str(DOCS / "img" / name)]  # fmt: skip
 
     return {
-        "modes": [["bench", "run", MEDIUM, "--modes", "resident,reactive,hint,route", "--k", "4",
+        "modes": [["bench", "run", MEDIUM, "--modes", "resident,reactive,hint,route", "--top-k", "4",
                    "--io-ratio", "1.0", "--repeats", "5", *SMALL_RUN, *out("modes")]],
-        "k": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "2,4,8",
+        "k": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--top-k", "2,4,8",
                "--tiers", calibrated, "--repeats", "2", *SMALL_RUN, *out("k")]],
-        "sweep": [["bench", "sweep", MEDIUM, "--k", "4", "--bounds", "resident,route",
+        "sweep": [["bench", "sweep", MEDIUM, "--top-k", "4", "--bounds", "resident,route",
                    "--repeats", "3", *SMALL_RUN, *out("sweep")]],
-        "cold": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--k", "4", "--tiers",
+        "cold": [["bench", "run", MEDIUM, "--modes", "reactive,route", "--top-k", "4", "--tiers",
                   "pread", "--tiers", "direct", "--cold", "--repeats", "2", *SMALL_RUN,
                   *out("cold")[:4]]],
         "35b": [
-            ["bench", "run", Q35, "--modes", "route", "--k", "4", "--memory-budget", "3GiB",
+            ["bench", "run", Q35, "--modes", "route", "--top-k", "4", "--memory-budget", "3GiB",
              "--first-layer", "wrap", "--tiers", "ram:1GiB>direct", *Q35_RUN, *out("35b-route")],
-            ["bench", "run", Q35, "--modes", "route", "--k", "4", "--memory-budget", "2.75GiB",
+            ["bench", "run", Q35, "--modes", "route", "--top-k", "4", "--memory-budget", "2.75GiB",
              "--first-layer", "wrap", "--tiers", "ram:1GiB>direct", *Q35_RUN,
              *out("35b-route-2.75")[:4]],
-            ["bench", "run", Q35, "--modes", "resident", "--k", "4", "--timeout", "600",
+            ["bench", "run", Q35, "--modes", "resident", "--top-k", "4", "--timeout", "600",
              "--mem-floor", "1.5GiB", *Q35_RUN, *out("35b-resident")[:4]],
         ],
     }  # fmt: skip
