@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= def fibonacci(n):
 
-.PHONY: run test lint install install-test clean
+.PHONY: run test test-docs lint install install-test clean
 
 $(BIN)/edge0: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,8 +23,12 @@ install-test: $(VENV)/.test-installed
 run: install
 	$(BIN)/edge0 run -p "$(PROMPT)" --temp 0.7 --top-p 0.95 --seed 0 --max-tokens 96
 
+# the unit and integration tests; the examples and documented commands are `test-docs`
 test: install-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not docs" --durations=10
+
+test-docs: install-test
+	$(BIN)/python -m pytest -q -rs -m docs --durations=10
 
 lint: install-test
 	$(BIN)/ruff check edge0 tiers tools tests examples

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from runtime_helpers import build_store
 
 from edge0 import log
 from edge0.cli.main import main
@@ -20,8 +19,8 @@ from edge0.runtime.runner import MODES
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("cli"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 def test_cli_modes_match_the_runtime() -> None:

@@ -135,6 +135,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize(
     ("example", "args"),
     _params(lambda ex: [(f"{ex.name}[{args or 'no args'}]", (args,)) for args in ex.runs]),
@@ -160,6 +161,7 @@ def test_example_runs(
         assert re.search(pattern, res.stdout, re.MULTILINE), f"no match for {pattern!r}\n{report}"
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize(
     ("example", "bad"),
     _params(lambda ex: [(f"{ex.name}[{bad}]", (bad,)) for bad in ex.bad_args]),

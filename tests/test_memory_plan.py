@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from mlx.utils import tree_flatten
-from runtime_helpers import PROMPT, build_store
+from runtime_helpers import PROMPT
 
 from edge0.errors import ConfigError
 from edge0.runtime.engine import Engine
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("plan"), "qwen3_5_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_5_moe"]  # the session's read-only store (conftest.py)
 
 
 def _fp(**kw: int) -> Footprint:
