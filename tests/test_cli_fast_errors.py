@@ -66,6 +66,9 @@ def _cases(tmp: Path) -> list[list[str]]:
         ["convert", str(empty), str(tmp / "out")],
         ["verify", str(tmp / "missing")],
         ["bench", "run", str(tmp / "missing")],
+        ["bench", "run", str(hf), "--tiers", "ram:1GiB>bogus"],
+        ["bench", "run", str(hf), "--memory-budget", "3 gigs"],
+        ["bench", "batch", str(hf), "--tiers", "pread>ram"],
     ]
 
 

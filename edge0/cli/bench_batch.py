@@ -52,6 +52,10 @@ def command(
 ) -> None:  # fmt: skip
     """Aggregate and per-request decode tok/s, MiB read per generated token and blocked
     ms/step with 1, 2, 4, 8 requests decoded together (docs/benchmarks/batch.md)."""
+    from edge0.cli.checks import tier_spec
+
+    for spec in stacks:
+        tier_spec(spec)  # before any model is loaded
     from edge0.bench.batch import markdown, run_bench
 
     def progress(r: dict[str, Any]) -> None:

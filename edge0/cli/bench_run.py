@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from edge0.cli.checks import size, tier_spec
 from edge0.cli.options import ROUTE_POLICIES, renamed
 from edge0.cli.stream import MODES
 
@@ -162,6 +163,9 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
               help="--route-deadline-ms of the non-predicted policies [default: the engine's].")
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
+    for spec in kw["specs"]:
+        tier_spec(spec)  # before the benchmark's imports (MLX) and any worker
+    size(kw["memory_budget"], "--memory-budget")
     from edge0.bench import prefill as bench_prefill
     from edge0.bench import run as bench_run
 
@@ -237,6 +241,8 @@ def run_cmd(**kw: Any) -> None:
 )
 def sweep_cmd(**kw: Any) -> None:
     """Decode tok/s against emulated storage bandwidth (throttle tier), with the compute bound."""
+    tier_spec(kw["inner"], "--inner")
+    size(kw["memory_budget"], "--memory-budget")
     from edge0.bench import run as bench_run
     from edge0.bench import sweep as bench_sweep
 
