@@ -50,7 +50,7 @@ def test_run_rejects_a_zero_chunk(store: Path) -> None:
 
 def test_run_prints_the_prefill_line(store: Path) -> None:
     args = ["run", str(store), "-p", "hello there world", "--no-chat", "--max-tokens", "2",
-            "--mode", "reactive", "--prefill-chunk", "2"]  # fmt: skip
+            "--mode", "reactive", "--prefill-chunk", "2", "--stats", "full"]  # fmt: skip
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "prefill: chunk 2, reads " in res.output and "first decode step blocked" in res.output
