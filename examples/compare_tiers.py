@@ -18,6 +18,10 @@ ci-run: {model} --max-tokens 4 --rounds 2
 ci-expect: ^tier stack +tok/s +spread +blocked ms/step +MiB/token +cache hit +same text$
 ci-expect: ^ram:4MiB>throttle:preset=usb3>pread +[\d.]+ +[\d.]+-[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +yes$
 ci-expect: ^all 5 stacks generated the same tokens in each of 2 rounds$
+ci-bad-args: --no-such-option
+ci-bad-args: /no/such/model-dir
+ci-bad-args: {hf}
+ci-bad-args: {broken}
 ci-bad-args: --rounds 0
 """
 
