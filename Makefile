@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= def fibonacci(n):
 
-.PHONY: run test lint install install-test clean
+.PHONY: run test test-docs lint install install-test clean
 
 # the native kernels (edge0/kernels) are compiled by the install: rebuild when they change
 KERNEL_SRC := $(wildcard edge0/kernels/src/*) edge0/kernels/CMakeLists.txt setup.py
@@ -28,8 +28,12 @@ install-test: $(VENV)/.test-installed
 run: install
 	$(BIN)/edge0 run -p "$(PROMPT)" --temp 0.7 --top-p 0.95 --seed 0 --max-tokens 96
 
+# the unit and integration tests; the examples and documented commands are `test-docs`
 test: install-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not docs" --durations=10
+
+test-docs: install-test
+	$(BIN)/python -m pytest -q -rs -m docs --durations=10
 
 lint: install-test
 	$(BIN)/ruff check edge0 tiers tools tests examples

@@ -42,7 +42,7 @@ def peak_mlx_bytes() -> int:
     """Peak MLX memory since the last `mx.reset_peak_memory()`, never below current use.
 
     `mx.reset_peak_memory()` sets the peak to 0 rather than to the memory in use
-    (FACTS.md), so the active memory is taken into account too.
+    (measured), so the active memory is taken into account too.
     """
     return max(int(mx.get_peak_memory()), int(mx.get_active_memory()))
 

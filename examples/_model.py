@@ -16,7 +16,8 @@ from pathlib import Path
 from edge0.errors import Edge0Error  # light: no MLX
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """argparse type: a whole number >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -37,7 +38,7 @@ def parser(doc: str | None, *, max_tokens: int | None = None) -> argparse.Argume
         help="an edge0-layout directory (edge0 convert output); default: the shipped demo model",
     )
     if max_tokens is not None:
-        p.add_argument("--max-tokens", type=_positive, default=max_tokens,
+        p.add_argument("--max-tokens", type=positive, default=max_tokens,
                        help=f"tokens to generate per request (default {max_tokens})")  # fmt: skip
     return p
 
@@ -80,3 +81,16 @@ def parse_args(
 def model_dir() -> Path:
     """MODEL_DIR from the command line (checked), else the demo model in the edge0 layout."""
     return parse_args(sys.modules["__main__"].__doc__).model
+
+
+def need(module: str, extra: str) -> object:
+    """Import an optional dependency, or exit 2 with one line naming the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        prog = Path(sys.argv[0]).name
+        print(f"{prog}: error: needs the {module!r} package: pip install -e '.[{extra}]' "
+              f"(or pip install {module})", file=sys.stderr)  # fmt: skip
+        sys.exit(2)

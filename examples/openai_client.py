@@ -10,7 +10,7 @@ free loopback port, stopped at the end); with a URL it talks to that server inst
     chat (streamed): <the reply as it arrives>
     completion: <text> | usage: prompt N, completion M, total N+M tokens
 
-Run: python examples/openai_client.py [http://127.0.0.1:8080]   (needs `pip install openai`)
+Run: python examples/openai_client.py [http://127.0.0.1:8080]   (needs `openai`: the `test` extra)
 
 ci-run:
 ci-run: http://127.0.0.1:{port}
@@ -33,8 +33,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-import openai
+from _model import need
+
+openai: Any = need("openai", "test")  # one line naming the extra when it is missing
 
 
 @contextmanager

@@ -103,7 +103,7 @@ def skip_rules(block: Block) -> list[tuple[str | None, str]]:
         rules.append((m["prefix"], m["reason"]))
     if block.file.startswith(GENERATED) and not rules:
         rules.append((None, "benchmark page written by `edge0 bench`: its rerun takes minutes "
-                            "on the /work/scratch synthetic models"))  # fmt: skip
+                            "on the synthetic models"))  # fmt: skip
     return rules
 
 

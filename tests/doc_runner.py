@@ -16,6 +16,9 @@ from doc_blocks import Block, Command, commands, synth_paths
 from docs_helpers import BIN, ROOT, free_port, report, subprocess_env
 
 TIMEOUT = 240  # seconds per command (README commands take < 30 s on a loaded VM)
+# directories the docs write: the OUT placeholder, and README's `demo-int4` (a name a reader's
+# paste creates in the repository; the tests put it in the block's scratch directory)
+OUTPUTS = ("OUT", "demo-int4")
 
 
 def _word(name: str) -> re.Pattern[str]:
@@ -76,11 +79,12 @@ class DocRunner:
             d = self.scratch / f"{Path(block.file).stem}-{block.line}"
             d.mkdir(parents=True)
             (d / "prompt.txt").write_text("def parse(s):\n")
-            if not re.search(r"\bconvert\b.*\bOUT\b", block.text):
-                (d / "OUT").symlink_to(self.model, target_is_directory=True)
-            values = {"SRC": str(ROOT / "edge0/data/teacher"), "OUT": str(d / "OUT"),
-                      "MODEL": str(self.model), "prompt.txt": str(d / "prompt.txt"),
-                      "trace.json": str(d / "trace.json")}  # fmt: skip
+            for out in OUTPUTS:  # a block that does not convert into it gets the demo model
+                if not re.search(rf"\bconvert\b.*(?<![\w./-]){out}\b", block.text):
+                    (d / out).symlink_to(self.model, target_is_directory=True)
+            values = {"SRC": str(ROOT / "edge0/data/teacher"), "MODEL": str(self.model),
+                      "prompt.txt": str(d / "prompt.txt"), "trace.json": str(d / "trace.json"),
+                      **{out: str(d / out) for out in OUTPUTS}}  # fmt: skip
             for i, (path, shape) in enumerate(synth_paths(block).items()):
                 values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
             self._values[key] = values

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from runtime_helpers import build_store
 
 from edge0.bench import run as bench_run
 from edge0.bench import sweep as bench_sweep
@@ -22,8 +21,8 @@ FIELDS = {"decode_tps", "prefill_tps", "blocked_ms_per_step", "bytes_per_token",
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("bench"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 def _opts(store: Path, **kw: object) -> BenchOptions:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 
 from edge0.cli.main import main
 from edge0.errors import ConversionError
@@ -21,8 +21,8 @@ from edge0.synth.tiny import TinySpec, write_checkpoint
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("clierr"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 @pytest.fixture(scope="module")

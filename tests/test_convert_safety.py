@@ -144,3 +144,13 @@ def test_disk_full_during_convert_removes_the_partial_output(
     assert res.output.startswith("edge0: error: writing") and "No space left" in res.output
     assert res.output.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # nothing left behind
+
+
+def test_converted_directory_gets_the_umask_permissions(tmp_path: Path) -> None:
+    src = write_checkpoint(TinySpec(model_type="qwen3_moe"), tmp_path / "hf")
+    old = os.umask(0o022)
+    try:
+        convert(src, tmp_path / "out", ConvertOptions())
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700

@@ -114,6 +114,7 @@ def check_claims(
         assert (Path(substitute(m[1], values)) / "edge0.json").is_file(), out
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("cmd", [_param(c) for c in SHELL])
 def test_command(cmd: Command, runner: DocRunner) -> None:
     res = runner.run(cmd)
@@ -121,6 +122,7 @@ def test_command(cmd: Command, runner: DocRunner) -> None:
     check_claims(cmd, runner.values(cmd.block), res)
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("block", [_block_param(b) for b in PYTHON])
 def test_python_block(block: Block, runner: DocRunner, tmp_path: Path) -> None:
     script = tmp_path / "block.py"

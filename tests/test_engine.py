@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 
 from edge0.errors import ConfigError
 from edge0.runtime.engine.api import Engine
@@ -18,8 +18,8 @@ from edge0.runtime.engine.sync import SyncEngine
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("engine"), "qwen3_5_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_5_moe"]  # the session's read-only store (conftest.py)
 
 
 async def collect(eng: Engine, prompt: Any, n: int = 8) -> tuple[str, RunStats]:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from runtime_helpers import build_store
 
 from edge0 import log
 from edge0.cli.main import main
@@ -20,8 +19,8 @@ from edge0.runtime.compute.runner import MODES
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("cli"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 def test_cli_modes_match_the_runtime() -> None:
@@ -32,7 +31,7 @@ def test_run_streams_and_writes_trace_and_json_log(store: Path, tmp_path: Path) 
     trace, logs = tmp_path / "t.json", tmp_path / "log.jsonl"
     args = ["run", str(store), "-p", "hello", "--max-tokens", "4", "--mode", "hint",
             "--top-k", "2", "--tiers", "ram:1MiB>pread", "--trace", str(trace),
-            "--log-json", str(logs), "--sample-top-k", "0"]  # fmt: skip
+            "--log-json", str(logs), "--sample-top-k", "0", "--stats", "full"]  # fmt: skip
     try:
         res = CliRunner().invoke(main, args)
     finally:  # the JSON sink stays open for the process; close it for the next tests

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 
 from edge0.errors import TierReadError
 from edge0.runtime.engine.api import Engine
@@ -21,8 +21,8 @@ PROMPTS = ["alpha", "beta gamma", "delta", "epsilon zeta eta"]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("requests"), "qwen3_5_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_5_moe"]  # the session's read-only store (conftest.py)
 
 
 async def text_of(eng: Engine, prompt: Any, n: int = 8) -> str:

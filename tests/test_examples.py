@@ -135,6 +135,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize(
     ("example", "args"),
     _params(lambda ex: [(f"{ex.name}[{args or 'no args'}]", (args,)) for args in ex.runs]),
@@ -160,6 +161,7 @@ def test_example_runs(
         assert re.search(pattern, res.stdout, re.MULTILINE), f"no match for {pattern!r}\n{report}"
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize(
     ("example", "bad"),
     _params(lambda ex: [(f"{ex.name}[{bad}]", (bad,)) for bad in ex.bad_args]),
@@ -190,3 +192,13 @@ def test_example_docstring_names_itself(example: Example) -> None:
 def test_examples_are_discovered() -> None:
     names = {ex.name for ex in ALL}
     assert {"compare_tiers.py", "custom_tier.py", "serve_two_clients.py"} <= names
+
+
+def test_a_missing_optional_dependency_names_its_extra() -> None:
+    code = ("import sys; sys.path.insert(0, 'examples'); sys.argv = ['x.py']; import _model; "
+            "_model.need('edge0_no_such_package', 'test')")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=subprocess_env(), timeout=60)  # fmt: skip
+    assert res.returncode == 2 and res.stdout == "", output(res)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install -e '.[test]'" in lines[0], output(res)

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from mlx.utils import tree_flatten
-from runtime_helpers import PROMPT, build_store
+from runtime_helpers import PROMPT
 
 from edge0.errors import ConfigError
 from edge0.runtime.engine.api import Engine
-from edge0.runtime.plan.memory import Footprint, plan, with_ram
+from edge0.runtime.plan.memory import Footprint, given_cache, plan, with_ram
 from edge0.storage.spec import format_spec, parse_spec
 
 _MIB = 1 << 20
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("plan"), "qwen3_5_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_5_moe"]  # the session's read-only store (conftest.py)
 
 
 def _fp(**kw: int) -> Footprint:
@@ -46,6 +46,40 @@ def test_a_remainder_smaller_than_one_step_buys_slots_a_larger_one_is_the_ram_ca
     assert big.cache == 300 * _MIB and big.extra_slots == 0 and "RAM cache" in big.choice
     with pytest.raises(ConfigError, match="below the .* MiB that resident weights"):
         plan(fixed * _MIB, fp)
+
+
+def test_a_ram_size_given_in_the_spec_is_kept_and_counted_or_refused() -> None:
+    fp = _fp()
+    fixed = 100 + 10 + 4 * 12 * 2 + 10 + 20 + 80  # MiB, as above
+    align = 4096
+    p = plan((fixed + 300) * _MIB + align, fp, cache=100 * _MIB)
+    assert p.cache == 100 * _MIB and p.extra_slots == 100  # the other 200 MiB buy 2-MiB slots
+    assert "keeps its 100 MiB from --tiers" in p.line()
+    assert p.resident + p.heads + p.slots + p.kv + p.overhead + p.working + p.cache <= p.budget
+    small = plan((fixed + 30) * _MIB + align, fp, cache=20 * _MIB)  # kept, though below a step
+    assert small.cache == 20 * _MIB and small.extra_slots == 5
+    with pytest.raises(ConfigError, match=r"RAM cache but --memory-budget .* give ram:30MiB"):
+        plan((fixed + 30) * _MIB + align, fp, cache=512 * _MIB)
+    assert given_cache("ram:512MiB>direct") == 512 * _MIB
+    assert given_cache("ram:budget=1GiB,policy=lfuda>pread") == 1 << 30
+    assert given_cache("ram>pread") is None and given_cache("pread") is None
+
+
+def test_engine_keeps_the_given_ram_size_under_a_budget(store: Path) -> None:
+    from edge0.runtime.stats import current_rss_bytes
+
+    async def main(tiers: str) -> tuple[Any, int]:
+        budget = current_rss_bytes() + 512 * _MIB  # this process's RSS counts in the plan
+        async with Engine.open(store, mode="route", predictor="init", tiers=tiers,
+                               memory_budget=budget, context=100) as eng:  # fmt: skip
+            tier: Any = eng.setup.tier
+            return eng.setup.memory_plan, tier.budget
+
+    kept, size = asyncio.run(main("ram:3MiB>pread"))
+    assert kept.cache == 3 * _MIB and size == 3 * _MIB
+    assert kept.extra_slots > 0 and "keeps its 3 MiB from --tiers" in kept.line()
+    chosen, size = asyncio.run(main("ram>pread"))
+    assert chosen.cache == size and chosen.cache > 3 * _MIB  # the plan's choice
 
 
 def test_ram_stage_of_the_spec_is_sized_added_or_dropped() -> None:

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from runtime_helpers import build_store
 
 from edge0.cli.main import main
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("prefill-bench"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 def test_bench_compares_chunked_with_one_token_prefill(store: Path, tmp_path: Path) -> None:
@@ -51,7 +50,7 @@ def test_run_rejects_a_zero_chunk(store: Path) -> None:
 
 def test_run_prints_the_prefill_line(store: Path) -> None:
     args = ["run", str(store), "-p", "hello there world", "--no-chat", "--max-tokens", "2",
-            "--mode", "reactive", "--prefill-chunk", "2"]  # fmt: skip
+            "--mode", "reactive", "--prefill-chunk", "2", "--stats", "full"]  # fmt: skip
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "prefill: chunk 2, reads " in res.output and "first decode step blocked" in res.output

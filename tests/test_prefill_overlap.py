@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import MODEL_TYPES
-from runtime_helpers import MockTier, build_store
+from runtime_helpers import MockTier
 from test_prefill import PROMPT, generate, with_random_heads
 
 from edge0.errors import ConfigError
@@ -32,8 +32,8 @@ def test_stage_order_puts_early_reads_first_and_decode_last() -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("prefill-overlap"), MODEL_TYPES[0])
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores[MODEL_TYPES[0]]  # the session's read-only store (conftest.py)
 
 
 @pytest.fixture(scope="module")

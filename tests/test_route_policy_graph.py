@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 from test_route_policy import _decode
 
 from edge0.routing.families import family_for
@@ -70,8 +70,8 @@ def test_which_configurations_choose_in_the_graph() -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("graph-store"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 def decode(path: Path, **opts: Any) -> tuple[list[int], Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
@@ -22,8 +22,8 @@ from edge0.storage.tier import ExpertKey, ReadInfo
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("sched"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 def test_slot_views_see_bytes_written_into_slot_memory(store: Path) -> None:

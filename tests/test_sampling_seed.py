@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier
 
 from edge0.cli.main import main
 from edge0.errors import ConfigError
@@ -22,8 +22,8 @@ HOT = SamplingSettings(max_tokens=12, temp=1.5, top_p=0.95, seed=7)
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_store(tmp_path_factory.mktemp("seed"), "qwen3_moe")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
 
 
 async def engine_ids(

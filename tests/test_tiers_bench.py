@@ -72,3 +72,15 @@ def test_bench_helpers(tmp_path: Path) -> None:
     _, aligned = slot_buffers(2, m.record_size, aligned=True)
     addr = [int(np.frombuffer(v, np.uint8).ctypes.data) % 4096 for v in unaligned + aligned]
     assert addr == [24, 24, 0, 0]
+
+
+def test_bench_tiers_json_to_a_file_keeps_the_table(tmp_path: Path) -> None:
+    tiny_store(tmp_path)
+    out = tmp_path / "rows.json"
+    args = ["bench", "tiers", str(tmp_path), "--reads", "4", "--qd", "1", "--tiers", "pread",
+            "--json", str(out)]  # fmt: skip
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["spec"], r["phase"]) for r in rows] == [("pread", "cold"), ("pread", "warm")]
+    assert res.stdout.splitlines()[0].startswith(f"{tmp_path}: 12 records")  # the table too

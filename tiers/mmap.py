@@ -23,7 +23,7 @@ class MmapTier(DiskTier):
     """Maps the experts file once; each read advises the kernel, then copies in a worker thread.
 
     Raw page faults on random 1 MiB records run at ~0.25 GB/s; telling the kernel
-    the whole range first (MADV_WILLNEED) gets ~1.2 GB/s (FACTS.md). A failed
+    the whole range first (MADV_WILLNEED) gets ~1.2 GB/s (measured). A failed
     madvise is logged once and the copy goes ahead. The file size is re-checked
     before each copy: touching a mapped page past the end of a truncated file
     would kill the process with SIGBUS, a short read is reported instead.

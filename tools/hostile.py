@@ -4,7 +4,7 @@ Builds a tiny checkpoint, then tries each case (a CLI command, or a short Python
 snippet) in a fresh process and prints one markdown row per case: the command, the
 exit code, and the first line of stderr (or of stdout when stderr is empty).
 
-    .venv/bin/python tools/hostile.py > /tmp/hostile.md
+    .venv/bin/python tools/hostile.py > hostile.md
     .venv/bin/python tools/hostile.py --code-dir /path/to/old/checkout   # another version
 """
 

@@ -1,7 +1,7 @@
 """Write a random-weight checkpoint with the exact shape of a real MoE model.
 
-    python tools/synth_checkpoint.py --shape qwen3.5-35b-a3b /work/scratch/synth/qwen35-35b-a3b
-    python tools/synth_checkpoint.py --shape small --format hf /tmp/small-hf
+    python tools/synth_checkpoint.py --shape qwen3.5-35b-a3b Q35
+    python tools/synth_checkpoint.py --shape small --format hf small-hf
     python tools/synth_checkpoint.py --shape mixtral-8x7b --plan
 
 Shapes: the Qwen3.5 35B-A3B family and small test shapes, plus each supported family's

@@ -27,7 +27,7 @@ DEFAULT_SPECS = (
     "throttle:sata>ram:1GiB>pread", "throttle:usb3>ram:1GiB>pread",
     "throttle:hdd>ram:1GiB>pread",
 )  # fmt: skip
-MLX_OFFSET = 24  # MLX CPU buffers sit at address % 4096 == 24 (FACTS.md)
+MLX_OFFSET = 24  # MLX CPU buffers sit at address % 4096 == 24 (measured)
 
 
 @attrs.frozen

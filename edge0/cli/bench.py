@@ -49,7 +49,9 @@ def command() -> None:
     is_flag=True,
     help="Also time sync preadv, executor preadv and aiofiles on hot pages.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None,
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write the rows as JSON to this file ('-' or no value: stdout).")
 def tiers(
     model_dir: Path,
     specs: tuple[str, ...],
@@ -58,7 +60,7 @@ def tiers(
     seed: int,
     aligned: bool,
     compare_readers: bool,
-    as_json: bool,
+    json_out: str | None,
 ) -> None:
     """Random expert reads per tier stack at queue depth 1-4, cold and warm.
 
@@ -75,13 +77,14 @@ def tiers(
         specs = tuple(s for s in bench_tiers.DEFAULT_SPECS if s != "zstd" or manifest.compression)
     depths = [int(q) for q in qds.split(",") if q.strip()]
     rows = []
-    for spec in tqdm(specs, desc="bench tiers", unit="stack", leave=False):
+    for spec in tqdm(specs, desc="bench tiers", unit="stack", leave=False, disable=None):
         rows += bench_tiers.run_bench(
             model_dir, [spec], reads=reads, qds=depths, seed=seed, aligned=aligned
         )
     size = manifest.record_size
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    if as_json:
+    readers = bench_tiers.compare_readers(model_dir) if compare_readers else None
+    if json_out is not None:
         out: dict = {
             "model_dir": str(model_dir),
             "record_size": size,
@@ -89,18 +92,20 @@ def tiers(
             "cpus": os.cpu_count(),
             "rows": [attrs.asdict(r) for r in rows],
         }
-        if compare_readers:
-            out["readers_us"] = bench_tiers.compare_readers(model_dir)
-        click.echo(json.dumps(out, indent=1))
-        return
+        if readers is not None:
+            out["readers_us"] = readers
+        if json_out == "-":
+            click.echo(json.dumps(out, indent=1))
+            return
+        Path(json_out).write_text(json.dumps(out, indent=1))
+        click.echo(f"wrote {json_out}", err=True)
     click.echo(
         f"{model_dir}: {manifest.n_records} records of {size / 2**20:.2f} MiB, "
         f"{len(rows) // (2 * len(depths))} stacks x {reads} reads per pass; "
         f"load average {load:.1f} on {os.cpu_count()} CPUs at the end"
     )
     click.echo(bench_tiers.format_table(rows))
-    if compare_readers:
+    if readers is not None:
         click.echo(
-            "\nper hot-page read (us): "
-            + ", ".join(f"{k} {v:.0f}" for k, v in bench_tiers.compare_readers(model_dir).items())
+            "\nper hot-page read (us): " + ", ".join(f"{k} {v:.0f}" for k, v in readers.items())
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from edge0.cli.options import renamed
 from edge0.errors import ConfigError
 
 
@@ -32,7 +33,8 @@ def _ints(text: str, what: str) -> list[int]:
 @click.option("--io-ratio", type=click.FloatRange(min=0.01), default=None,
               help="Also a throttle where batch 1's reads take this x its compute (a reactive "
               "batch-1 calibration run over the page cache sets it).")  # fmt: skip
-@click.option("--k", type=click.IntRange(1), default=None, help="Routing capacity K.")
+@renamed("--top-k", "--k", dest="k", type=click.IntRange(1), default=None,
+         help="Routing capacity K [default: the model's top-k].")  # fmt: skip
 @click.option("--tokens", type=click.IntRange(2), default=16, show_default=True,
               help="Tokens generated per request.")  # fmt: skip
 @click.option("--prompt-len", type=click.IntRange(1), default=8, show_default=True)
@@ -50,6 +52,10 @@ def command(
 ) -> None:  # fmt: skip
     """Aggregate and per-request decode tok/s, MiB read per generated token and blocked
     ms/step with 1, 2, 4, 8 requests decoded together (docs/benchmarks/batch.md)."""
+    from edge0.cli.checks import tier_spec
+
+    for spec in stacks:
+        tier_spec(spec)  # before any model is loaded
     from edge0.bench.batch import markdown, run_bench
 
     def progress(r: dict[str, Any]) -> None:

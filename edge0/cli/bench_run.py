@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from edge0.cli.options import ROUTE_POLICIES
+from edge0.cli.checks import size, tier_spec
+from edge0.cli.options import ROUTE_POLICIES, renamed
 from edge0.cli.stream import MODES
 
 
@@ -26,7 +27,7 @@ def _ks(text: str) -> list[int | None]:
     try:
         return [int(k) for k in _csv(text)]
     except ValueError:
-        raise click.BadParameter(f"--k takes integers like 2,4,8, not {text!r}") from None
+        raise click.BadParameter(f"--top-k takes integers like 2,4,8, not {text!r}") from None
 
 
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,10 +141,11 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
 @common
 @click.option("--modes", default="resident,reactive,hint,route", show_default=True,
               help="Decode modes, comma-separated.")  # fmt: skip
-@click.option("--k", "ks", default="", help="Routing capacities K, e.g. 2,4,8 [default: the "
-              "model's top-k].")  # fmt: skip
+@renamed("--top-k", "--k", dest="ks", default="", help="Routing capacities K, e.g. 2,4,8 "
+         "[default: the model's top-k].")  # fmt: skip
 @click.option("--tiers", "specs", multiple=True, metavar="SPEC",
-              help="Tier stack (repeatable) [default: ram:1GiB>pread; with --io-ratio, "
+              help="Tier stack (repeatable) [default: ram:1GiB>pread, or ram>pread under "
+              "--memory-budget; with --io-ratio, "
               "only the calibrated stack].")  # fmt: skip
 @click.option(
     "--io-ratio",
@@ -164,13 +166,17 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
               "ops, as with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.")
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
+    for spec in kw["specs"]:
+        tier_spec(spec)  # before the benchmark's imports (MLX) and any worker
+    size(kw["memory_budget"], "--memory-budget")
     from edge0.bench import prefill as bench_prefill
     from edge0.bench import run as bench_run
 
     opts = _options(kw)
     opts.check()
     ks = _ks(kw["ks"])
-    specs = list(kw["specs"]) or ([] if kw["io_ratio"] is not None else ["ram:1GiB>pread"])
+    default = "ram>pread" if kw["memory_budget"] else "ram:1GiB>pread"  # the plan sizes `ram`
+    specs = list(kw["specs"]) or ([] if kw["io_ratio"] is not None else [default])
     extra = ""
     if kw["io_ratio"] is not None:
         spec, cal = bench_run.calibrate(opts, ks[0], kw["io_ratio"])
@@ -230,7 +236,8 @@ def run_cmd(**kw: Any) -> None:
 @click.option("--bandwidths", default="0.1,0.2,0.4,0.8,1.6,3.2", show_default=True,
               help="Emulated storage bandwidths in GB/s.")  # fmt: skip
 @click.option("--modes", default="reactive,route", show_default=True)
-@click.option("--k", "k", type=int, default=None, help="Routing capacity K [default: model's].")
+@renamed("--top-k", "--k", dest="k", type=int, default=None,
+         help="Routing capacity K [default: the model's top-k].")  # fmt: skip
 @click.option("--lat", default="100us", show_default=True, help="Throttle latency per read.")
 @click.option("--inner", default="pread", show_default=True, help="Tier under the throttle.")
 @click.option(
@@ -241,6 +248,8 @@ def run_cmd(**kw: Any) -> None:
 )
 def sweep_cmd(**kw: Any) -> None:
     """Decode tok/s against emulated storage bandwidth (throttle tier), with the compute bound."""
+    tier_spec(kw["inner"], "--inner")
+    size(kw["memory_budget"], "--memory-budget")
     from edge0.bench import run as bench_run
     from edge0.bench import sweep as bench_sweep
 

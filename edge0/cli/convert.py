@@ -54,6 +54,11 @@ def command(
     force: bool,
 ) -> None:
     """Convert the checkpoint in SRC into an edge0-layout directory DST."""
+    from pathlib import Path
+
+    from edge0.cli.checks import model_dir
+
+    model_dir(Path(src))  # before the converter's imports (mlx-lm, seconds)
     from edge0.layout.convert import ConvertOptions, convert
 
     start = time.perf_counter()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from edge0.cli.options import renamed
+
 
 @click.group("eval")
 def command() -> None:
@@ -16,9 +18,10 @@ def command() -> None:
 @command.command("routing")
 @click.argument("model", type=click.Path(exists=True, file_okay=False))
 @click.argument("corpus", type=click.Path(exists=True))
-@click.option(
+@renamed(
+    "--top-k",
     "--k",
-    "ks",
+    dest="ks",
     type=int,
     multiple=True,
     help="K to score (repeatable) [default: top-k and top-k/2].",

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from edge0.cli.options import ROUTE_POLICIES
+from edge0.cli.options import ROUTE_POLICIES, renamed
 
 SAMPLES_FILE = "samples.npz"
 
@@ -75,8 +75,8 @@ def _eos(tokenizer: Any) -> tuple[int, ...]:
 
 def _loop_options(fn: Any) -> Any:
     opts = [
-        click.option("--k", "k", type=int, default=None,
-                     help="Route capacity K [default: the heads' K, else top-k/2]."),
+        renamed("--top-k", "--k", dest="k", type=int, default=None,
+                help="Route capacity K [default: the heads' K, else top-k/2]."),
         click.option("--heads", "heads_dir", type=click.Path(exists=True, file_okay=False),
                      default=None, help="Directory with prerouter.safetensors [default: MODEL]."),
         _first_layer_option,
@@ -101,7 +101,8 @@ def _loop_options(fn: Any) -> Any:
 @click.option("--heldout", default=32, show_default=True, help="Held-out prompts.")
 @click.option("--prompt-len", default=32, show_default=True)
 @click.option("--gen-len", default=96, show_default=True, help="Teacher tokens per prompt.")
-@click.option("--temperature", default=1.0, show_default=True, help="Teacher sampling temperature.")
+@renamed("--temp", "--temperature", dest="temperature", default=1.0, show_default=True,
+         help="Teacher sampling temperature.")
 @click.option("--rank", default=8, show_default=True)
 @click.option("--alpha", default=16.0, show_default=True, help="LoRA scale = alpha / rank.")
 @click.option("--targets", default=None, help="Comma-separated layer-relative module paths.")
@@ -175,7 +176,8 @@ def _meta(stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any
 @click.option("--tail-k", default=8, show_default=True)
 @click.option("--tail-weight", default=0.5, show_default=True)
 @click.option("--gen-len", default=64, show_default=True, help="Student tokens per prompt.")
-@click.option("--temperature", default=1.0, show_default=True)
+@renamed("--temp", "--temperature", dest="temperature", default=1.0, show_default=True,
+         help="Sampling temperature of the student's generations.")
 @click.option("--prompt-len", default=32, show_default=True)
 @click.option("--prompts", default=256, show_default=True)
 @click.option("--rank", default=8, show_default=True, help="Only without --init.")
@@ -242,9 +244,10 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
 @click.argument("model", type=click.Path(exists=True, file_okay=False))
 @click.argument("corpus", type=click.Path(exists=True))
 @click.option("--teacher", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option(
+@renamed(
+    "--top-k",
     "--k",
-    "k",
+    dest="k",
     type=int,
     default=None,
     help="Route capacity K [default: the heads' K, else top-k/2].",
@@ -277,11 +280,12 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
 @click.option("--split", default="heldout", show_default=True)
 @click.option("--batch", default=8, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
-@click.option("--markdown", "md_out", type=click.Path(dir_okay=False), default=None)
+@renamed("--md", "--markdown", dest="md_out", type=click.Path(dir_okay=False), default=None,
+         help="Write a markdown table here.")
 @click.option("--route-policy", "policies", multiple=True,
               type=click.Choice(ROUTE_POLICIES),
               help="Instead of the adapter variants: these route policies (repeatable) at K = "
-              "--k, else top-k and top-k/2, through the streaming engine on MODEL (an "
+              "--top-k, else top-k and top-k/2, through the streaming engine on MODEL (an "
               "edge0-layout dir), decode steps teacher-forced (edge0/eval/policy.py).")
 @click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
               help="With --route-policy: the deadline of available-first/deadline.")

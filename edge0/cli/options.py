@@ -18,6 +18,18 @@ RUNTIME_KEYS = ("tiers", "mode", "route_top_k", "predictor", "first_layer", "mem
                 "sync_every", "prefill_chunk", "route_policy", "route_deadline_ms")  # fmt: skip
 
 
+def stats_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--stats line|full and -v (= --stats full): how much `edge0 run` reports on stderr."""
+    fn = click.option("-v", "--verbose", is_flag=True,
+                      help="The same as --stats full.")(fn)  # fmt: skip
+    return click.option(
+        "--stats", type=click.Choice(["line", "full"]), default="line", show_default=True,
+        help="Statistics on stderr after the text: one line (tok/s, memory, MiB read per "
+             "token, blocked ms per step) or the full report (mode, compute, host syncs, "
+             "overlap, prefill, hit rates, tickets, event-loop lag).",
+    )(fn)  # fmt: skip
+
+
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The sampler options shared by commands that generate."""
     options = [
@@ -67,9 +79,11 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The streaming-runtime options of `edge0 run` and `edge0 serve`."""
     options = [
-        click.option("--tiers", default="ram:1GiB>pread", show_default=True,
+        click.option("--tiers", default="ram>pread", show_default=True,
                      help="Tier stack, outermost first, e.g. "
-                          "'ram:1GiB>throttle:bw=400MB/s>direct'."),
+                          "'ram:1GiB>throttle:bw=400MB/s>direct'. A `ram` stage without a "
+                          "size holds 1 GiB, or what --memory-budget plans; one with a size "
+                          "keeps it (counted in the plan, refused if it cannot fit)."),
         click.option("--mode", type=click.Choice(MODES), default=None,
                      help="Decode mode [default: route for edge0-layout dirs, else resident]."),
         click.option("--top-k", "route_top_k", type=click.IntRange(1), default=None,
@@ -101,8 +115,8 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                           "(host syncs per token ~ layers/G) [default: 4]."),
         click.option("--prefill-chunk", type=click.IntRange(1), default=None,
                      help="Prompt tokens per forward; each streamed layer reads its chunk's "
-                     "experts once; 1 feeds the prompt one token per step [default: 256; 1 under "
-                     "--memory-budget]."),
+                     "experts once; 1 feeds the prompt one token per step [default: 256; under "
+                     "--memory-budget the largest up to 256 the plan can hold]."),
         click.option("--route-policy", type=click.Choice(ROUTE_POLICIES), default=None,
                      help="Route mode: the experts a layer runs: the set predicted one token "
                      "ahead, the best true experts in the slots, chosen in the graph "
@@ -156,3 +170,24 @@ def prefill_kwargs(runtime: dict[str, Any]) -> dict[str, Any]:
     """`prefill_chunk` when --prefill-chunk was given (else the engine's default applies)."""
     chunk = runtime.get("prefill_chunk")
     return {} if chunk is None else {"prefill_chunk": chunk}
+
+
+class Renamed(click.Option):
+    """An option whose later names are old spellings: still accepted, left out of --help."""
+
+    def __init__(self, *args: Any, old: tuple[str, ...] = (), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.old = old
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        names = self.opts
+        self.opts = [n for n in names if n not in self.old]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = names
+
+
+def renamed(name: str, *old: str, dest: str, **kw: Any) -> Callable[[Any], Any]:
+    """click.option(`name`, with `old` spellings kept as hidden aliases for a release)."""
+    return click.option(name, *old, dest, cls=Renamed, old=old, **kw)

@@ -8,9 +8,15 @@ from typing import Any
 
 import click
 
-from edge0.cli.checks import output_file, read_stdin_text, streaming_only_flags
+from edge0.cli.checks import (
+    model_dir,
+    read_stdin_text,
+    runtime_args,
+    sampling_args,
+    streaming_only_flags,
+)
 from edge0.cli.dist_flags import DIST_KEYS, dist_options, resolve
-from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options
+from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options, stats_option
 from edge0.cli.stream import is_layout, run_streaming
 from edge0.errors import ConfigError, PromptError
 
@@ -36,32 +42,42 @@ def read_prompt(prompt: str) -> str:
     help="Wrap the prompt in the tokenizer's chat template (if it has one).",
 )
 @runtime_options
+@stats_option
 @dist_options
 def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
     """Generate text with MODEL (a model directory; default: the demo model).
 
     Text streams to stdout as it is generated. Then one line of statistics goes to
-    stderr: prompt and decode tokens per second, peak MLX memory and peak RSS.
+    stderr: prompt and decode tokens per second, peak MLX memory and peak RSS, and for
+    a streamed run MiB read per token and blocked-load ms per decode step. `--stats
+    full` (or -v) adds the mode, compute, host syncs, overlap, prefill reads, hit rates,
+    tickets and event-loop lag. Under --memory-budget the memory plan's line comes first.
     """
+    runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
+    stats, verbose = sampling.pop("stats"), sampling.pop("verbose")
+    full = stats == "full" or verbose
+    runtime["dist"] = resolve({k: sampling.pop(k) for k in DIST_KEYS})
+    # 1. every argument check that needs no MLX, mlx-lm or transformers import
+    model_dir(model)
+    runtime_args(runtime)
+    sampling_args(sampling)
+    text = read_prompt(prompt)
+    ctx = click.get_current_context()
+    if model is not None and not is_layout(model):
+        streaming_only_flags(ctx, f"{model} is not an edge0-layout directory")
+    elif runtime["mode"] == "resident" and not runtime["dist"]:
+        streaming_only_flags(ctx, "--mode resident runs the resident loop")
+    # 2. then the heavy imports, the demo model and the work
     from edge0.model.demo import default_model_path
     from edge0.model.generate import SamplingSettings, encode_prompt, generate
     from edge0.model.loader import load
     from edge0.model.lora import maybe_apply_adapters
 
-    runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
-    runtime["dist"] = resolve({k: sampling.pop(k) for k in DIST_KEYS})
-    SamplingSettings(**sampling)  # bad values (NaN, inf) fail before any work
-    output_file(runtime["trace_file"], "--trace")
-    output_file(runtime["run_log_json"], "--log-json")
-    text = read_prompt(prompt)
+    SamplingSettings(**sampling)  # the sampler's own last check of the values
     path = model if model is not None else default_model_path()
-    ctx = click.get_current_context()
-    if not is_layout(path):
-        streaming_only_flags(ctx, f"{path} is not an edge0-layout directory")
-    elif runtime["mode"] == "resident" and not runtime["dist"]:
-        streaming_only_flags(ctx, "--mode resident runs the resident loop")
     if is_layout(path) and (runtime["mode"] != "resident" or runtime["dist"]):
-        run_streaming(path, text, chat, sampling, runtime)  # the streaming engine (docs/runtime.md)
+        # the streaming engine (docs/runtime.md)
+        run_streaming(path, text, chat, sampling, runtime, full=full)
         return
     if runtime["mode"] not in (None, "resident"):
         raise ConfigError(

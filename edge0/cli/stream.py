@@ -24,8 +24,9 @@ def is_layout(path: Path) -> bool:
 
 
 def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
-                  runtime: dict[str, Any]) -> None:  # fmt: skip
-    """Stream the reply to stdout, the summary to stderr; Ctrl-C stops with the stats so far."""
+                  runtime: dict[str, Any], full: bool = False) -> None:  # fmt: skip
+    """Stream the reply to stdout, the stats to stderr (one line, or with `full` the whole
+    summary); Ctrl-C stops with the stats so far."""
     from edge0 import log
     from edge0.loop import run
     from edge0.model.generate import SamplingSettings
@@ -66,7 +67,7 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
                     if not last.endswith("\n"):
                         click.echo("")
                     sys.stdout.flush()  # the text ends before the summary on a shared terminal
-                    click.echo(piece.summary(), err=True)
+                    click.echo(piece.summary() if full else piece.line(), err=True)
                 else:
                     click.echo(piece, nl=False)
                     sys.stdout.flush()
@@ -79,5 +80,6 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
         click.echo("", err=False)
         click.echo("edge0: interrupted", err=True)
         if eng is not None and eng.last_stats is not None:
-            click.echo(eng.last_stats.summary(), err=True)
+            stats = eng.last_stats
+            click.echo(stats.summary() if full else stats.line(), err=True)
         sys.exit(130)

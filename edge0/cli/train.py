@@ -9,6 +9,7 @@ import click
 
 from edge0.cli import lora_cmds
 from edge0.cli.fp32 import blas_hint, load_fp32
+from edge0.cli.options import renamed
 from edge0.log import get_logger
 
 log = get_logger(__name__)
@@ -78,9 +79,10 @@ def traces(
 @command.command("heads")
 @click.argument("traces", type=click.Path(exists=True, file_okay=False))
 @click.argument("model", type=click.Path(exists=True, file_okay=False))
-@click.option(
+@renamed(
+    "--top-k",
     "--k",
-    "k",
+    dest="k",
     type=int,
     default=None,
     help="Routing capacity of the set term [default: model top-k].",

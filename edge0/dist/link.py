@@ -114,7 +114,7 @@ class Link:
         while True:
             job = self._jobs.get()
             if job is None:
-                mx.clear_streams()  # a thread that used MLX streams releases them (FACTS.md)
+                mx.clear_streams()  # a thread that used MLX streams releases them (measured)
                 return
             fn, fut = job
             try:

@@ -82,7 +82,8 @@ def evaluate_routing(
     }
     rows = 0
     rng = np.random.default_rng(seed)
-    bar = tqdm(total=windows.size, unit="tok", desc="eval routing", disable=not progress)
+    on_tty = None if progress else True  # tqdm's None: only on a terminal
+    bar = tqdm(total=windows.size, unit="tok", desc="eval routing", disable=on_tty)
     for lo in range(0, len(windows), batch):
         toks = windows[lo : lo + batch]
         r = run_and_record(model, mx.array(toks), np.dtype(np.float32))

@@ -145,6 +145,13 @@ def clean_leftovers(dst: Path) -> list[Path]:
     return removed
 
 
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_directory(dst: Path, force: bool = False, src: Path | None = None) -> Iterator[Path]:
     """Yield a temporary directory that becomes `dst` only if the block finishes.
@@ -158,6 +165,7 @@ def atomic_directory(dst: Path, force: bool = False, src: Path | None = None) ->
     clean_leftovers(dst)
     check_destination(dst, force, src)
     tmp = Path(tempfile.mkdtemp(prefix=f"{dst.name}.tmp-", dir=dst.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output gets what mkdir would give
     try:
         marker = {"pid": os.getpid(), "host": socket.gethostname(), "written_by": "edge0"}
         (tmp / MARKER_FILE).write_text(json.dumps(marker) + "\n")

@@ -108,7 +108,7 @@ def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, 
     """All experts of one layer as stacked (E, ...) arrays, CRC-checked, from experts.bin.
 
     The records are copied into evaluated MLX arrays through their zero-copy numpy views
-    (FACTS.md), so loading holds the layer once plus one record, not twice.
+    (measured), so loading holds the layer once plus one record, not twice.
     """
     stacks = {
         f.name: mx.zeros((manifest.n_experts, *f.shape), dtype=_STACK_DTYPES[f.dtype])

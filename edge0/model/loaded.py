@@ -55,7 +55,7 @@ class LoadedModel:
 def activation_dtype(checkpoint: mx.Dtype | None = None) -> mx.Dtype:
     """The dtype Edge0 computes in: float32 on the CPU backend, else the checkpoint's.
 
-    On the CPU backend fp16/bf16 matmuls are 10-50x slower than fp32 (FACTS.md), so
+    On the CPU backend fp16/bf16 matmuls are 10-50x slower than fp32 (measured), so
     weights are upcast. On Metal/CUDA the checkpoint dtype (usually bf16) is kept.
     """
     if mx.default_device().type == mx.DeviceType.cpu:

@@ -228,8 +228,26 @@ def open_tiers(spec: str | Tier, model_dir: Path, manifest: Manifest) -> Tier:
         if not isinstance(spec, Tier):
             raise ConfigError(f"tiers must be a spec string or a Tier object, got {spec!r}")
         return spec
-    stages = parse_spec(spec)
     # 1. resolve and convert everything before opening any file
+    plan = check_spec(spec)
+    # 2. build innermost first
+    cls, opts = plan[-1]
+    tier: Tier = cls(Path(model_dir), manifest, **opts)
+    try:
+        for cls, opts in reversed(plan[:-1]):
+            tier = cls(tier, **opts)
+    except BaseException:
+        _abandon(tier)
+        raise
+    return tier
+
+
+def check_spec(spec: str) -> list[tuple[type, dict[str, Any]]]:
+    """(tier class, converted options) per stage, outermost first; ConfigError for a bad spec.
+
+    Opens no file: the CLI calls it before any model is loaded.
+    """
+    stages = parse_spec(spec)
     plan = []
     for i, stage in enumerate(stages):
         cls = tier_class(stage.name)
@@ -246,16 +264,7 @@ def open_tiers(spec: str | Tier, model_dir: Path, manifest: Manifest) -> Tier:
                 f"of {spec!r}"
             )
         plan.append((cls, _convert_options(stage, cls)))
-    # 2. build innermost first
-    cls, opts = plan[-1]
-    tier: Tier = cls(Path(model_dir), manifest, **opts)
-    try:
-        for cls, opts in reversed(plan[:-1]):
-            tier = cls(tier, **opts)
-    except BaseException:
-        _abandon(tier)
-        raise
-    return tier
+    return plan
 
 
 def _abandon(tier: Any) -> None:

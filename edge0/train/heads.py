@@ -154,7 +154,8 @@ def train_heads(
     best = (-loss0, rec0, 0, module.parameters(), per0)  # ranked by held-out loss
     log.info("heads.init", heldout_loss=loss0, heldout_recall=rec0)
     stale, started, step = 0, time.monotonic(), 0
-    bar = tqdm(total=cfg.max_steps, desc="heads", unit="step", disable=not progress)
+    on_tty = None if progress else True  # tqdm's None: only on a terminal
+    bar = tqdm(total=cfg.max_steps, desc="heads", unit="step", disable=on_tty)
     bar.set_postfix(held_loss=f"{loss0:.3f}", recall=f"{rec0:.3f}")
     for step in range(1, cfg.max_steps + 1):
         seqs = rng.choice(train_seqs, cfg.batch)

@@ -42,7 +42,8 @@ def teacher_samples(
 ) -> np.ndarray:
     """(N, P) prompts -> (N, P + gen_len) teacher continuations sampled at `temperature`."""
     out = []
-    for i in tqdm(range(0, len(prompts), batch), desc="teacher samples", unit="batch"):
+    steps = range(0, len(prompts), batch)
+    for i in tqdm(steps, desc="teacher samples", unit="batch", disable=None):  # bar on a tty
         seq, _ = routed.generate(
             teacher, None, mx.array(prompts[i : i + batch]), gen_len, temperature
         )
@@ -148,7 +149,7 @@ def fit(
         grad_fn = nn.value_and_grad(student, lambda m, b: loss_fn(m, state, b))
         best = first = evaluate(student, state)
         best_weights = lora.adapter_weights(student)
-        bar = tqdm(range(cfg.steps), desc=desc, unit="step")
+        bar = tqdm(range(cfg.steps), desc=desc, unit="step", disable=None)
         for step in bar:
             batch = prepare(student, state, step)  # eval mode: sets as the runtime picks them
             student.train()  # LoRA dropout (if any) only in the differentiated pass

@@ -120,7 +120,8 @@ def collect(
     n, seq_len = windows.shape
     shards: list[str] = []
     pending: list[dict[str, np.ndarray]] = []
-    bar = tqdm(total=n * seq_len, unit="tok", desc="traces", disable=not progress)
+    on_tty = None if progress else True  # tqdm's None: only on a terminal
+    bar = tqdm(total=n * seq_len, unit="tok", desc="traces", disable=on_tty)
     for lo in range(0, n, batch):
         toks = windows[lo : lo + batch]
         t = run_and_record(teacher, mx.array(toks), np.dtype(np.float16))

@@ -5,7 +5,7 @@ as converted checkpoints keep them), `quantized_matmul` and dequantize+matmul
 times at each row count, and for a group of `--group` experts (3 projections of
 `--ff` x `--in` each) `gather_qmm` with sorted indices against per-expert
 dequantize+matmul at each rows-per-expert count. Best of 3 after a warm-up.
-docs/benchmarks/prefill.md ("Why the last two sessions' runs never finished").
+docs/benchmarks/prefill.md ("Why the earlier runs never finished").
 
 Usage: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
        .venv/bin/python tools/bench/int4_rows.py [--rows 1,16,64,256,512]

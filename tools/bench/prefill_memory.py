@@ -8,7 +8,7 @@ before the prompt (per chunk token), the generation's peak RSS (VmHWM), MLX's
 active and cached memory at the end, and MiB read per prompt token.
 
 Usage: .venv/bin/python tools/bench/prefill_memory.py MODEL --variants 64:0,64:16,256:16
-       [--memory-budget 3GiB] [--tiers 'ram:1GiB>direct'] [--first-layer wrap]
+       [--memory-budget 3GiB] [--tiers 'ram>direct'] [--first-layer wrap]
 """
 
 from __future__ import annotations

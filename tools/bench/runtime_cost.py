@@ -6,7 +6,7 @@ A variant is `TREE:MODE[@G]`: TREE names a checkout given with `--tree
 NAME=PATH` (default `now` = this checkout), so an older checkout can run side by
 side with this one; `@G` sets `sync_every` (route; checkouts that have it).
 
-    .venv/bin/python tools/bench/runtime_cost.py MODEL --tree before=/tmp/old \\
+    .venv/bin/python tools/bench/runtime_cost.py MODEL --tree before=BEFORE \\
         --variants before:resident,before:route,now:resident,now:route --rounds 3
     .venv/bin/python tools/bench/runtime_cost.py MODEL --variants now:route --clients 4
 

@@ -10,7 +10,8 @@ markdown table and writes it (with the command) to `--md`, the raw figures to
 `--json`.
 
 Usage: .venv/bin/python tools/bench/serve_load.py [--clients 8] [--duration 180]
-           [--max-tokens 32] [--md docs/benchmarks/serve.md] [--json docs/benchmarks/serve.json]
+           [--max-tokens 32] [--md docs/benchmarks/serve.md]
+           [--json docs/benchmarks/results/serve.json]
 """
 
 from __future__ import annotations

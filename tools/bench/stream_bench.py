@@ -1,6 +1,7 @@
 """The runtime's Shows benchmark: route (init heads) vs reactive (and hint) when reads ~= compute.
 
-1. Build (once) a synthetic qwen3_moe store under /work/scratch (random weights,
+1. Build (once) a synthetic qwen3_moe store (random weights; `--store`, default under the
+   cache directory, $EDGE0_CACHE or ~/.cache/edge0;
    d_model 512, 8 MoE layers, 16 experts top-4, expert FFN 512, int4).
 2. Calibrate: reactive and route runs over the page cache give decode compute
    ms/step (median) and bytes read per decode step of each mode; the throttle
@@ -9,7 +10,8 @@
 3. Run the variants interleaved (A B C A B C ...) through `throttle:bw=..,lat=..>pread`,
    report medians and the route/reactive ratio.
 
-Usage: .venv/bin/python tools/bench/stream_bench.py [--rounds 3] [--tokens 24] [--json out.json]
+Usage: .venv/bin/python tools/bench/stream_bench.py [--store DIR] [--rounds 3] [--tokens 24]
+           [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from typing import Any
 
 from edge0 import log
 from edge0.loop import run
+from edge0.model.demo import cache_dir
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
 
-STORE = Path("/work/scratch/edge0-bench/e0")
+STORE = cache_dir() / "bench" / "stream-bench"  # the default --store
 SPEC = dict(model_type="qwen3_moe", hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64,
             experts=16, top_k=4, moe_ff=512, max_positions=1024)  # fmt: skip
 VARIANTS = {

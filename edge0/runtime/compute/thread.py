@@ -19,7 +19,7 @@ class ComputeThread:
     """One thread that runs every MLX job, in submission order.
 
     Before it ends it releases the MLX streams it created (`mx.clear_streams`): a thread
-    that exits holding them aborts the process about one run in 40 (FACTS.md).
+    that exits holding them aborts the process about one run in 40 (measured).
     """
 
     def __init__(self) -> None:

@@ -65,7 +65,7 @@ class Engine:
     async def open(cls, path: str | Path, **options: Any) -> AsyncIterator[Engine]:
         """Load `path` (an edge0-layout directory) and start the runtime.
 
-        Options (see EngineOptions): tiers="ram:1GiB>pread" (or a Tier object),
+        Options (see EngineOptions): tiers="ram>pread" (or a Tier object),
         mode="route" (resident, reactive, hint, route), top_k=None (the model's),
         predictor=None (heads when prerouter.safetensors exists, else init; or
         oracle, temporal), memory_budget=None ("3GiB"), trace=None (a .json path),

@@ -75,6 +75,15 @@ class RunStats:
         d["route_recall"] = self.route_recall
         return d
 
+    def line(self) -> str:
+        """The one line `edge0 run` prints by default: the speed line, then reads and waits."""
+        return (
+            speed_line(self.prompt_tokens, self.prefill_tps, self.generated_tokens,
+                       self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes)
+            + f" | reads: {self.bytes_per_token / _MIB:.2f} MiB/token"
+            f" | blocked: {self.blocked_ms_per_step:.1f} ms/step"
+        )  # fmt: skip
+
     def summary(self) -> str:
         """A few lines for people (`edge0 run` prints it to stderr); the first is the
         same stats line as the resident path."""

@@ -1,6 +1,6 @@
 """The scheduler: compute's side of the slot table — step boundaries, slot claims, the fence.
 
-Threads (FACTS.md: MLX streams are thread-affine, eval releases the GIL):
+Threads (measured: MLX streams are thread-affine, eval releases the GIL):
 - reader threads (or, over a tier stack that needs the loop, tier workers on the
   event loop) read tickets into slots (edge0.runtime.io.fetcher, readers);
 - one compute thread (edge0.runtime.compute.thread) builds and evaluates every MLX

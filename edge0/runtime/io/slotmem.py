@@ -2,7 +2,7 @@
 
 A slot is one expert record, byte for byte as it sits in `experts.bin`, so a tier
 reads a record straight into slot memory (`dest(layer, slot)`, a writable view
-of an evaluated MLX array, FACTS.md) and no copy follows. The MLX operands of
+of an evaluated MLX array) and no copy follows. The MLX operands of
 `gather_qmm` are strided views over the same bytes: field `gate_proj.weight` of
 all slots is an (n_slots, out, in*bits/32) uint32 array whose slot stride is the
 record size. Measured: gather_qmm reads these views in place (no copy, same
@@ -64,7 +64,7 @@ class SlotMemory:
         shape = (total,) if total < DIM_LIMIT else (-(-total // ALIGN), ALIGN)
         self._buffer = mx.zeros(shape, dtype=mx.uint8)
         mx.eval(self._buffer)
-        flat = np.asarray(self._buffer).reshape(-1)  # zero-copy, writable on the CPU (FACTS.md)
+        flat = np.asarray(self._buffer).reshape(-1)  # zero-copy, writable on the CPU (measured)
         base = (-flat.ctypes.data) % ALIGN
         rows = flat[base : base + n_slots * r].reshape(n_slots, r)  # (n_slots, record_size) uint8
         self.pool = self._field_views(self._buffer, base)  # field -> (n_slots, *shape)

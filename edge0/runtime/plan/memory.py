@@ -15,7 +15,9 @@ peak RSS = process baseline (interpreter and libraries: RSS before loading)
 A RAM cache smaller than one step's reads (L x K records) would almost never hit
 (measured: 15 of 5,391 reads on the 35B shape), so such a remainder buys slots;
 a larger one sizes the tier spec's `ram` stage (one is put in front when the spec
-has none). `MemoryPlan.line()` says which.
+has none). A `ram` stage with an explicit size (`ram:512MiB`) is kept at that size
+and counted in the plan, the rest buying slots, or refused when it cannot fit.
+`MemoryPlan.line()` says which.
 """
 
 from __future__ import annotations
@@ -96,20 +98,24 @@ class MemoryPlan:
         )
 
 
-def to_bytes(value: str | int) -> int:
+def to_bytes(value: str | int, flag: str = "--memory-budget") -> int:
     if isinstance(value, int):
         return value
     try:
         return parse_size(value)
     except ValueError as exc:
-        raise ConfigError(f"--memory-budget: {exc}") from None
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
-def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPlan:
+def plan(
+    budget: str | int, fp: Footprint, chunk: int | None = None, cache: int | None = None
+) -> MemoryPlan:
     """Split `budget`; ConfigError naming the parts when it cannot hold the fixed ones.
 
     `chunk`: the asked-for `--prefill-chunk` (ConfigError when it cannot fit what the
-    fixed parts leave); None: the plan chooses one (`prompt_chunk`).
+    fixed parts leave); None: the plan chooses one (`prompt_chunk`). `cache`: a RAM
+    cache size the tier spec gives (`given_cache`): kept, or ConfigError when it cannot
+    fit; None: the plan chooses.
     """
     total = to_bytes(budget)
     n_min = fp.min_slots
@@ -130,6 +136,8 @@ def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPl
     tokens, prompt = prompt_chunk(total, left, fp, chunk)
     left -= prompt
     step = fp.layers * fp.top_k * fp.record  # one decode step's reads
+    if cache is not None and fp.layers:
+        return _with_cache(total, fp, n_min, kv, resident, tokens, prompt, left, cache)
     extra, cache = 0, 0
     if not fp.layers:
         choice = "nothing is streamed: the rest is unused"
@@ -145,6 +153,38 @@ def plan(budget: str | int, fp: Footprint, chunk: int | None = None) -> MemoryPl
     n = n_min + extra
     return MemoryPlan(total, resident, n * fp.slot + ALIGN if n else 0, kv, cache, fp.overhead,
                       fp.working, fp.heads, n, extra, choice, prompt, tokens, fp.load)  # fmt: skip
+
+
+def _with_cache(total: int, fp: Footprint, n_min: int, kv: int, resident: int, tokens: int,
+                prompt: int, left: int, cache: int) -> MemoryPlan:  # fmt: skip
+    """The plan when --tiers names the RAM cache's size: it is kept, the rest buys slots."""
+    if cache > left:
+        raise ConfigError(
+            f"--tiers asks for a {cache / _MIB:.0f} MiB RAM cache but --memory-budget "
+            f"{total / _MIB:.0f} MiB leaves {max(left, 0) / _MIB:.0f} MiB after the fixed parts; "
+            f"give ram:{max(left, 0) // _MIB}MiB or less, write `ram` without a size to let the "
+            "plan choose, or raise the budget"
+        )
+    extra = (left - cache) // fp.slot
+    choice = (f"the RAM cache keeps its {cache / _MIB:.0f} MiB from --tiers; the "
+              f"{(left - cache) / _MIB:.0f} MiB left buy {extra} more slots")  # fmt: skip
+    n = n_min + extra
+    return MemoryPlan(total, resident, n * fp.slot + ALIGN, kv, cache, fp.overhead,
+                      fp.working, fp.heads, n, extra, choice, prompt, tokens, fp.load)  # fmt: skip
+
+
+def given_cache(spec: str) -> int | None:
+    """The RAM cache size a tier spec states (`ram:512MiB`, `ram:budget=1GiB`); None when
+    the spec has no `ram` stage or one without a size (the plan then chooses)."""
+    for stage in parse_spec(spec):
+        if stage.name == "ram":
+            text = (
+                stage.positional
+                if stage.positional is not None
+                else dict(stage.options).get("budget")
+            )
+            return None if text is None else to_bytes(text, "--tiers ram")
+    return None
 
 
 def chunk_cost(fp: Footprint, tokens: int) -> int:

@@ -23,7 +23,8 @@ SYNC_EVERY = 4  # route mode: layers per host sync (docs/benchmarks/runtime.md)
 class EngineOptions:
     """How an engine runs (the CLI flags of `edge0 run` map onto these)."""
 
-    tiers: Any = "ram:1GiB>pread"  # a spec string or a Tier object
+    # a spec string or a Tier object; `ram` without a size: 1 GiB, or what --memory-budget plans
+    tiers: Any = "ram>pread"
     mode: str = "route"
     top_k: int | None = None  # routing capacity K; None: the model's top-k
     predictor: str | None = None  # None: "heads" when prerouter.safetensors exists, else "init"

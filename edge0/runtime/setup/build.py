@@ -21,7 +21,7 @@ from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.plan.footprint import footprint
-from edge0.runtime.plan.memory import DEFAULT_CHUNK, MemoryPlan, plan, with_ram
+from edge0.runtime.plan.memory import DEFAULT_CHUNK, MemoryPlan, given_cache, plan, with_ram
 from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.setup.prepare import prepare
 from edge0.stats import current_rss_bytes
@@ -69,12 +69,14 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     spec = opts.tiers
     memory_plan = None
     if opts.memory_budget is not None:  # from the headers: refuses before anything is loaded
+        given = given_cache(spec) if isinstance(spec, str) else None  # ram:SIZE is kept
         memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline),
-                           opts.prefill_chunk)  # fmt: skip
+                           opts.prefill_chunk, given)  # fmt: skip
         if isinstance(spec, str):
             spec = with_ram(spec, memory_plan.cache)
         log.info("memory_plan", line=memory_plan.line(), tiers=spec)
     experts = "resident" if opts.mode == "resident" else "none"
+
     def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
         from edge0.model.lora import maybe_apply_adapters
 
