@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from edge0.errors import CheckpointError
 from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
+from edge0.layout.readable import ARTIFACT_FILES, TOKENIZER_FILES, check_present, check_readable
 from edge0.layout.safetensors_io import header_bytes, read_header
 from edge0.log import get_logger
 
@@ -42,14 +43,15 @@ def _where(manifest: Manifest, index: int) -> str:
 
 
 def check_files(path: Path, manifest: Manifest) -> None:
-    """Presence and sizes of resident.safetensors and experts.bin (cheap)."""
+    """Presence and sizes of resident.safetensors and experts.bin; every file that opening
+    reads is a readable regular file (cheap)."""
     resident = path / RESIDENT_FILE
-    if not resident.is_file():
-        raise CheckpointError(f"{resident} is missing; {_FIX}")
+    check_readable(resident, _FIX, CheckpointError)
     read_header(resident)  # every tensor's bytes lie within the file
     experts = path / EXPERTS_FILE
-    if not experts.is_file():
-        raise CheckpointError(f"{experts} is missing; {_FIX}")
+    check_readable(experts, _FIX, CheckpointError)
+    check_present(path, (*TOKENIZER_FILES, *ARTIFACT_FILES, ZSTD_FILE, ZSTD_INDEX_FILE),
+                  _FIX, CheckpointError)  # fmt: skip
     size, want = experts.stat().st_size, manifest.experts_file_size
     if size != want:
         detail = ""
