@@ -159,6 +159,7 @@ def test_sigterm_stops_like_ctrl_c_finishing_requests_and_writing_the_trace(
         (["--trace", "/missing-e0/t.json"], "--trace /missing-e0/t.json: directory"),
         (["--log-json", "/missing-e0/l.jsonl"], "--log-json /missing-e0/l.jsonl: directory"),
         (["--api-key", "k\u00e9y"], "--api-key 'k\u00e9y' cannot be sent over HTTP"),
+        (["--io-workers", "1000"], "--io-workers (io_workers=) must be between 1 and 64"),
         (["--model-name", "a\udcff"], "--model-name 'a\\udcff' cannot be sent over HTTP"),
     ],
 )

@@ -165,11 +165,14 @@ def command(
     from edge0.cli.stream import is_layout
     from edge0.model.demo import default_model_path
     from edge0.runtime.engine import run
+    from edge0.runtime.options import EngineOptions
     from edge0.server.app import ServerConfig, create_app
     from edge0.server.drain import DrainingServer
 
     runtime = {k: kw.pop(k) for k in RUNTIME_KEYS}
     limit = check_options(max_body, grace, model_name, api_key, runtime)
+    engine = engine_kwargs(runtime) | {"max_batch": max_batch}
+    EngineOptions(**engine).check()  # the engine's own checks (e.g. --io-workers) before any work
     if runtime["run_log_json"] is not None:
         log.configure(json_file=runtime["run_log_json"])
     path = model if model is not None else default_model_path()
@@ -189,7 +192,6 @@ def command(
         click.echo(f"edge0 serve: {model_id} ({engine.options.mode}) on "
                    f"http://{host}:{bound}/v1 (Ctrl-C stops)", err=True)  # fmt: skip
 
-    engine = engine_kwargs(runtime) | {"max_batch": max_batch}
     config = ServerConfig(model=path, engine=engine, model_id=model_id,
                           api_key=api_key or None, max_body=limit, on_ready=ready)  # fmt: skip
     app = create_app(config)
