@@ -43,7 +43,8 @@ def check_value(root: Any) -> None:
     while stack:
         value, depth, where = stack.pop()
         if depth > MAX_DEPTH:
-            raise _too_deep(f"`{where}`" if where else "the request body")
+            shown = where if len(where) <= 60 else where[:60] + "..."
+            raise _too_deep(f"`{shown}`" if where else "the request body")
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
             if isinstance(key, str):
