@@ -23,9 +23,7 @@ log = get_logger("edge0.server")
 T = TypeVar("T")
 ANTHROPIC_PREFIX = "/v1/messages"
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the logs do
-INLINE_PARSE = (
-    16 << 10
-)  # bodies up to this many bytes parse on the loop (~1 ms), larger in a thread
+INLINE_PARSE = 16 << 10  # bodies up to this size parse on the loop, larger ones in a thread
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                  404: "invalid_request_error", 405: "invalid_request_error",
