@@ -22,6 +22,7 @@ from edge0.cli.serve import listen
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
 from edge0.server.app import ServerConfig, create_app
+from edge0.server.drain import DrainingServer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import ExpertKey, ReadInfo
 
@@ -65,20 +66,16 @@ class FlakyTier:
 class LiveServer:
     """`with LiveServer(config) as url:` serves `config` at `url` until the block ends."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, grace: float = 2.0) -> None:
         self.ready = threading.Event()
         self.config = attrs.evolve(config, on_ready=lambda _: self.ready.set())
         self.app: Any = create_app(self.config)
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                log_level="warning",
-                lifespan="on",
-                loop="none",
-                timeout_graceful_shutdown=2,
-            )
+        self.server = DrainingServer(
+            uvicorn.Config(self.app, log_level="warning", lifespan="on", loop="none"),
+            self.config.drain,
+            grace,
         )
         self.thread = threading.Thread(target=self._run, name="test-uvicorn", daemon=True)
 

@@ -11,6 +11,7 @@ exit code, and the first line of stderr (or of stdout when stderr is empty).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import subprocess
@@ -87,6 +88,12 @@ def run(cmd: list[str], stdin: bytes | None = None) -> tuple[int, str]:
     return proc.returncode, first[:160] + tb
 
 
+def _break_link(path: Path) -> None:
+    """`path` becomes a link to a file that no longer exists (a model cache entry deleted)."""
+    path.unlink()
+    path.symlink_to(path.parent / "deleted-blob")
+
+
 def _fsize_limit() -> None:
     import resource
 
@@ -119,11 +126,12 @@ def main(keep: bool, code_dir: str | None) -> None:
     left = root / "e0b.tmp-abcd1234"
     left.mkdir()
     (left / "experts.bin").write_bytes(b"\0" * 4096)
-    rows: list[tuple[str, list[str], bytes | None, Callable[[], str] | None]] = []
+    rows: list[tuple[str, list[str], bytes | None, Callable[[], str] | None, list[str]]] = []
 
     def case(label: str, args: list[str], stdin: bytes | None = None,
-             after: Callable[[], str] | None = None) -> None:  # fmt: skip
-        rows.append((label, args, stdin, after))
+             after: Callable[[], str] | None = None,
+             prefix: list[str] | None = None) -> None:  # fmt: skip
+        rows.append((label, args, stdin, after, prefix or []))
 
     def isolated(n: int) -> Path:  # a copy per destructive case (old versions deleted SRC)
         copy = root / f"iso{n}" / "src"
@@ -171,6 +179,31 @@ def main(keep: bool, code_dir: str | None) -> None:
     case("run --temp nan", [*e, "--temp", "nan"])
     case("run --top-p inf", [*e, "--top-p", "inf"])
     case("run --mode resident --tiers pread", [*e, "--mode", "resident", "--tiers", "pread"])
+    # second round: serve's options, unreadable files, --io-workers
+    case("run --io-workers 1000", [*e, "--io-workers", "1000"])
+    for flag, value in (("--max-body", "abc"), ("--max-body", "-1"), ("--max-body", "1e400")):
+        case(f"serve {flag} {value}", ["serve", str(store), "--port", "0", flag, value])
+    for flag in ("--trace", "--log-json"):  # MODEL is no layout: old versions refused that first
+        case(f"serve {flag} /missing/f", ["serve", str(root / "mine"), flag, "/missing-e0/f"])
+    denied = damaged(store, root, "denied", lambda p: None)
+    for p in [root, denied, *denied.iterdir()]:
+        p.chmod(0o777 if p.is_dir() else 0o644)
+    (denied / "experts.bin").chmod(0)
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    as_user = nobody if os.geteuid() == 0 else []  # root reads anything
+    case("verify: experts.bin permission denied", ["verify", str(denied)], prefix=as_user)
+    case("run: experts.bin permission denied", ["run", str(denied), "-p", "hi"], prefix=as_user)
+    linked = damaged(store, root, "linked", lambda p: _break_link(p / "tokenizer.json"))
+    case("run: tokenizer.json a broken link", ["run", str(linked), "-p", "hi"])
+    src_link = root / "src-link"
+    shutil.copytree(src, src_link)
+    _break_link(src_link / "tokenizer.json")
+    out_link = root / "out-link"
+    case("convert: SRC tokenizer.json a broken link",
+         ["convert", str(src_link), str(out_link), *g],
+         after=lambda: "DST not written" if not out_link.exists() else
+         "DST has tokenizer.json" if (out_link / "tokenizer.json").exists()
+         else "DST WRITTEN WITHOUT tokenizer.json")  # fmt: skip
     bad = {
         "edge0.json quantization.group_size 0":
             lambda p: edit_json(p / man, lambda d: d["quantization"].update(group_size=0)),
@@ -197,8 +230,8 @@ def main(keep: bool, code_dir: str | None) -> None:
 
     print("| case | exit | first line of output | after |")
     print("|---|---|---|---|")
-    for label, args, stdin, after in rows:
-        rc, line = run([*EDGE0, *args], stdin)
+    for label, args, stdin, after, prefix in rows:
+        rc, line = run([*prefix, *EDGE0, *args], stdin)
         tail = after() if after else ""
         print(f"| `{label}` | {rc} | {line.replace('|', '/')} | {tail} |")
     for label, code in (("abandoned stream kept by reference, then a 2nd request", KEPT),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
@@ -19,6 +21,50 @@ from edge0.cli.options import (
 from edge0.errors import ConfigError, Edge0Error
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+MAX_BODY_RANGE = (1 << 10, 1 << 30)  # --max-body: 1 KiB .. 1 GiB (bodies are held in memory)
+MAX_GRACE_S = 3600.0
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: stop as on Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def check_options(max_body: str, grace: float, model_name: str | None, api_key: str | None,
+                  runtime: dict[str, Any]) -> int:  # fmt: skip
+    """The server options checked before any work; returns --max-body in bytes."""
+    from edge0.cli.checks import output_file
+    from edge0.storage.spec import parse_size
+
+    try:
+        limit = parse_size(max_body)
+    except ValueError as exc:
+        raise ConfigError(f"--max-body: {exc}") from None
+    lo, hi = MAX_BODY_RANGE
+    if not lo <= limit <= hi:
+        raise ConfigError(f"--max-body {max_body} is {limit} bytes; give 1KiB to 1GiB")
+    if not 0 <= grace <= MAX_GRACE_S:  # also refuses nan
+        raise ConfigError(f"--shutdown-grace {grace} must be between 0 and {MAX_GRACE_S:g} "
+                          "seconds")  # fmt: skip
+    for flag, text in (("--model-name", model_name), ("--api-key", api_key)):
+        if text is not None and not (text.isascii() and text.isprintable() or
+                                     flag == "--model-name" and _utf8(text)):  # fmt: skip
+            raise ConfigError(f"{flag} {text!r} cannot be sent over HTTP; use printable "
+                              f"{'ASCII' if flag == '--api-key' else 'UTF-8 text'}")  # fmt: skip
+    output_file(runtime["trace_file"], "--trace")
+    output_file(runtime["run_log_json"], "--log-json")
+    return limit
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an argument with undecodable bytes (surrogate escapes)
+        return False
+    return text.isprintable()
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -85,6 +131,15 @@ class _QuietStartupFailure(logging.Filter):
     help="Largest request body; bigger ones get 413.",
 )
 @click.option(
+    "--shutdown-grace",
+    "grace",
+    default=5.0,
+    show_default=True,
+    type=float,
+    help="Seconds that requests in flight get to finish on Ctrl-C or SIGTERM; those still "
+    "running then end with a 503 error in the API's shape.",
+)
+@click.option(
     "--access-log/--no-access-log",
     default=False,
     show_default=True,
@@ -94,14 +149,15 @@ class _QuietStartupFailure(logging.Filter):
 @runtime_options
 def command(
     model: Path | None, host: str, port: int, api_key: str | None, model_name: str | None,
-    max_body: str, access_log: bool, max_batch: int, **kw: Any,
+    max_body: str, grace: float, access_log: bool, max_batch: int, **kw: Any,
 ) -> None:  # fmt: skip
     """Serve MODEL (an edge0-layout directory; default: the demo model) over HTTP.
 
     OpenAI: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
     Anthropic: POST /v1/messages. GET /health, GET /metrics (Prometheus).
     Streaming answers are server-sent events; a client that disconnects cancels
-    its request. The engine options are those of `edge0 run`.
+    its request. Ctrl-C and SIGTERM stop it gracefully (--shutdown-grace). The
+    engine options are those of `edge0 run`.
     """
     import uvicorn
 
@@ -109,10 +165,14 @@ def command(
     from edge0.cli.stream import is_layout
     from edge0.loop import run
     from edge0.model.demo import default_model_path
+    from edge0.runtime.plan.options import EngineOptions
     from edge0.server.app import ServerConfig, create_app
-    from edge0.storage.spec import parse_size
+    from edge0.server.drain import DrainingServer
 
     runtime = {k: kw.pop(k) for k in RUNTIME_KEYS}
+    limit = check_options(max_body, grace, model_name, api_key, runtime)
+    engine = engine_kwargs(runtime) | {"max_batch": max_batch}
+    EngineOptions(**engine).check()  # the engine's own checks (e.g. --io-workers) before any work
     if runtime["run_log_json"] is not None:
         log.configure(json_file=runtime["run_log_json"])
     path = model if model is not None else default_model_path()
@@ -120,7 +180,6 @@ def command(
         raise ConfigError(f"{path} is not an edge0-layout directory; `edge0 serve` streams "
                           f"experts from one: run `edge0 convert {path} OUT` first")  # fmt: skip
     model_id = model_name or ("edge0-demo" if model is None else path.resolve().name)
-    limit = parse_size(max_body)
     if host not in LOOPBACK and not api_key:
         click.echo(f"edge0 serve: warning: listening on {host} without --api-key", err=True)
     sock = listen(host, port)
@@ -133,7 +192,6 @@ def command(
         click.echo(f"edge0 serve: {model_id} ({engine.options.mode}) on "
                    f"http://{host}:{bound}/v1 (Ctrl-C stops)", err=True)  # fmt: skip
 
-    engine = engine_kwargs(runtime) | {"max_batch": max_batch}
     config = ServerConfig(model=path, engine=engine, model_id=model_id,
                           api_key=api_key or None, max_body=limit, on_ready=ready)  # fmt: skip
     app = create_app(config)
@@ -141,13 +199,14 @@ def command(
     if not click.get_current_context().meta.get("edge0.debug"):
         logging.getLogger("uvicorn.error").addFilter(quiet)
     level = "info" if access_log else "warning"
-    server = uvicorn.Server(uvicorn.Config(
+    server = DrainingServer(uvicorn.Config(
         app, log_level=level, access_log=access_log, lifespan="on", loop="none",
-        timeout_graceful_shutdown=5,
-    ))  # fmt: skip
+    ), config.drain, grace)  # fmt: skip
+    # uvicorn handles SIGTERM like SIGINT, then re-raises it: ours ends the command as Ctrl-C
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         pass
     except SystemExit:  # uvicorn's exit when the lifespan (opening the engine) failed
         error = getattr(app.state, "startup_error", None)
@@ -155,6 +214,7 @@ def command(
             raise error from None  # one line (the CLI's handler); uvicorn logged nothing
         raise  # anything else: uvicorn has logged its traceback
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sock.close()
         logging.getLogger("uvicorn.error").removeFilter(quiet)
     click.echo("edge0 serve: stopped", err=True)

@@ -40,14 +40,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+FREE_MARGIN = 0.05  # check_free_space asks for the output's size plus this share
+FREE_SLACK = 1 << 28  # ... plus this many bytes
+
+
 def check_free_space(dst: Path, need: int, what: str) -> None:
     """Refuse to start writing `need` bytes next to `dst` when the disk cannot hold them."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dst.parent).free
-    if free < need * 1.05 + (1 << 28):
+    margin = need * FREE_MARGIN + FREE_SLACK
+    if free < need + margin:
         raise ConversionError(
-            f"{dst.parent} has {free / 1e9:.1f} GB free, {what} needs {need / 1e9:.1f} GB; "
-            "free space or choose another DST"
+            f"{dst.parent} has {free / 1e9:.2f} GB free; {what} needs {need / 1e9:.2f} GB plus "
+            f"a margin of {margin / 1e9:.2f} GB ({FREE_MARGIN:.0%} + {FREE_SLACK >> 20} MiB, "
+            "so the disk does not fill up to the last byte); free space or choose another DST"
         )
 
 

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
+from edge0.errors import ConversionError
 from edge0.layout.atomic import atomic_directory, check_destination, check_free_space
 from edge0.layout.convert_quant import (
     ConvertOptions,
@@ -36,6 +37,7 @@ from edge0.layout.manifest import RESIDENT_FILE, Manifest
 from edge0.layout.manifest_checks import FORMAT_VERSION
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import conversion_dtype, quantize
+from edge0.layout.readable import ARTIFACT_FILES, TOKENIZER_FILES, check_present
 from edge0.layout.records import (
     PROJECTIONS,
     RecordSpec,
@@ -51,20 +53,6 @@ from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
 
 log = get_logger(__name__)
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "tiktoken.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-)
 
 
 def _expert_arrays(
@@ -115,14 +103,7 @@ def _write_experts(
     return writer
 
 
-# Quality artifacts trained for this model travel with it (docs/prerouter.md, docs/lora.md).
-ARTIFACT_FILES = (
-    "prerouter.safetensors",
-    "prerouter.json",
-    "prerouter-layer.safetensors",
-    "prerouter-layer.json",
-)
-ARTIFACT_DIRS = ("adapters",)
+ARTIFACT_DIRS = ("adapters",)  # with ARTIFACT_FILES: quality artifacts travel with the model
 
 
 def _copy_side_files(src: Path, dst: Path, config: dict[str, Any]) -> None:
@@ -146,6 +127,8 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     src, dst = Path(src), Path(dst)
     _check_options(opts)
     check_destination(dst, opts.force, src)
+    check_present(src, (*TOKENIZER_FILES, *ARTIFACT_FILES), "fix or remove it in SRC, then run "
+                  "again", ConversionError)  # fmt: skip
     start = time.perf_counter()
     source = open_source(src)
     model = build_float_model(source.config)

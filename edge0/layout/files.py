@@ -10,7 +10,14 @@ import zlib
 from pathlib import Path
 
 from edge0.errors import CheckpointError
-from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, Manifest
+from edge0.layout.manifest import (
+    EXPERTS_FILE,
+    RESIDENT_FILE,
+    ZSTD_FILE,
+    ZSTD_INDEX_FILE,
+    Manifest,
+)
+from edge0.layout.readable import ARTIFACT_FILES, TOKENIZER_FILES, check_present, check_readable
 from edge0.layout.safetensors_io import header_bytes, read_header
 
 FIX = "re-run `edge0 convert` (or copy the directory again)"
@@ -22,14 +29,15 @@ def record_name(manifest: Manifest, index: int) -> str:
 
 
 def check_files(path: Path, manifest: Manifest) -> None:
-    """Presence and sizes of resident.safetensors and experts.bin (cheap)."""
+    """Presence and sizes of resident.safetensors and experts.bin; every file that opening
+    reads is a readable regular file (cheap)."""
     resident = path / RESIDENT_FILE
-    if not resident.is_file():
-        raise CheckpointError(f"{resident} is missing; {FIX}")
+    check_readable(resident, FIX, CheckpointError)
     read_header(resident)  # every tensor's bytes lie within the file
     experts = path / EXPERTS_FILE
-    if not experts.is_file():
-        raise CheckpointError(f"{experts} is missing; {FIX}")
+    check_readable(experts, FIX, CheckpointError)
+    check_present(path, (*TOKENIZER_FILES, *ARTIFACT_FILES, ZSTD_FILE, ZSTD_INDEX_FILE),
+                  FIX, CheckpointError)  # fmt: skip
     size, want = experts.stat().st_size, manifest.experts_file_size
     if size != want:
         detail = ""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -26,8 +27,9 @@ from edge0.log import get_logger
 from edge0.runtime.engine.api import Engine
 from edge0.server import anthropic_api, openai_api
 from edge0.server.backend import Backend
+from edge0.server.drain import Drain
 from edge0.server.http import api_route, error_response
-from edge0.server.metrics import CONTENT_TYPE, ServerMetrics
+from edge0.server.metrics import CONTENT_TYPE, CountResponses, ServerMetrics
 
 log = get_logger("edge0.server")
 MAX_BODY = 1 << 20  # bytes of JSON per request
@@ -43,6 +45,7 @@ class ServerConfig:
     api_key: str | None = None  # required on every route when set
     max_body: int = MAX_BODY
     on_ready: Callable[[Engine], None] | None = None  # called once the engine is open
+    drain: Drain = attrs.field(factory=Drain)  # shared with the DrainingServer that runs it
 
 
 class ApiKeyMiddleware:
@@ -91,12 +94,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def create_app(config: ServerConfig) -> Starlette:
     """The app; the engine opens when the server runs its lifespan."""
+    server_metrics = ServerMetrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             async with Engine.open(config.model, **config.engine) as engine:
-                app.state.backend = Backend(engine, config.model_id, ServerMetrics())
+                app.state.backend = Backend(engine, config.model_id, server_metrics)
                 log.info("server.ready", model=str(config.model), model_id=config.model_id)
                 if config.on_ready is not None:
                     config.on_ready(engine)
@@ -116,6 +120,11 @@ def create_app(config: ServerConfig) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error})  # fmt: skip
     app.state.max_body = config.max_body
+    app.state.drain = config.drain
+    # streams end through the drain (a last event in the API's shape), not by sse-starlette
+    # cancelling them the moment shutdown begins
+    AppStatus.disable_automatic_graceful_drain()
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(CountResponses, metrics=server_metrics, routes=routes)  # outermost
     return app

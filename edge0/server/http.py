@@ -8,20 +8,22 @@ which answers Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from edge0.errors import ConfigError, Edge0Error, PromptError, RequestError, TierReadError
 from edge0.log import get_logger
+from edge0.server.drain import Drain
+from edge0.server.jsonbody import parse_object
 
 log = get_logger("edge0.server")
 T = TypeVar("T")
 ANTHROPIC_PREFIX = "/v1/messages"
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the logs do
+INLINE_PARSE = 16 << 10  # bodies up to this size parse on the loop, larger ones in a thread
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                  404: "invalid_request_error", 405: "invalid_request_error",
@@ -84,9 +86,6 @@ def api_route(
             return Response(status_code=CLIENT_CLOSED)
         except Edge0Error as exc:
             status, code = status_of(exc)
-            backend = getattr(request.app.state, "backend", None)
-            if backend is not None:
-                backend.metrics.error_response(status)
             log.info("server.request_failed", path=path, status=status, error=str(exc))
             return error_response(path, status, str(exc), getattr(exc, "param", None), code)
         except Exception as exc:  # the server keeps serving; the log has the traceback
@@ -98,26 +97,25 @@ def api_route(
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refusing bodies over `limit` bytes (413)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    """The request body as a JSON object, refusing bodies over `limit` bytes (413) and
+    JSON beyond edge0.server.jsonbody's limits (400). Large bodies parse off the loop."""
+    length = request.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and len(length) < 19 and int(length) > limit:
         raise _too_large(int(length), limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if not body.strip():
-        raise RequestError("the request body is empty; send a JSON object")
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}")
-    return data
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away mid-upload: nobody to answer
+        log.info("server.client_gone", path=request.url.path, received=size)
+        raise ClientGone() from None
+    body = b"".join(chunks)
+    if len(body) <= INLINE_PARSE:
+        return parse_object(body)
+    return await asyncio.to_thread(parse_object, body)
 
 
 def _too_large(size: int, limit: int) -> RequestError:
@@ -132,23 +130,51 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _drain(request: Request) -> Drain | None:
+    return getattr(request.app.state, "drain", None)
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it at once if the client disconnects first (ClientGone).
+    """Await `work`, cancelling it at once if the client disconnects first (ClientGone) or the
+    server's shutdown grace runs out first (a 503 RequestError).
 
     Call it only after the body has been read: it consumes the request's receive channel.
     """
+    drain = _drain(request)
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request))
+    cut = asyncio.ensure_future(drain.cut.wait()) if drain is not None else None
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watch} | ({cut} if cut else set()),
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
     finally:
-        watch.cancel()
+        for waiter in (watch, cut):
+            if waiter is not None:
+                waiter.cancel()
         if not task.done():
             task.cancel()  # the request's generator unwinds and releases the engine
-        await asyncio.gather(task, watch, return_exceptions=True)
+        await asyncio.gather(*(f for f in (task, watch, cut) if f), return_exceptions=True)
     if task.cancelled():
+        if drain is not None and drain.cut.is_set() and not _saw_disconnect(watch):
+            raise drain.error()
         raise ClientGone()
     return task.result()
+
+
+def _saw_disconnect(watch: asyncio.Future[None]) -> bool:
+    """Whether the disconnect watcher saw the client go (not merely cancelled)."""
+    return watch.done() and not watch.cancelled() and watch.exception() is None
+
+
+async def _until_cut(it: AsyncGenerator[str, None], drain: Drain) -> AsyncGenerator[str, None]:
+    """`it`, ending with the drain's 503 error once the shutdown grace has run out."""
+    try:
+        async for piece in it:
+            yield piece
+            if drain.cut.is_set():  # checked between pieces: at most one decode step late
+                raise drain.error()
+    finally:
+        await it.aclose()
 
 
 async def open_stream(request: Request, gen: Any) -> tuple[str | None, AsyncGenerator[str, None]]:
@@ -163,4 +189,5 @@ async def open_stream(request: Request, gen: Any) -> tuple[str | None, AsyncGene
     except BaseException:
         await it.aclose()
         raise
-    return first, it
+    drain = _drain(request)
+    return first, (it if drain is None else _until_cut(it, drain))

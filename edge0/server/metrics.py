@@ -1,13 +1,16 @@
-"""`GET /metrics`: request, token and engine figures in the Prometheus text format.
+"""`GET /metrics`: response, request, token and engine figures in the Prometheus text format.
 
 Counters add up over the server's life; the `_last` gauges are the engine's
 RunStats of the most recent finished request (decode tok/s, blocked load,
-bytes per token, hit rates). Each server has its own registry.
+bytes per token, hit rates). Each server has its own registry. `CountResponses`,
+the app's outermost middleware, counts every HTTP response by route, method and
+status: 401s, 404s, 405s and 5xx included.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -19,11 +22,15 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
     from edge0.server.backend import Generation
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED = "unmatched"  # the route label of paths no route serves (bounded label values)
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -37,8 +44,12 @@ class ServerMetrics:
         self.requests = Counter("edge0_requests", "Generation requests by API and outcome "
                                 "(stop, length, stop_sequence, cancelled, error).",
                                 ["api", "outcome"], registry=reg)  # fmt: skip
-        self.errors = Counter("edge0_error_responses", "Requests answered with an error "
-                              "body, by HTTP status.", ["status"], registry=reg)  # fmt: skip
+        self.responses = Counter("edge0_http_responses", "HTTP responses by route (the "
+                                 "route's path template, or 'unmatched'), method (or 'other') "
+                                 "and status.", ["route", "method", "status"],
+                                 registry=reg)  # fmt: skip
+        self.errors = Counter("edge0_error_responses", "HTTP responses with status 400 or "
+                              "above, by status.", ["status"], registry=reg)  # fmt: skip
         self.in_flight = Gauge("edge0_requests_in_flight", "Requests generating or queued "
                                "for the engine.", registry=reg)  # fmt: skip
         self.prompt_tokens = Counter("edge0_prompt_tokens", "Prompt tokens of served "
@@ -72,8 +83,11 @@ class ServerMetrics:
         self.active += 1
         self.in_flight.inc()
 
-    def error_response(self, status: int) -> None:
-        self.errors.labels(status=str(status)).inc()
+    def response(self, route: str, method: str, status: int) -> None:
+        method = method if method in METHODS else "other"
+        self.responses.labels(route=route, method=method, status=str(status)).inc()
+        if status >= 400:
+            self.errors.labels(status=str(status)).inc()
 
     def tier_error(self) -> None:
         self.tier_errors.inc()
@@ -102,3 +116,38 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CountResponses:
+    """ASGI middleware: counts each HTTP response into `metrics` as its status line goes out."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    def route_of(self, scope: Scope) -> str:
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:  # PARTIAL: the path matched, the method did not
+                return str(getattr(route, "path", UNMATCHED))
+        return UNMATCHED
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start" and not status:
+                status.append(int(message["status"]))
+                self.metrics.response(self.route_of(scope), scope["method"], status[0])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:  # starlette's outer handler answers 500: count it here
+            if not status:
+                self.metrics.response(self.route_of(scope), scope["method"], 500)
+            raise

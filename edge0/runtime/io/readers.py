@@ -16,6 +16,7 @@ import itertools
 import threading
 from collections.abc import Callable
 
+from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.runtime.io.tickets import FetchTicket
 
@@ -31,12 +32,18 @@ class ReaderThreads:
         self._heap: list[tuple[int, int, int, FetchTicket]] = []
         self._seq = itertools.count()
         self._stopped = False
-        self._threads = [
-            threading.Thread(target=self._run, args=(i,), name=f"edge0-reader-{i}", daemon=True)
-            for i in range(n)
-        ]
-        for t in self._threads:
-            t.start()
+        self._threads: list[threading.Thread] = []
+        for i in range(n):
+            t = threading.Thread(target=self._run, args=(i,), name=f"edge0-reader-{i}", daemon=True)
+            try:
+                t.start()
+            except RuntimeError as exc:  # "can't start new thread": a thread or memory limit
+                self.stop()
+                raise ConfigError(
+                    f"cannot start I/O reader thread {i + 1} of {n} ({exc}); lower --io-workers "
+                    "(io_workers=) or raise the process's thread limit (ulimit -u, pids.max)"
+                ) from None
+            self._threads.append(t)
 
     def put(self, tickets: list[FetchTicket]) -> None:
         """Queue `tickets` (any thread); one wake-up per ticket at most."""

@@ -17,6 +17,7 @@ KV_CONTEXT = 4096  # tokens of KV cache the memory plan reserves by default
 # wrap-around head; or routed and read on demand (docs/runtime.md has the measurements)
 FIRST_LAYER = ("resident", "wrap", "reactive")
 SYNC_EVERY = 4  # route mode: layers per host sync (docs/benchmarks/runtime.md)
+MAX_IO_WORKERS = 64  # concurrent expert reads; more add queueing latency, not bandwidth
 
 
 @attrs.frozen
@@ -78,8 +79,11 @@ class EngineOptions:
             raise ConfigError(f"token_buffer must be at least 1, got {self.token_buffer}")
         if self.max_batch > 1 and self.hosts is not None:
             raise ConfigError("--max-batch > 1 is not supported with --hosts; use --max-batch 1")
-        if self.io_workers < 1:
-            raise ConfigError(f"io_workers must be at least 1, got {self.io_workers}")
+        if not 1 <= self.io_workers <= MAX_IO_WORKERS:
+            raise ConfigError(
+                f"--io-workers (io_workers=) must be between 1 and {MAX_IO_WORKERS}, got "
+                f"{self.io_workers}: a read queue deeper than a few adds latency, not bandwidth"
+            )
         check_policy(self.route_policy, self.route_deadline_ms)
         if self.route_policy != "predicted" and (
             self.mode != "route" or self.hosts is not None or self.max_batch > 1

@@ -1,0 +1,132 @@
+"""Send the hostile requests of docs/reliability.md to a live `edge0 serve` and print the table.
+
+Starts `edge0 serve` (the demo model, a free port, a --trace file) in a fresh process,
+sends each request, then stops it with SIGTERM mid-stream; prints one markdown row per
+case: the HTTP status and the start of the answer, or the command's exit code, its
+last line and whether the server logged a traceback.
+
+    .venv/bin/python tools/hostile_server.py
+    .venv/bin/python tools/hostile_server.py --code-dir /path/to/old/checkout   # another version
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+EDGE0 = [sys.executable, "-c", "from edge0.cli.main import main; main()"]
+CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def field(body: dict, name: str, raw: str) -> bytes:
+    """`body` as JSON with field `name` set to the raw JSON text `raw`."""
+    fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in body.items() if k != name]
+    return ("{" + ", ".join([*fields, f'"{name}": {raw}']) + "}").encode()
+
+
+CASES = [  # (label, path, raw body)
+    ("deep JSON (100,000 nested arrays)", "/v1/completions",
+     field({"prompt": "x"}, "prompt", "[" * 100_000 + "]" * 100_000)),
+    ("deep JSON (65 levels)", "/v1/chat/completions",
+     field(CHAT, "messages", "[" * 65 + "]" * 65)),
+    ("lone surrogate in a prompt", "/v1/completions", b'{"prompt": "a\\ud800", "max_tokens": 2}'),
+    ("lone surrogate in a chat message", "/v1/chat/completions",
+     field(CHAT, "messages", '[{"role": "user", "content": "\\udc00"}]')),
+    ("lone surrogate in an Anthropic message", "/v1/messages",
+     field(CHAT, "messages", '[{"role": "user", "content": "\\udc00"}]')),
+    ("integer literal of 5,000 digits", "/v1/completions",
+     field({"prompt": "x"}, "max_tokens", "9" * 5000)),
+    ("NaN literal", "/v1/completions", field({"prompt": "x"}, "temperature", "NaN")),
+]  # fmt: skip
+
+
+def start(args: list[str], cwd: str | None) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """The server process, its URL and its stderr lines (read all along: a full pipe would
+    stall a server that logs tracebacks)."""
+    proc = subprocess.Popen([*EDGE0, "serve", "--port", "0", *args], cwd=cwd, text=True,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stderr is not None
+    lines: list[str] = []
+    while line := proc.stderr.readline():
+        lines.append(line)
+        if match := re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line):
+            threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True).start()
+            return proc, match.group(1), lines
+    raise SystemExit(f"edge0 serve did not start (exit {proc.wait()})")
+
+
+def drop_mid_upload(url: str) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+                     b'\r\n{"prompt": "' + b"x" * 1000)  # fmt: skip
+    time.sleep(1.0)
+
+
+def row(label: str, status: str, text: str, after: str = "") -> None:
+    text = text.replace("|", "/").replace("\n", " ")[:150]
+    print(f"| {label} | {status} | {text} | {after} |")
+
+
+@click.command()
+@click.option("--code-dir", default=None, help="Run `edge0 serve` from this checkout.")
+def main(code_dir: str | None) -> None:
+    trace = Path(tempfile.mkdtemp(prefix="edge0-hostile-server-")) / "trace.json"
+    proc, url, log = start(["--trace", str(trace)], code_dir)
+    print("| case | status / exit | answer (start) | after |")
+    print("|---|---|---|---|")
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for label, path, raw in CASES:
+            try:
+                r = client.post(path, content=raw)
+            except httpx.HTTPError as exc:
+                row(f"`{label}` ({path})", "-", f"no answer ({type(exc).__name__})")
+                continue
+            row(f"`{label}` ({path})", str(r.status_code), r.text)
+        drop_mid_upload(url)
+        row("client drops mid-upload", "-", "")
+        for method, path in (("GET", "/v2/nowhere"), ("BREW", "/v1/messages")):
+            row(f"`{method} {path}`", str(client.request(method, path).status_code), "")
+        metrics = client.get("/metrics").text
+        counted = re.findall(r'edge0_http_responses_total\{method="(\w+)",route="([^"]+)",'
+                             r'status="(\d+)"\} (\S+)', metrics)  # fmt: skip
+        summary = ", ".join(f"{m} {r} {s}: {float(n):g}" for m, r, s, n in counted)
+        print(f"| /metrics: responses counted | - | {summary or '(none)'} | |")
+        events: list[str] = []
+
+        def stream() -> None:
+            body = {"prompt": "def f(x):", "max_tokens": 300, "stream": True}
+            try:
+                with client.stream("POST", "/v1/completions", json=body) as r:
+                    events.extend(ln[6:] for ln in r.iter_lines() if ln.startswith("data: "))
+            except httpx.HTTPError as exc:
+                events.append(f"{type(exc).__name__}")
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        while not events:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        reader.join()
+    time.sleep(0.5)  # the last lines of stderr
+    lines = [ln.rstrip() for ln in log if ln.strip() and "PyTorch" not in ln]
+    tracebacks = sum("Traceback" in ln for ln in lines)
+    row("SIGTERM mid-stream (300 tokens asked)", str(proc.returncode),
+        (lines[-1] if lines else "") + f" — the stream's last event: {events[-1][:80]}",
+        f"trace written: {trace.is_file()}; tracebacks logged: {tracebacks}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
