@@ -183,6 +183,12 @@ class Backend:
     async def start(self, api: str, request: TextRequest) -> list[Generation]:
         """The request's `n` Generations (not started until their deltas are read): choice i
         samples with seed + i, so it equals a single request with that seed."""
+        batch = self.engine.options.max_batch
+        if request.n > batch:
+            raise RequestError(
+                f"`n` is {request.n} but this server decodes at most {batch} requests "
+                "together (`edge0 serve --max-batch`)", param="n",
+            )  # fmt: skip
         wanted = self.grammar(request)
         ids = await self.prompt_ids(request)
         grammar = None
