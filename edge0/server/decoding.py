@@ -20,6 +20,7 @@ import llguidance
 import llguidance.hf
 import mlx.core as mx
 import numpy as np
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from edge0.errors import RequestError
 
@@ -89,7 +90,8 @@ class Grammars:
     """Grammars for one tokenizer (the llguidance tokenizer is built on first use, ~1 s)."""
 
     def __init__(self, tokenizer: Any, vocab: int, eos: list[int]) -> None:
-        self._hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's wrapper holds it
+        wrapped = isinstance(tokenizer, TokenizerWrapper)  # mlx-lm's wrapper holds HF's
+        self._hf = tokenizer._tokenizer if wrapped else tokenizer
         self._vocab = vocab
         self._eos = eos
         self._lock = threading.Lock()
