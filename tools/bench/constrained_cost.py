@@ -65,7 +65,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     rows[variant].append({"tokens": n, "cpu_ms_per_token": cpu / n * 1e3,
                                           "wall_s": wall,
                                           "decode_tps": stats[0].decode_tps})  # fmt: skip
-    out: dict[str, Any] = {"model": str(model), "mode": args.mode, "tiers": args.tiers,
+    name = args.model.name if args.model else "demo"
+    out: dict[str, Any] = {"model": name, "mode": args.mode, "tiers": args.tiers,
                            "vocab": vocab, "tokens": args.tokens, "rows": rows}  # fmt: skip
     for v in VARIANTS:
         out[f"{v}_cpu_ms_per_token_median"] = statistics.median(
