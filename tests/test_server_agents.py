@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,3 +234,26 @@ def test_n_choices_equal_seeded_single_requests(live: LiveServer) -> None:
     assert len(comp.choices) == 2
     with pytest.raises(openai.BadRequestError, match="max-batch"):
         client.chat.completions.create(**args, n=BATCH + 1)
+
+
+def test_a_constrained_request_decodes_in_one_batch_with_a_free_one(live: LiveServer) -> None:
+    client = oai(live)
+    free: dict[str, Any] = dict(model="edge0-demo", messages=ASK, max_tokens=24, seed=9)
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    alone = client.chat.completions.create(**free).choices[0].message.content
+    batcher = live.backend.engine.batcher
+    steps_before = len(batcher.log)
+
+    async def both() -> list[Any]:
+        async with openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0,
+                                      timeout=120) as aclient:  # fmt: skip
+            return list(await asyncio.gather(
+                aclient.chat.completions.create(**free),
+                aclient.chat.completions.create(model="edge0-demo", messages=ASK,
+                                                max_tokens=80, seed=9, response_format=fmt),
+            ))  # fmt: skip
+
+    together, shaped = asyncio.run(both())
+    assert together.choices[0].message.content == alone  # hint mode: batched = solo
+    jsonschema.validate(json.loads(shaped.choices[0].message.content or ""), PERSON)
+    assert any(s.rows == 2 for s in batcher.log[steps_before:])  # one step fed both
