@@ -190,6 +190,11 @@ class Backend:
                 "together (`edge0 serve --max-batch`)", param="n",
             )  # fmt: skip
         wanted = self.grammar(request)
+        if (wanted or request.logprobs is not None) and self.engine.options.hosts is not None:
+            raise RequestError(  # the last rank samples there, out of this process's reach
+                "constrained output and logprobs are not served by a multi-rank engine "
+                "(--hosts) yet", param=wanted[1] if wanted else "logprobs",
+            )  # fmt: skip
         ids = await self.prompt_ids(request)
         grammar = None
         if wanted is not None:  # the grammar compiles in a worker thread (~ms to ~1 s)
