@@ -198,6 +198,9 @@ def test_stop_strings_cut_the_text(live: LiveServer, reference: Any) -> None:
     )
     assert "".join(c.choices[0].text for c in chunks) == want
     claude = anthropic.Anthropic(base_url=live.url, api_key=KEY, max_retries=0)
+    chat_full = reference(PROMPT, 16, chat=True)  # the demo's chat template shapes the prompt
+    stop = chat_full[len(chat_full) // 2 : len(chat_full) // 2 + 3]
+    assert stop.strip(), f"pick another stop string from {chat_full!r}"
     msg = claude.messages.create(
         model="edge0-demo",
         max_tokens=16,

@@ -97,8 +97,9 @@ def test_api_key_is_checked_on_every_route(url: str, method: str, path: str) -> 
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", "between"),
         ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature", "number"),
         ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream", "true or false"),
-        ("/v1/completions", {"prompt": "x", "n": 2}, "n", "not supported"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 3}, "logprobs", "not supported"),
+        ("/v1/completions", {"prompt": "x", "n": 99}, "n", "between 1 and 8"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 9}, "logprobs", "between 0 and 5"),
+        ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
         ("/v1/completions", {"prompt": {"text": "x"}}, "prompt", "string"),
         ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "vocabulary"),
         ("/v1/completions", {"prompt": ""}, "prompt", "empty"),
@@ -136,7 +137,7 @@ def test_bad_openai_requests_get_400(
         ({**CHAT, "messages": [{"role": "system", "content": "x"}]}, "user, assistant"),
         ({**CHAT, "stop_sequences": "END"}, "list of non-empty strings"),
         ({**CHAT, "temperature": 1.5}, "between 0.0 and 1.0"),
-        ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "text only"),
+        ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "'image' block"),
     ],
 )
 def test_bad_anthropic_requests_get_400(url: str, body: Any, words: str) -> None:

@@ -6,7 +6,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import mlx.core as mx
@@ -47,6 +47,18 @@ def _check_settings(settings: SamplingSettings) -> None:
         raise bad("seed", seed, f"use an integer in [0, {SEED_MAX}]")
 
 
+class TokenHooks(Protocol):
+    """What a request adds to its sampler, called on the compute thread once per draw."""
+
+    def mask(self, logprobs: mx.array) -> mx.array:
+        """The (1, vocab) log-probabilities to draw from (disallowed tokens at -inf)."""
+        ...
+
+    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
+        """After the draw: the model's own (1, vocab) log-probabilities and the drawn token."""
+        ...
+
+
 @attrs.frozen
 class SamplingSettings:
     """How tokens are chosen. temp 0 is greedy; top_p 1.0 / top_k 0 / min_p 0 are off.
@@ -61,6 +73,8 @@ class SamplingSettings:
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
+    # per-request token hooks (a token mask, log-probabilities): see TokenHooks
+    hooks: TokenHooks | None = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _check_settings(self)
@@ -86,9 +100,17 @@ class Sampler:
             self._filters.append(functools.partial(apply_min_p, min_p=settings.min_p))
         self.top_k = settings.top_k
         self._key = None if settings.seed is None else mx.random.key(settings.seed)
+        self.hooks = settings.hooks
 
     def __call__(self, logits: mx.array) -> mx.array:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (1, vocab)
+        if self.hooks is None:
+            return self._draw(logprobs)
+        token = self._draw(self.hooks.mask(logprobs))
+        self.hooks.drawn(logprobs, token)
+        return token
+
+    def _draw(self, logprobs: mx.array) -> mx.array:
         if self.temp == 0:
             return mx.argmax(logprobs, axis=-1)
         for keep in self._filters:

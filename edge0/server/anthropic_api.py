@@ -1,8 +1,9 @@
-"""Anthropic route: POST /v1/messages, one text block, JSON or the Messages streaming events.
+"""Anthropic route: POST /v1/messages, text and tool_use blocks, JSON or the streaming events.
 
-Stream: message_start, content_block_start, ping, content_block_delta per piece,
-content_block_stop, message_delta (stop reason, output tokens), message_stop; a
-failure after the first token ends it with an `error` event.
+Stream: message_start, ping, then per block content_block_start, its deltas
+(`text_delta` per piece; one `input_json_delta` per tool call) and
+content_block_stop; then message_delta (stop reason, output tokens) and
+message_stop. A failure after the first token ends it with an `error` event.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
@@ -18,7 +19,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge0.server import schemas
-from edge0.server.backend import Backend, Generation
+from edge0.server.answer import Answer, Event
+from edge0.server.backend import Backend
 from edge0.server.http import (
     api_route,
     error_body,
@@ -27,20 +29,28 @@ from edge0.server.http import (
     stream_error,
     unless_disconnected,
 )
+from edge0.server.tool_fields import ToolCall
 
-STOP_REASON = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens"}
+STOP_REASON = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens",
+               "tool_calls": "tool_use"}  # fmt: skip
 
 
-def _message(gen: Generation, model_id: str, msg_id: str, content: list[dict[str, Any]],
+def _message(answer: Answer, model_id: str, msg_id: str, content: list[dict[str, Any]],
              done: bool) -> dict[str, Any]:  # fmt: skip
+    gen = answer.gens[0]
+    reason = answer.finish(0)
     return {
         "id": msg_id, "type": "message", "role": "assistant", "model": model_id,
         "content": content,
-        "stop_reason": STOP_REASON.get(gen.finish_reason, gen.finish_reason) if done else None,
+        "stop_reason": STOP_REASON.get(reason, reason) if done else None,
         "stop_sequence": gen.stop_sequence if done else None,
         "usage": {"input_tokens": gen.prompt_tokens,
                   "output_tokens": gen.completion_tokens if done else 0},
     }  # fmt: skip
+
+
+def _input(call: ToolCall) -> dict[str, Any]:
+    return call.arguments if isinstance(call.arguments, dict) else {}
 
 
 def _event(kind: str, **data: Any) -> ServerSentEvent:
@@ -48,25 +58,46 @@ def _event(kind: str, **data: Any) -> ServerSentEvent:
 
 
 async def _events(
-    gen: Generation, model_id: str, msg_id: str, first: str | None,
-    rest: AsyncGenerator[str, None], path: str,
+    answer: Answer, model_id: str, msg_id: str, first: Event | None,
+    rest: AsyncGenerator[Event, None], path: str,
 ) -> AsyncIterator[ServerSentEvent]:  # fmt: skip
-    def delta(text: str) -> ServerSentEvent:
-        return _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
-
+    block = -1  # the open block's index
+    text_open = False
     try:
-        yield _event("message_start", message=_message(gen, model_id, msg_id, [], done=False))
-        yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        yield _event("message_start", message=_message(answer, model_id, msg_id, [], done=False))
+        if first is None or first.kind != "call":  # a text block opens before the ping
+            block, text_open = 0, True
+            yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
         yield _event("ping")
-        if first is not None:
-            yield delta(first)
-        async for piece in rest:
-            yield delta(piece)
-        yield _event("content_block_stop", index=0)
+        e: Event | None = first
+        while e is not None:
+            if e.kind == "text" and e.text:
+                if not text_open:
+                    block, text_open = block + 1, True
+                    yield _event("content_block_start", index=block,
+                                 content_block={"type": "text", "text": ""})  # fmt: skip
+                yield _event("content_block_delta", index=block,
+                             delta={"type": "text_delta", "text": e.text})  # fmt: skip
+            elif e.kind == "call" and e.call is not None:
+                if text_open:
+                    yield _event("content_block_stop", index=block)
+                    text_open = False
+                block += 1
+                yield _event("content_block_start", index=block,
+                             content_block={"type": "tool_use", "id": e.call.id,
+                                            "name": e.call.name, "input": {}})  # fmt: skip
+                yield _event("content_block_delta", index=block,
+                             delta={"type": "input_json_delta",
+                                    "partial_json": json.dumps(_input(e.call))})  # fmt: skip
+                yield _event("content_block_stop", index=block)
+            e = await anext(rest, None)
+        if text_open:
+            yield _event("content_block_stop", index=block)
+        reason = answer.finish(0)
         yield _event("message_delta",
-                     delta={"stop_reason": STOP_REASON.get(gen.finish_reason, gen.finish_reason),
-                            "stop_sequence": gen.stop_sequence},
-                     usage={"output_tokens": gen.completion_tokens})  # fmt: skip
+                     delta={"stop_reason": STOP_REASON.get(reason, reason),
+                            "stop_sequence": answer.gens[0].stop_sequence},
+                     usage={"output_tokens": answer.completion_tokens})  # fmt: skip
         yield _event("message_stop")
     except Exception as exc:  # a failure after the first token: the error is the last event
         status, _, message = stream_error(exc, path)
@@ -81,14 +112,20 @@ async def messages(request: Request) -> Response:
     backend: Backend = request.app.state.backend
     body = await read_json(request, request.app.state.max_body)
     req = schemas.messages_request(body)
-    gen = await backend.start("anthropic.messages", req)
+    tok = backend.engine.tokenizer
+    answer = Answer(await backend.start("anthropic.messages", req), req.tools, tok, "toolu_")
     msg_id = f"msg_{uuid.uuid4().hex}"
     if not req.stream:
-        text = await unless_disconnected(request, gen.text())
-        content = [{"type": "text", "text": text}]
-        return JSONResponse(_message(gen, backend.model_id, msg_id, content, done=True))
-    first, rest = await open_stream(request, gen)
-    events = _events(gen, backend.model_id, msg_id, first, rest, request.url.path)
+        (choice,) = await unless_disconnected(request, answer.whole())
+        content: list[dict[str, Any]] = []
+        if choice.text or not choice.calls:
+            content.append({"type": "text", "text": choice.text})
+        content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)}
+                    for c in choice.calls]  # fmt: skip
+        return JSONResponse(_message(answer, backend.model_id, msg_id, content, done=True))
+    first, rest = await open_stream(request, answer)
+    events = _events(answer, backend.model_id, msg_id, cast(Event | None, first),
+                     cast(AsyncGenerator[Event, None], rest), request.url.path)  # fmt: skip
     return EventSourceResponse(events, ping=15, sep="\n")
 
 

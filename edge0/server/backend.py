@@ -15,20 +15,25 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
+import attrs
+
 from edge0.errors import RequestError, TierReadError
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
 from edge0.server.chat import chat_ids
+from edge0.server.decoding import Decoding, Grammars, TokenLogprob
 from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Sampling, TextRequest
 
+JSON_TOOLS = "mlx_lm.tool_parsers.json_tools"
 
-def sampling_settings(s: Sampling) -> SamplingSettings:
+
+def sampling_settings(s: Sampling, hooks: Decoding | None = None) -> SamplingSettings:
     """The engine's sampling settings for a request's."""
     seed = None if s.seed is None else s.seed % (1 << 64)  # the APIs allow negative seeds
     return SamplingSettings(max_tokens=s.max_tokens or 1 << 30, temp=s.temperature,
-                            top_p=s.top_p, top_k=s.top_k, seed=seed)  # fmt: skip
+                            top_p=s.top_p, top_k=s.top_k, seed=seed, hooks=hooks)  # fmt: skip
 
 
 def _stop_cut(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
@@ -51,8 +56,11 @@ def _held(text: str, stops: tuple[str, ...]) -> int:
 class Generation:
     """One request's text stream; read `deltas()` once, then the usage fields."""
 
-    def __init__(self, backend: Backend, api: str, ids: list[int], sampling: Sampling) -> None:
+    def __init__(self, backend: Backend, api: str, ids: list[int], sampling: Sampling,
+                 hooks: Decoding | None = None) -> None:  # fmt: skip
         self.backend = backend
+        self.hooks = hooks
+        self._logprobs_taken = 0
         self.api = api
         self.ids = ids
         self.sampling = sampling
@@ -74,7 +82,7 @@ class Generation:
         self.backend.metrics.started()
         try:
             tokens = engine.tokens(self.ids, max_tokens=self.sampling.max_tokens or 1 << 30,
-                                   sampling=sampling_settings(self.sampling),
+                                   sampling=sampling_settings(self.sampling, self.hooks),
                                    stats_to=ours)  # fmt: skip
             async with contextlib.aclosing(cast(AsyncGenerator[int, None], tokens)) as toks:
                 async for tok in toks:
@@ -124,6 +132,14 @@ class Generation:
     async def text(self) -> str:
         return "".join([piece async for piece in self.deltas()])
 
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The log-probabilities of the tokens generated since the last call."""
+        if self.hooks is None or self.hooks.top_logprobs is None:
+            return []
+        got = self.hooks.records[self._logprobs_taken : self.completion_tokens]
+        self._logprobs_taken += len(got)
+        return got
+
 
 class Backend:
     """The engine and what every route needs from it."""
@@ -137,12 +153,15 @@ class Backend:
         text_config: dict[str, Any] = config.get("text_config") or config
         self.context = int(text_config.get("max_position_embeddings") or 1 << 30)
         self.vocab = int(text_config.get("vocab_size") or 1 << 62)
+        eos = list(getattr(engine.tokenizer, "eos_token_ids", None) or [])
+        self.grammars = Grammars(engine.tokenizer, self.vocab, eos)
 
     async def prompt_ids(self, request: TextRequest) -> list[int]:
         """Token ids of a request's prompt (chat template for messages), checked for length."""
         tok = self.engine.tokenizer
         if request.messages:  # templates compile on first use: off the event loop
-            ids = await asyncio.to_thread(chat_ids, tok, list(request.messages))
+            tools = [t.template() for t in request.tools.tools] if request.tools.active else None
+            ids = await asyncio.to_thread(chat_ids, tok, list(request.messages), tools)
         elif isinstance(request.prompt, str):
             ids = await asyncio.to_thread(encode_prompt, tok, request.prompt, False)
         else:
@@ -161,6 +180,53 @@ class Backend:
             )  # fmt: skip
         return ids
 
-    async def start(self, api: str, request: TextRequest) -> Generation:
-        """A Generation for `request` (not started until its deltas are read)."""
-        return Generation(self, api, await self.prompt_ids(request), request.sampling)
+    async def start(self, api: str, request: TextRequest) -> list[Generation]:
+        """The request's `n` Generations (not started until their deltas are read): choice i
+        samples with seed + i, so it equals a single request with that seed."""
+        batch = self.engine.options.max_batch
+        if request.n > batch:
+            raise RequestError(
+                f"`n` is {request.n} but this server decodes at most {batch} requests "
+                "together (`edge0 serve --max-batch`)", param="n",
+            )  # fmt: skip
+        wanted = self.grammar(request)
+        if (wanted or request.logprobs is not None) and self.engine.options.hosts is not None:
+            raise RequestError(  # the last rank samples there, out of this process's reach
+                "constrained output and logprobs are not served by a multi-rank engine "
+                "(--hosts) yet", param=wanted[1] if wanted else "logprobs",
+            )  # fmt: skip
+        ids = await self.prompt_ids(request)
+        grammar = None
+        if wanted is not None:  # the grammar compiles in a worker thread (~ms to ~1 s)
+            grammar = await asyncio.to_thread(self.grammars.check, *wanted)
+        gens = []
+        for i in range(request.n):
+            sampling = request.sampling
+            if sampling.seed is not None and i:
+                sampling = attrs.evolve(sampling, seed=sampling.seed + i)
+            hooks = None
+            if grammar is not None or request.logprobs is not None:
+                hooks = await asyncio.to_thread(Decoding, self.grammars, grammar, request.logprobs)
+            gens.append(Generation(self, api, ids, sampling, hooks))
+        return gens
+
+    def grammar(self, request: TextRequest) -> tuple[str, str] | None:
+        """(grammar, the field it enforces) for a request's answer; None when it is free.
+        Refuses tools on a model whose chat template has no tool calling."""
+        tok, use = self.engine.tokenizer, request.tools
+        if use.active and not getattr(tok, "has_tool_calling", False):
+            raise RequestError("this model's chat template has no tool calling (mlx-lm finds no "
+                               "tool-call format in it); send no `tools`, or tool_choice none",
+                               param="tools")  # fmt: skip
+        if request.json_schema is not None:
+            return self.grammars.json_grammar(request.json_schema), "response_format"
+        forced = use.forced()
+        if not forced:
+            return None
+        if getattr(tok.tool_parser, "__module__", "") != JSON_TOOLS:
+            raise RequestError("`tool_choice` can force a call only on models whose tool calls "
+                               "are JSON objects (mlx-lm's json_tools format); use auto",
+                               param="tool_choice")  # fmt: skip
+        tools = [(t.name, t.parameters) for t in forced]
+        grammar = self.grammars.tool_grammar(tools, tok.tool_call_start, tok.tool_call_end)
+        return grammar, "tool_choice"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from edge0.errors import RequestError
-from edge0.server.schemas import Message
+from edge0.server.messages import Message
 
 
 def plain_prompt(messages: list[Message]) -> str:
@@ -20,13 +20,16 @@ def plain_prompt(messages: list[Message]) -> str:
     return "\n\n".join(f"{m.role}: {m.content}" for m in messages) + "\n\nassistant:"
 
 
-def chat_ids(tokenizer: Any, messages: list[Message]) -> list[int]:
-    """Token ids of the conversation, ready for the assistant's reply."""
+def chat_ids(
+    tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """Token ids of the conversation, ready for the assistant's reply; `tools` (OpenAI form)
+    go to the template, which lays them out as the model was taught."""
     if getattr(tokenizer, "has_chat_template", False):
+        extra = {"tools": tools} if tools else {}
         try:
             ids = tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=True,
+                [m.template() for m in messages], add_generation_prompt=True, **extra
             )
         except Exception as exc:  # templates raise on roles or orders they do not take
             raise RequestError(f"the model's chat template refused these messages: {exc}",

@@ -6,7 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
@@ -15,7 +15,9 @@ from starlette.routing import Route
 
 from edge0.errors import RequestError
 from edge0.server import schemas
-from edge0.server.backend import Backend, Generation
+from edge0.server.answer import Answer, Choice, Event
+from edge0.server.backend import Backend
+from edge0.server.decoding import TokenLogprob
 from edge0.server.http import (
     api_route,
     error_body,
@@ -24,8 +26,9 @@ from edge0.server.http import (
     stream_error,
     unless_disconnected,
 )
+from edge0.server.tool_fields import ToolCall
 
-FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length"}
+FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls"}
 
 
 def _backend(request: Request) -> Backend:
@@ -33,9 +36,10 @@ def _backend(request: Request) -> Backend:
     return backend
 
 
-def _usage(gen: Generation) -> dict[str, int]:
-    return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-            "total_tokens": gen.prompt_tokens + gen.completion_tokens}  # fmt: skip
+def _usage(answer: Answer) -> dict[str, int]:
+    prompt, completion = answer.prompt_tokens, answer.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
 
 
 def _model_card(model_id: str, created: int) -> dict[str, Any]:
@@ -55,55 +59,110 @@ async def model(request: Request) -> Response:
     return JSONResponse(_model_card(b.model_id, b.created))
 
 
+def _token(tokenizer: Any, token: int) -> tuple[str, list[int]]:
+    text = tokenizer.decode([token])
+    return text, list(text.encode("utf-8", "surrogatepass"))
+
+
 class _Shape:
     """What differs between text completions and chat completions."""
 
-    def __init__(self, chat: bool, model_id: str) -> None:
+    def __init__(self, chat: bool, model_id: str, tokenizer: Any, top: int | None) -> None:
         self.chat = chat
+        self.tokenizer = tokenizer
+        self.top = top  # None: no logprobs asked for
         self.base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                      "object": "chat.completion" if chat else "text_completion",
                      "created": int(time.time()), "model": model_id}  # fmt: skip
+        self.offset: dict[int, int] = {}  # completions' text_offset, per choice
 
-    def whole(self, gen: Generation, text: str) -> dict[str, Any]:
-        finish = FINISH.get(gen.finish_reason, gen.finish_reason)
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    def logprobs(self, index: int, lps: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> Any:
+        """The `logprobs` of a choice (or chunk) in the route's shape; None when not asked."""
+        if self.top is None:
+            return None
+        tok = self.tokenizer
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        return {**self.base, "choices": [choice], "usage": _usage(gen)}
 
-    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> str:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+            def entry(t: int, lp: float) -> dict[str, Any]:
+                text, raw = _token(tok, t)
+                return {"token": text, "logprob": lp, "bytes": raw}
+
+            return {"content": [{**entry(r.token, r.logprob),
+                                 "top_logprobs": [entry(t, v) for t, v in r.top]}
+                                for r in lps], "refusal": None}  # fmt: skip
+        tokens = [_token(tok, r.token)[0] for r in lps]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset.get(index, 0))
+            self.offset[index] = offsets[-1] + len(text)
+        return {"tokens": tokens, "token_logprobs": [r.logprob for r in lps],
+                "top_logprobs": [{_token(tok, t)[0]: v for t, v in r.top} for r in lps],
+                "text_offset": offsets}  # fmt: skip
+
+    def whole(self, answer: Answer, choices: list[Choice]) -> dict[str, Any]:
+        out = []
+        for c in choices:
+            finish = FINISH.get(answer.finish(c.index), answer.finish(c.index))
+            choice: dict[str, Any] = {"index": c.index, "finish_reason": finish,
+                                      "logprobs": self.logprobs(c.index, c.logprobs)}  # fmt: skip
+            if self.chat:
+                message: dict[str, Any] = {"role": "assistant", "content": c.text}
+                if c.calls:
+                    message["content"] = c.text or None
+                    message["tool_calls"] = [_call(call) for call in c.calls]
+                choice["message"] = message
+            else:
+                choice["text"] = c.text
+            out.append(choice)
+        return {**self.base, "choices": out, "usage": _usage(answer)}
+
+    def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
+              logprobs: Any = None) -> str:  # fmt: skip
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
             choice["delta"] = delta
         else:
-            choice["text"] = text or ""
+            choice["text"] = delta.get("content") or ""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return json.dumps({**self.base, "object": obj, "choices": [choice]})
 
-    def usage_chunk(self, gen: Generation) -> str:
+    def usage_chunk(self, answer: Answer) -> str:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return json.dumps({**self.base, "object": obj, "choices": [], "usage": _usage(gen)})
+        return json.dumps({**self.base, "object": obj, "choices": [], "usage": _usage(answer)})
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json()}}  # fmt: skip
 
 
 async def _events(
-    shape: _Shape, gen: Generation, first: str | None, rest: AsyncGenerator[str, None],
+    shape: _Shape, answer: Answer, first: Event | None, rest: AsyncGenerator[Event, None],
     include_usage: bool, path: str,
 ) -> AsyncIterator[str]:  # fmt: skip
+    calls: dict[int, int] = {}  # tool calls streamed per choice
     try:
-        if shape.chat:
-            yield shape.chunk("", role=True)  # the role comes first, as OpenAI sends it
-        if first is not None:
-            yield shape.chunk(first)
-        async for piece in rest:
-            yield shape.chunk(piece)
-        yield shape.chunk(None, FINISH.get(gen.finish_reason, gen.finish_reason))
+        if shape.chat:  # the role comes first, as OpenAI sends it
+            for i in range(len(answer.gens)):
+                yield shape.chunk(i, {"role": "assistant", "content": ""})
+        events = [first] if first is not None else []
+        while True:
+            for e in events:
+                lps = shape.logprobs(e.index, e.logprobs) if e.logprobs else None
+                if e.kind == "text" and e.text:
+                    yield shape.chunk(e.index, {"content": e.text}, logprobs=lps)
+                elif e.kind == "call" and e.call is not None:
+                    k = calls[e.index] = calls.get(e.index, -1) + 1
+                    yield shape.chunk(e.index, {"tool_calls": [{"index": k, **_call(e.call)}]})
+                elif e.kind == "end":
+                    finish = answer.finish(e.index)
+                    yield shape.chunk(e.index, {}, FINISH.get(finish, finish), lps)
+            e_next = await anext(rest, None)
+            if e_next is None:
+                break
+            events = [e_next]
         if include_usage:
-            yield shape.usage_chunk(gen)
+            yield shape.usage_chunk(answer)
         yield "[DONE]"
     except Exception as exc:  # a failure after the first token: the error is the last event
         status, code, message = stream_error(exc, path)
@@ -117,13 +176,16 @@ async def _serve(request: Request, chat: bool) -> Response:
     body = await read_json(request, request.app.state.max_body)
     req = schemas.chat_request(body) if chat else schemas.completion_request(body)
     api = "openai.chat" if chat else "openai.completions"
-    gen = await backend.start(api, req)
-    shape = _Shape(chat, backend.model_id)
+    tok = backend.engine.tokenizer
+    answer = Answer(await backend.start(api, req), req.tools, tok, "call_")
+    shape = _Shape(chat, backend.model_id, tok, req.logprobs)
     if not req.stream:
-        text = await unless_disconnected(request, gen.text())
-        return JSONResponse(shape.whole(gen, text))
-    first, rest = await open_stream(request, gen)
-    events = _events(shape, gen, first, rest, req.include_usage, request.url.path)
+        choices = await unless_disconnected(request, answer.whole())
+        return JSONResponse(shape.whole(answer, choices))
+    first, rest = await open_stream(request, answer)
+    events = _events(shape, answer, cast(Event | None, first),
+                     cast(AsyncGenerator[Event, None], rest), req.include_usage,
+                     request.url.path)  # fmt: skip
     return EventSourceResponse(events, ping=15, sep="\n")
 
 

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI and Anthropic APIs, checked field by field into small attrs classes.
 
-Unknown fields are ignored (clients send many); a known field of the wrong type or
-out of range, or a feature Edge0 does not serve (n > 1, logprobs, echo, penalties),
-is a RequestError naming the field.
+Fields outside the APIs are ignored (clients send many); a known field of the wrong
+type or out of range, or a feature Edge0 does not serve (edge0.server.fields), is a
+RequestError naming the field.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from typing import Any
 import attrs
 
 from edge0.errors import RequestError
+from edge0.server.fields import refuse_unserved
+from edge0.server.messages import Message, anthropic_messages, openai_messages
+from edge0.server.tool_fields import ToolUse, anthropic_tool_use, openai_tool_use, response_format
 
 MAX_STOP = 16  # stop strings per request
 
@@ -29,12 +32,6 @@ class Sampling:
 
 
 @attrs.frozen
-class Message:
-    role: str
-    content: str
-
-
-@attrs.frozen
 class TextRequest:
     """A parsed request: a prompt (text or ids) or chat messages, and how to sample."""
 
@@ -44,6 +41,10 @@ class TextRequest:
     messages: tuple[Message, ...] = ()  # chat: system first when there is one
     stream: bool = False
     include_usage: bool = False  # OpenAI stream_options.include_usage
+    tools: ToolUse = ToolUse()
+    json_schema: dict[str, Any] | None = None  # the answer must be JSON valid against it
+    logprobs: int | None = None  # None: off; else how many alternatives per token
+    n: int = 1  # choices, decoded as a batch
 
 
 # --- field readers ---------------------------------------------------------------------------
@@ -110,18 +111,12 @@ def _stops(body: dict[str, Any], name: str, single_ok: bool) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _unsupported(body: dict[str, Any], name: str, allowed: tuple[Any, ...], what: str) -> None:
-    if name in body and body[name] not in allowed:
-        raise RequestError(f"`{name}` {what} is not supported by this server", param=name)
+MAX_N = 8  # choices per request (each decodes as one request of the batch)
+MAX_TOP_LOGPROBS = 20
 
 
-def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
-    _unsupported(body, "n", (None, 1), "other than 1")
-    _unsupported(body, "logprobs", (None, False, 0), "(token log-probabilities)")
-    _unsupported(body, "top_logprobs", (None, 0), "(token log-probabilities)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _unsupported(body, name, (None, 0, 0.0), "other than 0")
-    _unsupported(body, "best_of", (None, 1), "other than 1")
+def _openai_common(body: dict[str, Any], api: str) -> dict[str, Any]:
+    refuse_unserved(body, api)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options", "an object", opts)
@@ -129,6 +124,7 @@ def _openai_common(body: dict[str, Any]) -> dict[str, Any]:
         "model": _str(body, "model"),
         "stream": _bool(body, "stream"),
         "include_usage": _bool(opts or {}, "include_usage"),
+        "n": _int(body, "n", 1, 1, MAX_N),
     }
 
 
@@ -145,9 +141,8 @@ def _openai_sampling(body: dict[str, Any], max_tokens: int | None) -> Sampling:
 # --- OpenAI ----------------------------------------------------------------------------------
 def completion_request(body: dict[str, Any]) -> TextRequest:
     """POST /v1/completions: `prompt` is a string, a list of token ids, or a list of one."""
-    common = _openai_common(body)
-    _unsupported(body, "echo", (None, False), "(echoing the prompt)")
-    _unsupported(body, "suffix", (None, ""), "(insertion)")
+    common = _openai_common(body, "openai.completions")
+    logprobs = _int(body, "logprobs", None, 0, 5)  # the top alternatives per token
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
@@ -159,53 +154,27 @@ def completion_request(body: dict[str, Any]) -> TextRequest:
         raise (RequestError("`prompt` is required", param="prompt") if prompt is None
                else _bad("prompt", "a string or a list of token ids", prompt))  # fmt: skip
     max_tokens = _int(body, "max_tokens", 16, 1, 1 << 30)
-    return TextRequest(sampling=_openai_sampling(body, max_tokens), prompt=prompt, **common)
-
-
-def _text(value: Any, name: str) -> str:
-    """Message content: a string or a list of text parts."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        parts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else _type_name(part)
-                raise RequestError(f"`{name}` has a {kind!r} part; this server reads text only",
-                                   param=name)  # fmt: skip
-            parts.append(_str(part, "text", required=True))
-        return "".join(parts)
-    raise _bad(name, "a string or a list of text parts", value)
-
-
-def _messages(body: dict[str, Any], roles: tuple[str, ...]) -> list[Message]:
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise (RequestError("`messages` is required", param="messages") if raw is None
-               else _bad("messages", "a non-empty list of messages", raw))  # fmt: skip
-    out = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _bad(where, "an object with `role` and `content`", m)
-        role = m.get("role")
-        if role not in roles:
-            raise RequestError(f"`{where}.role` must be one of {', '.join(roles)}, not {role!r}",
-                               param=f"{where}.role")  # fmt: skip
-        content = m.get("content")
-        text = "" if content is None else _text(content, f"{where}.content")
-        out.append(Message(str(role), text))
-    return out
+    return TextRequest(sampling=_openai_sampling(body, max_tokens), prompt=prompt,
+                       logprobs=logprobs, **common)  # fmt: skip
 
 
 def chat_request(body: dict[str, Any]) -> TextRequest:
     """POST /v1/chat/completions."""
-    common = _openai_common(body)
-    messages = _messages(body, ("system", "developer", "user", "assistant", "tool"))
-    messages = [Message("system", m.content) if m.role == "developer" else m for m in messages]
+    common = _openai_common(body, "openai.chat")
+    messages = openai_messages(body)
     max_tokens = _int(body, "max_completion_tokens", None, 1, 1 << 30)
     max_tokens = _int(body, "max_tokens", max_tokens, 1, 1 << 30)
+    top = _int(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not body.get("logprobs"):
+        raise RequestError("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+    logprobs = (top or 0) if _bool(body, "logprobs") else None
+    tools = openai_tool_use(body)
+    schema = response_format(body)
+    if schema is not None and tools.forced():
+        raise RequestError("`response_format` and a `tool_choice` that forces a tool cannot "
+                           "both shape the answer; send one", param="response_format")  # fmt: skip
     return TextRequest(sampling=_openai_sampling(body, max_tokens), messages=tuple(messages),
+                       tools=tools, json_schema=schema, logprobs=logprobs,
                        **common)  # fmt: skip
 
 
@@ -214,12 +183,8 @@ def messages_request(body: dict[str, Any]) -> TextRequest:
     """POST /v1/messages (Anthropic): `max_tokens` and `model` are required."""
     if body.get("max_tokens") is None:
         raise RequestError("`max_tokens` is required", param="max_tokens")
-    messages = _messages(body, ("user", "assistant"))
-    system = body.get("system")
-    if system is not None:
-        text = _text(system, "system")
-        if text:
-            messages.insert(0, Message("system", text))
+    refuse_unserved(body, "anthropic.messages")
+    messages = anthropic_messages(body)
     sampling = Sampling(
         max_tokens=_int(body, "max_tokens", None, 1, 1 << 30),
         temperature=_float(body, "temperature", 1.0, 0.0, 1.0),
@@ -228,4 +193,5 @@ def messages_request(body: dict[str, Any]) -> TextRequest:
         stop=_stops(body, "stop_sequences", single_ok=False),
     )
     return TextRequest(model=_str(body, "model", required=True), sampling=sampling,
-                       messages=tuple(messages), stream=_bool(body, "stream"))  # fmt: skip
+                       messages=tuple(messages), stream=_bool(body, "stream"),
+                       tools=anthropic_tool_use(body))  # fmt: skip

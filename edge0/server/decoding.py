@@ -1,0 +1,136 @@
+"""A request's token hooks: a grammar's token mask (llguidance), the draws' log-probabilities.
+
+`Decoding` is the `TokenHooks` of one request (edge0.model.generate): the sampler
+calls `mask` before each draw and `drawn` after it, on the compute thread, in
+every mode and in batched decode alike (the mask changes what a request draws,
+not what the step reads). A grammar comes from `Grammars`, which holds the
+llguidance tokenizer of the served model (built once, off the event loop) and
+turns JSON schemas and tool definitions into grammars, refusing bad ones with a
+RequestError.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import attrs
+import llguidance
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from edge0.errors import RequestError
+
+# Compact JSON, no free whitespace: a model cannot spin on blanks inside a structure.
+STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@attrs.frozen
+class TokenLogprob:
+    """One drawn token: its id, its log-probability, and the most likely tokens (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class Decoding:
+    """One request's hooks: `grammar` (an llguidance grammar) masks its draws; `top_logprobs`
+    >= 0 records each draw's log-probability and that many alternatives into `records`."""
+
+    def __init__(self, grammars: Grammars | None = None, grammar: str | None = None,
+                 top_logprobs: int | None = None) -> None:  # fmt: skip
+        self.records: list[TokenLogprob] = []
+        self.top_logprobs = top_logprobs
+        self._matcher: Any = None
+        if grammars is not None and grammar is not None:
+            self._matcher = llguidance.LLMatcher(grammars.tokenizer, grammar, log_level=0)
+            words = (grammars.tokenizer.vocab_size + 31) // 32
+            self._bits = np.zeros(words, dtype=np.int32)
+        self._last: mx.array | None = None  # the previous draw (evaluated by its step's fence)
+
+    def mask(self, logprobs: mx.array) -> mx.array:
+        if self._matcher is None:
+            return logprobs
+        m = self._matcher
+        if self._last is not None:
+            m.consume_token(int(self._last.item()))  # type: ignore[arg-type]
+        if m.is_error():
+            raise RequestError(f"constrained decoding failed: {m.get_error()}")
+        m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        vocab = logprobs.shape[-1]
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab]
+        if allowed.size < vocab:  # ids past the tokenizer's vocabulary are never allowed
+            allowed = np.pad(allowed, (0, vocab - allowed.size))
+        masked = mx.where(mx.array(allowed.astype(bool)), logprobs, -mx.inf)
+        return masked - mx.logsumexp(masked, axis=-1, keepdims=True)  # renormalised
+
+    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
+        self._last = token
+        k = self.top_logprobs
+        if k is None:
+            return
+        row = logprobs[0]  # (vocab,)
+        chosen = row[token[0]]
+        top = mx.argpartition(-row, k - 1)[:k] if k > 0 else mx.zeros((0,), dtype=mx.uint32)
+        values = row[top]
+        mx.eval(token, chosen, top, values)  # the step's fence comes next: no extra compute
+        ids: list[int] = top.tolist()  # type: ignore[assignment]
+        lps: list[float] = values.tolist()  # type: ignore[assignment]
+        pairs = sorted(zip(ids, lps, strict=True), key=lambda p: -p[1])
+        self.records.append(TokenLogprob(int(token.item()), float(chosen.item()),  # type: ignore[arg-type]
+                                         tuple((int(i), float(v)) for i, v in pairs)))  # fmt: skip
+
+
+class Grammars:
+    """Grammars for one tokenizer (the llguidance tokenizer is built on first use, ~1 s)."""
+
+    def __init__(self, tokenizer: Any, vocab: int, eos: list[int]) -> None:
+        wrapped = isinstance(tokenizer, TokenizerWrapper)  # mlx-lm's wrapper holds HF's
+        self._hf = tokenizer._tokenizer if wrapped else tokenizer
+        self._vocab = vocab
+        self._eos = eos
+        self._lock = threading.Lock()
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.hf.from_tokenizer(
+                    self._hf, n_vocab=self._vocab, eos_token=self._eos or None
+                )
+            return self._tokenizer
+
+    def check(self, grammar: str, param: str) -> str:
+        """`grammar` when llguidance takes it; else a RequestError naming `param`."""
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, self.tokenizer
+        )
+        if is_error:
+            raise RequestError(f"`{param}` cannot be enforced: {'; '.join(messages)[:300]}",
+                               param=param)  # fmt: skip
+        return grammar
+
+    @staticmethod
+    def json_grammar(schema: dict[str, Any]) -> str:
+        """A grammar for JSON text that validates against `schema` (unchecked: see `check`)."""
+        return str(llguidance.LLMatcher.grammar_from_json_schema({**schema, "x-guidance": STYLE}))
+
+    @staticmethod
+    def tool_grammar(tools: list[tuple[str, dict[str, Any]]], start: str, end: str) -> str:
+        """A grammar for one call of one of `tools` ((name, parameters schema)), written as
+        `start` {"name": ..., "arguments": {...}} `end` (the json_tools format)."""
+        calls = [{"type": "object", "additionalProperties": False,
+                  "required": ["name", "arguments"],
+                  "properties": {"name": {"const": name}, "arguments": params or ANY_OBJECT}}
+                 for name, params in tools]  # fmt: skip
+        schema = {"anyOf": calls, "x-guidance": STYLE} if len(calls) > 1 else {
+            **calls[0], "x-guidance": STYLE}  # fmt: skip
+        lark = (f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}\n"
+                f"call: %json {json.dumps(schema)}\n")  # fmt: skip
+        return str(llguidance.LLMatcher.grammar_from_lark(lark))
