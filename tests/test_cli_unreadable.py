@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from edge0.runtime.io.readers import ReaderThreads
 from runtime_helpers import build_store
 
 from edge0.cli.main import main
 from edge0.errors import ConfigError
+from edge0.runtime.io.readers import ReaderThreads
 from edge0.synth.tiny import TinySpec, write_checkpoint
 
 EDGE0 = [sys.executable, "-c", "from edge0.cli.main import main; main()"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edge0.model.generate import SamplingSettings
-from edge0.runtime.engine import Engine
+from edge0.runtime.engine.api import Engine
 from edge0.server.decoding import Decoding, Grammars
 
 SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
