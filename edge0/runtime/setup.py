@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import mlx.nn as nn
 
+from edge0.heap import fix_mmap_threshold
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.runtime.footprint import footprint
@@ -77,6 +78,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     from edge0.model.loader import LoadedModel
 
     opts.check()
+    fix_mmap_threshold()  # before any weights: large blocks stay out of glibc's arenas
     if opts.hosts is not None:
         from edge0.dist.launch import build_pipeline
 
@@ -92,6 +94,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
             spec = with_ram(spec, memory_plan.cache)
         log.info("memory_plan", line=memory_plan.line(), tiers=spec)
     experts = "resident" if opts.mode == "resident" else "none"
+
     def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
         from edge0.model.lora import maybe_apply_adapters
 
