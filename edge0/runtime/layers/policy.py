@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from edge0.runtime.layers.streams import LayerStream
 
 POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
-DEFAULT_POLICY = "predicted"  # reproducible tokens: docs/benchmarks/route_policy.md, "Default"
+DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md, "At the staged share ..."
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import mlx.nn as nn
 
+from edge0.heap import fix_mmap_threshold
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.runtime.compute.runner import Runner
@@ -64,6 +65,7 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     from edge0.model.loader import LoadedModel
 
     opts.check()
+    fix_mmap_threshold()  # before any weights: large blocks stay out of glibc's arenas
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     spec = opts.tiers
