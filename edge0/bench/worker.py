@@ -128,10 +128,15 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def use_kernels(which: str) -> None:
-    """native: the native CPU kernels where they run; mlx: MLX's own ops (edge0.kernels)."""
+    """native (or native:N, N threads per call): the native CPU kernels where they run;
+    mlx: MLX's own ops (edge0.kernels)."""
     from edge0.kernels import native
 
     os.environ["EDGE0_NATIVE_KERNELS"] = "0" if which == "mlx" else "1"
+    if which.startswith("native:"):
+        os.environ["EDGE0_KERNEL_THREADS"] = which.split(":", 1)[1]
+    else:
+        os.environ.pop("EDGE0_KERNEL_THREADS", None)
     native.reset()
 
 

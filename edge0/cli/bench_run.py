@@ -162,8 +162,9 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
 @click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
               help="--route-deadline-ms of the non-predicted policies [default: the engine's].")
 @click.option("--kernels", default="native", show_default=True,
-              help="Matrix kernels to compare (comma-separated: native, mlx = MLX's own "
-              "ops, as with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.")
+              help="Matrix kernels to compare (comma-separated: native, native:N = N threads "
+              "per call, mlx = MLX's own ops, as with EDGE0_NATIVE_KERNELS=0); each variant "
+              "runs once per choice.")
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
     for spec in kw["specs"]:
@@ -201,8 +202,11 @@ def run_cmd(**kw: Any) -> None:
                                      f"{', '.join(ROUTE_POLICIES)}")  # fmt: skip
     kernels = _csv(kw["kernels"])
     for name in kernels:
-        if name not in ("native", "mlx"):
-            raise click.BadParameter(f"unknown kernels {name!r}; choose from native, mlx")
+        threads = name.partition(":")[2]
+        if name not in ("native", "mlx") and not (name.startswith("native:") and threads.isdigit()
+                                                  and 1 <= int(threads) <= 64):  # fmt: skip
+            raise click.BadParameter(f"unknown kernels {name!r}; choose from native, native:N "
+                                     "(N threads per call, 1-64), mlx")  # fmt: skip
     variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks, policies,
                                        kw["deadline_ms"], kernels)  # fmt: skip
     runs = bench_run.run_rounds(variants, opts, _progress)
