@@ -31,6 +31,8 @@ class DeepseekV2(Family):
                 "deepseek_v2 with norm_topk_prob=true: mlx-lm's deepseek_v2 never renormalises "
                 "the top-k weights, so it would not compute this model"
             )
+        if not tc.get("rope_scaling"):  # mlx-lm builds YaRN always; factor 1 is plain RoPE
+            tc["rope_scaling"] = {"type": "yarn", "factor": 1.0}
         return tc
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
