@@ -128,3 +128,17 @@ def test_tables_cover_every_family() -> None:
     for model_type in MODEL_TYPES:
         assert table(model_type)
     assert set(TABLES) >= {"qwen3_moe", "mixtral", "llama4_text", "qwen3_5_moe_text"}
+
+
+def test_docs_audit_is_what_the_code_does() -> None:
+    """docs/models.md's audit tables are tools/config_audit.py's output, verbatim."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("config_audit", root / "tools/config_audit.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (root / "docs" / "models.md").read_text()
+    start = text.index("<!-- config-audit:start -->\n") + len("<!-- config-audit:start -->\n")
+    assert text[start : text.index("<!-- config-audit:end -->")] == module.audit()
