@@ -142,3 +142,41 @@ def test_docs_audit_is_what_the_code_does() -> None:
     text = (root / "docs" / "models.md").read_text()
     start = text.index("<!-- config-audit:start -->\n") + len("<!-- config-audit:start -->\n")
     assert text[start : text.index("<!-- config-audit:end -->")] == module.audit()
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from edge0.layout.convert import ConvertOptions, convert
+
+    out = tmp_path_factory.mktemp("layout") / "e0"
+    convert(FIXTURES / "qwen3_moe", out, ConvertOptions(group_size=32))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_experts_per_tok": 0}, "num_experts_per_tok=0 is invalid: qwen3_moe's"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok=9 is invalid"),  # 8 experts
+        ({"num_key_value_heads": 3}, "num_key_value_heads=3 is invalid"),
+        ({"hidden_size": 0}, "hidden_size=0 is invalid"),
+        ({"num_experts_per_tok": "2"}, "transformers' qwen3_moe config class refuses it"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+         'rope_parameters.rope_type="linear"'),
+    ],
+)  # fmt: skip
+def test_layout_config_values_fail_verify_and_run_alike(
+    tmp_path: Path, layout: Path, changes: dict[str, Any], message: str
+) -> None:
+    """A bad config value in edge0.json: one line from `verify` and `run` alike."""
+    dst = tmp_path / "e0"
+    shutil.copytree(layout, dst)
+    doc = json.loads((dst / "edge0.json").read_text())
+    doc["config"].update(changes)
+    (dst / "edge0.json").write_text(json.dumps(doc))
+    for args in (["verify", str(dst)], ["run", str(dst), "-p", "hi", "--max-tokens", "1"]):
+        result = CliRunner().invoke(cli, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2, result.output
+        assert len(lines) == 1 and lines[0].startswith(f"edge0: error: {dst / 'edge0.json'}: ")
+        assert message in lines[0]

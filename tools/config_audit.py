@@ -30,6 +30,8 @@ def verdict(rule: Rule | Rope) -> str:
         subs = ", ".join(["rope_theta", *keys]) + part + fixed
         return (f"computed for rope_type {', '.join(rule.types)} (reads {subs}); other types "
                 "and unread sub-keys refused")  # fmt: skip
+    if rule.accepts is not None and rule.does == COMPUTED:
+        return f"computed; refused unless {rule.accepted}"
     if rule.accepts is not None:
         return f"refused unless {rule.accepted}"
     return VERDICT[rule.does]

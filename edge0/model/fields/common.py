@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
-from edge0.model.fields.rules import Rope, Rule, computed, edge0, irrelevant, only
+from typing import Any
+
+from edge0.model.fields.rules import (
+    Rope,
+    Rule,
+    checked,
+    edge0,
+    irrelevant,
+    only,
+    positive,
+    top_k_in_range,
+)  # fmt: skip
 
 OUTPUTS = "an output switch of transformers' forward (what it returns), not its arithmetic"
 TRAINING = "used only in training (transformers applies it in train mode or to a loss)"
 SHAPE = "mlx-lm builds the layer sizes from it; the weights' shapes are checked against it"
+POSITIVE = "a positive integer"
+
+
+def size(why: str = SHAPE) -> Rule:
+    return checked(positive, POSITIVE, why)
+
+
+def kv_heads(value: Any, config: dict[str, Any]) -> bool:
+    heads = config.get("num_attention_heads")
+    return positive(value, config) and (not isinstance(heads, int) or heads % value == 0)
+
 
 COMMON: dict[str, Rule | Rope] = {
     "_name_or_path": irrelevant("where transformers loaded the config from"),
@@ -37,17 +59,25 @@ COMMON: dict[str, Rule | Rope] = {
     "bos_token_id": edge0("the tokenizer's own settings decide the prompt's first token"),
     "eos_token_id": edge0("generation stops at it (generation_config.json's wins)"),
     "model_type": edge0("picks the family and mlx-lm's module"),
-    "vocab_size": computed(SHAPE),
-    "hidden_size": computed(SHAPE),
-    "intermediate_size": computed(SHAPE + " (dense MLPs)"),
-    "num_hidden_layers": computed(SHAPE),
-    "num_attention_heads": computed(SHAPE),
-    "num_key_value_heads": computed(SHAPE + " (grouped-query attention)"),
-    "rms_norm_eps": computed("mlx-lm's RMSNorms take it"),
+    "vocab_size": size(),
+    "hidden_size": size(),
+    "intermediate_size": size(SHAPE + " (dense MLPs)"),
+    "num_hidden_layers": size(),
+    "num_attention_heads": size(),
+    "num_key_value_heads": checked(
+        kv_heads, "a positive divisor of num_attention_heads", SHAPE + " (grouped-query attention)"
+    ),  # fmt: skip
+    "rms_norm_eps": checked(
+        lambda v, _: isinstance(v, float) and v > 0, "a positive float", "mlx-lm's RMSNorms take it"
+    ),  # fmt: skip
     "max_position_embeddings": edge0(
         "Edge0's context length (prompts plus generated tokens); dynamic and YaRN ropes read it"
     ),
-    "num_experts_per_tok": edge0("the block's top-k; `--top-k` may lower it at run time"),
+    "num_experts_per_tok": checked(
+        top_k_in_range,
+        "from 1 to the routed expert count",
+        "the block's top-k, which `--top-k` may lower at run time",
+    ),  # fmt: skip
     "hidden_act": only("silu", why="mlx-lm's SwiGLU blocks hard-code SiLU"),
 }
 

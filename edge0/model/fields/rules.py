@@ -31,8 +31,12 @@ class Rule:
     accepted: str = ""  # the accepted values in words, for messages and the audit
 
     def check(self, key: str, value: Any, model_type: str, config: dict[str, Any]) -> None:
-        if self.accepts is not None and not self.accepts(value, config):
-            raise refusal(key, value, model_type, self.why, f"{key} {self.accepted}")
+        if self.accepts is None or self.accepts(value, config):
+            return
+        if self.does == COMPUTED:  # a value no model could have, not an unsupported one
+            raise ModelLoadError(f"{key}={shown(value)} is invalid: {model_type}'s {key} must "
+                                 f"be {self.accepted} ({self.why})")  # fmt: skip
+        raise refusal(key, value, model_type, self.why, f"{key} {self.accepted}")
 
 
 def refusal(key: str, value: Any, model_type: str, why: str, accepted: str) -> ModelLoadError:
@@ -73,6 +77,24 @@ def only(*values: Any, why: str) -> Rule:
 def where(test: Callable[[Any, dict[str, Any]], bool], accepted: str, why: str) -> Rule:
     """Computed where `test(value, config)` holds (`accepted` in words); refused elsewhere."""
     return Rule(REFUSED, why, test, accepted)
+
+
+def checked(test: Callable[[Any, dict[str, Any]], bool], accepted: str, why: str) -> Rule:
+    """Computed for every value transformers can run; values outside `accepted` refused."""
+    return Rule(COMPUTED, why, test, accepted)
+
+
+def positive(value: Any, _: dict[str, Any]) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def top_k_in_range(value: Any, config: dict[str, Any]) -> bool:
+    """1 <= num_experts_per_tok <= the routed expert count."""
+    n = next((config[k] for k in EXPERT_COUNTS if isinstance(config.get(k), int)), None)
+    return positive(value, config) and (n is None or value <= n)
 
 
 # sub-keys mlx-lm's rope classes read, per rope_type (beside rope_type and rope_theta)
