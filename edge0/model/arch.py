@@ -141,10 +141,13 @@ def instantiate(config: dict[str, Any], where: str = "config.json") -> nn.Module
         model: nn.Module = model_cls(args)
         family_of(config).adapt(model, text_config(config))
         untruncate_yarn(model, text_config(config))
-    except (TypeError, ValueError, KeyError) as exc:
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mlx-lm's classes fail in many ways; one line
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         raise ModelLoadError(
             f"{where}: config does not describe a valid {config.get('model_type')} model "
-            f"({exc}); compare config.json with the original model's (docs/models.md lists "
+            f"({line}); compare config.json with the original model's (docs/models.md lists "
             "the values Edge0 runs)"
         ) from exc
     return model

@@ -178,13 +178,36 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "granitemoe": _granitemoe,
     "llama4": _llama4,
 }
+
+
+def _qwen3_5_moe(vocab: int) -> Any:
+    """Qwen3.5-MoE (the hub's multimodal config, text model only): DeltaNet, then attention."""
+    from transformers import Qwen3_5MoeConfig
+
+    text = dict(**dict(_common(vocab), num_hidden_layers=4), num_key_value_heads=KV,
+                head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=FF,
+                shared_expert_intermediate_size=FF, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16)  # fmt: skip
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=D,
+                  patch_size=14, temporal_patch_size=2, spatial_merge_size=2)  # fmt: skip
+    return Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
 # bases of config variants (VARIANTS) that are not family fixtures of their own
-BASES: dict[str, Callable[[int], Any]] = {**CONFIGS, "qwen3_moe": _qwen3_moe}
+BASES: dict[str, Callable[[int], Any]] = {
+    **CONFIGS,
+    "qwen3_moe": _qwen3_moe,
+    "qwen3_5_moe": _qwen3_5_moe,
+}
 # model_types transformers has no class of its own for: the architecture it runs them as
 REFERENCE_TYPES = {"kimi_k2": "deepseek_v3"}
 # transformers classes of the checkpoint (AutoModelForCausalLM otherwise): the hub's llama4
 # releases are the multimodal model, whose `language_model` the text-only fixture exercises
-REFERENCE_CLASSES = {"llama4": "Llama4ForConditionalGeneration"}
+REFERENCE_CLASSES = {
+    "llama4": "Llama4ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+}
 
 
 def config_dict(
@@ -232,7 +255,7 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
 
 
 # families whose RMSNorms multiply by (1 + w): their norm weights are zero-centred
-CENTRED_NORMS = ("qwen3_next",)
+CENTRED_NORMS = ("qwen3_next", "qwen3_5_moe")
 
 
 def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarray:

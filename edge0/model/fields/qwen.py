@@ -79,6 +79,13 @@ QWEN: dict[str, dict[str, Rule | Rope]] = {
     },
     "qwen3_5_moe_text": {
         **_qwen3_common("qwen3_5_moe"),
+        **{
+            k: edge0(
+                "not read by transformers' Qwen3.5 (every layer sparse, top-k always "
+                "renormalised); Edge0 ignores it too"
+            )
+            for k in ("decoder_sparse_step", "mlp_only_layers", "norm_topk_prob")
+        },  # fmt: skip
         **HYBRID,
         "rope_parameters": Rope(
             ("default",),
@@ -89,7 +96,9 @@ QWEN: dict[str, dict[str, Rule | Rope]] = {
                 "mrope_interleaved": "text positions are equal on all three axes",
             },
         ),  # fmt: skip
-        "tie_word_embeddings": computed("the lm_head is the embedding"),
+        "tie_word_embeddings": only(
+            False, why="transformers ties Qwen3.5 by the top-level field, mlx-lm by this one"
+        ),
     },
     "qwen2_moe": {
         "decoder_sparse_step": only(1, why="mlx-lm's qwen2_moe makes every layer sparse"),
