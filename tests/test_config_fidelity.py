@@ -180,3 +180,17 @@ def test_layout_config_values_fail_verify_and_run_alike(
         assert result.exit_code == 2, result.output
         assert len(lines) == 1 and lines[0].startswith(f"edge0: error: {dst / 'edge0.json'}: ")
         assert message in lines[0]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_converts_and_its_layout_config_is_a_fixed_point(tmp_path: Path, name: str) -> None:
+    """What convert stores reads back the same: normalize_config(normalize_config(c)) == once."""
+    from edge0.layout.convert import ConvertOptions, convert
+    from edge0.layout.load import check_layout
+    from edge0.model.arch import normalize_config
+
+    src = write_family(fixture_file(FIXTURES, name), tmp_path / "src")
+    once = normalize_config(json.loads((src / "config.json").read_text()))
+    assert normalize_config(once) == once
+    manifest = convert(src, tmp_path / "e0", ConvertOptions(group_size=32))
+    assert check_layout(tmp_path / "e0").n_records == manifest.n_records

@@ -87,6 +87,7 @@ PROBES: dict[str, tuple[str, dict[str, Any]]] = {
     **_family(
         "deepseek_v3",
         no_interleave={"rope_interleave": False},
+        yarn_mscale={"rope_parameters": dict(YARN, mscale=1.0, mscale_all_dim=1.0)},
         attention_bias={"attention_bias": True},
         no_q_lora={"q_lora_rank": None},
         no_norm_topk={"norm_topk_prob": False},
@@ -219,6 +220,7 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     ("gpt_oss", {"attention_bias": False}, "attention_bias=false: mlx-lm's gpt_oss"),
     ("gpt_oss", {"rope_parameters": dict(DYNAMIC)}, 'rope_parameters.rope_type="dynamic"'),
     ("granitemoe", {"hidden_act": "gelu"}, 'hidden_act="gelu"'),
+    ("granitemoe", {"head_dim": 32}, "head_dim=32: mlx-lm's granitemoe takes hidden_size"),
     ("qwen3_5_moe", {"text_config.tie_word_embeddings": True},
      "text_config.tie_word_embeddings=true: transformers ties Qwen3.5 by the top-level"),
     ("qwen3_5_moe", {"text_config.rope_parameters": dict(YARN, partial_rotary_factor=0.25)},
