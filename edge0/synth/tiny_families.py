@@ -124,8 +124,8 @@ def _qwen3_next(vocab: int) -> Any:
 def _gpt_oss(vocab: int) -> Any:
     from transformers import GptOssConfig
 
-    # gpt-oss-20b's rope (YaRN x32 over 4096) but truncated: mlx-lm's YaRN always rounds the
-    # correction range, the hub config's `truncate: false` would differ (docs/models.md);
+    # gpt-oss-20b's rope (YaRN x32 over 4096) with `truncate: true` (mlx-lm's own rounding);
+    # the hub's `truncate: false` is the gpt_oss-variant fixture (edge0/model/rope.py);
     # sliding window 4 so the prompt crosses it
     rope = {
         "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
