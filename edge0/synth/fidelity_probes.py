@@ -181,6 +181,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "granitemoe-variant": ("granitemoe", {"attention_bias": True, "tie_word_embeddings": True,
                                           "rope_parameters": dict(LLAMA3)}),
     "qwen3_next-variant": ("qwen3_next", {"attention_bias": True, "linear_conv_kernel_dim": 3,
+                                          "mlp_only_layers": [1], "norm_topk_prob": False,
                                           "rope_parameters": {**DYNAMIC,
                                                               "partial_rotary_factor": 0.5},
                                           "max_position_embeddings": 16}),

@@ -31,8 +31,8 @@ def derived_head_dim(value: Any, cfg: dict[str, Any]) -> bool:
 def _qwen3_common(name: str) -> dict[str, Rule | Rope]:
     return {
         "attention_bias": only(False, why=f"mlx-lm's {name} attention has no q/k/v/o biases"),
-        "decoder_sparse_step": edge0(LAYERS + " (golden-tested at 2)"),
-        "mlp_only_layers": edge0(LAYERS + " (golden-tested with [0])"),
+        "decoder_sparse_step": edge0(LAYERS + " (golden-tested at 2 on qwen3_moe)"),
+        "mlp_only_layers": edge0(LAYERS + " (golden-tested with [1] on qwen3_next)"),
         "moe_intermediate_size": computed(SHAPE + " (experts)"),
         "norm_topk_prob": computed("renormalise the top-k weights (golden-tested both ways)"),
         "num_experts": edge0("routed experts per sparse layer (the expert records)"),
