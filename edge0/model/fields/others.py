@@ -67,8 +67,11 @@ OTHERS: dict[str, dict[str, Rule | Rope]] = {
         "num_local_experts": edge0(EXPERTS),
         "rope_parameters": Rope(ROPES, NO_LONGROPE.format("granitemoe")),
         "attention_bias": computed("q/k/v/o biases (golden-tested)"),
-        "head_dim": where(derived_head_dim, "hidden_size // num_attention_heads",
-                          "mlx-lm's granitemoe takes hidden_size // heads"),  # fmt: skip
+        "head_dim": where(
+            derived_head_dim,
+            "hidden_size // num_attention_heads",
+            "mlx-lm's granitemoe takes hidden_size // heads",
+        ),  # fmt: skip
         "embedding_multiplier": computed(GRANITE),
         "attention_multiplier": computed(GRANITE),
         "residual_multiplier": computed(GRANITE),
