@@ -47,6 +47,8 @@ def transformers_view(config: dict[str, Any]) -> dict[str, Any]:
 
     model_type = str(config["model_type"])
     kwargs = {k: v for k, v in config.items() if k != "model_type"}
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # its rope advice is not the user's business here
     try:
         cfg = transformers.AutoConfig.for_model(CONFIG_TYPES.get(model_type, model_type), **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers validates with many error types
@@ -55,6 +57,8 @@ def transformers_view(config: dict[str, Any]) -> dict[str, Any]:
             f"transformers' {model_type} config class refuses it ({type(exc).__name__}: {line}); "
             "fix the named field"
         ) from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
     view: dict[str, Any] = cfg.to_dict()
     view["model_type"] = model_type
     return view
