@@ -59,7 +59,15 @@ def _edited(hf: Path, dst: Path, **text: Any) -> Path:
         ({"moe_layers": [0, 1]}, r"moe_layers \[0, 1\] is not every 2-th layer"),
         ({"no_rope_layers": [1, 0, 1, 1]}, r"no_rope_layers \[1, 0, 1, 1\] is not 'NoPE every"),
         ({"attention_chunk_size": None}, "without attention_chunk_size"),
-        ({"num_hidden_layers": 3}, "with 3 layers: mlx-lm's llama4 takes its global attention"),
+        (
+            {
+                "num_hidden_layers": 3,
+                "layer_types": None,
+                "no_rope_layers": None,
+                "moe_layers": None,
+            },
+            "with 3 layers: mlx-lm's llama4 takes its global attention",
+        ),
         ({"layer_types": ["full_attention"] * 4}, "are not chunked attention on the RoPE layers"),
     ],
 )

@@ -3,8 +3,9 @@
 For each family: tests/fixtures/families/<model_type>.json (transformers' config and the
 tensor layout its save_pretrained writes) and tests/fixtures/golden/<model_type>.npz
 (transformers fp32 logits for the fixed prompt + 8 cached greedy steps); derived forms
-(FORMS: gpt_oss_mxfp4, the hub's MXFP4 release of the gpt_oss fixture) get golden
-logits of their own. Usage:
+(FORMS: gpt_oss_mxfp4, the hub's MXFP4 release of the gpt_oss fixture) and config
+variants (edge0.synth.fidelity_probes.VARIANTS: a family's fixture with computed
+non-default config values) get golden logits of their own. Usage:
 
     .venv/bin/python tools/family_fixtures.py [MODEL_TYPE ...]
     .venv/bin/python tools/family_fixtures.py --report   # deltas vs golden, no torch
@@ -19,6 +20,7 @@ import click
 import numpy as np
 from teacher_golden import golden_tool  # tools/ is on sys.path when this script runs
 
+from edge0.synth.fidelity_probes import VARIANTS
 from edge0.synth.gpt_oss_forms import FORMS
 from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family, write_fixture
 
@@ -35,7 +37,7 @@ def report(model_types: tuple[str, ...]) -> None:
     edge0_logits = importlib.import_module("test_reference").edge0_logits
     from edge0.model.loader import load
 
-    for model_type in model_types or (*CONFIGS, *FORMS):
+    for model_type in model_types or (*CONFIGS, *FORMS, *VARIANTS):
         g = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
         with tempfile.TemporaryDirectory() as tmp:
             path = _checkpoint(model_type, Path(tmp))
@@ -61,9 +63,12 @@ def main(model_types: tuple[str, ...], only_report: bool) -> None:
         report(model_types)
         return
     golden = golden_tool()
-    for model_type in model_types or (*CONFIGS, *FORMS):
+    for model_type in model_types or (*CONFIGS, *FORMS, *VARIANTS):
         if model_type in CONFIGS:
             write_fixture(FIXTURES, model_type)
+        elif model_type in VARIANTS:  # a family's fixture with computed non-default values
+            base, changes = VARIANTS[model_type]
+            write_fixture(FIXTURES, base, changes, name=model_type)
         with tempfile.TemporaryDirectory() as tmp:
             path = _checkpoint(model_type, Path(tmp))
             result = golden.reference_logits(path, golden.prompt_ids(path))

@@ -24,7 +24,7 @@ from edge0.errors import ConversionError, ModelLoadError
 from edge0.layout.records import PROJECTIONS
 from edge0.layout.safetensors_io import TensorInfo, read_header, read_raw
 from edge0.log import get_logger
-from edge0.model.arch import check_supported
+from edge0.model.arch import check_supported, normalize_config
 from edge0.routing.families import Family, family_for
 
 log = get_logger(__name__)
@@ -167,8 +167,12 @@ def open_source(path: Path) -> Source:
         raise ConversionError(f"{cfg_path} is not a JSON object; re-download the checkpoint")
     try:
         check_supported(config, str(cfg_path))
+        normalize_config(config)  # the check `edge0 run` makes: refused here, before any write
     except ModelLoadError as exc:
-        raise ConversionError(str(exc)) from None
+        text = str(exc)
+        raise ConversionError(
+            text if text.startswith(str(cfg_path)) else f"{cfg_path}: {text}"
+        ) from None
     family = family_for(str(config["model_type"]))
     tensors: dict[str, TensorInfo] = {}
     for f in _weight_files(path):

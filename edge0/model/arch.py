@@ -8,6 +8,8 @@ from typing import Any
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
+from edge0.model import fields
+from edge0.model.rope import untruncate_yarn
 from edge0.routing import families
 
 # Dense (non-MoE) families people are likely to point Edge0 at by mistake.
@@ -94,12 +96,15 @@ def sparse_layers(config: dict[str, Any]) -> list[int]:
 def normalize_config(config: dict[str, Any]) -> dict[str, Any]:
     """Fill the fields mlx-lm expects from transformers-5 style configs (a new dict).
 
+    First the config as transformers reads it, checked field by field
+    (`edge0.model.fields.resolve`: ModelLoadError naming a refused field and value).
     Generic: `rope_parameters` -> `rope_theta` (and `rope_scaling` when not default),
     `head_dim`; then the family's own hook (e.g. Qwen: `num_local_experts` ->
     `num_experts`, `layer_types` -> `full_attention_interval`). Idempotent.
     """
-    config = dict(config)
     fam = families.FAMILIES.get(str(config.get("model_type")))
+    # transformers' reading first: its defaults for absent keys, every audited field checked
+    config = fields.resolve(config) if fam is not None else dict(config)
     if isinstance(config.get("text_config"), dict):
         config["text_config"] = _normalize_text(dict(config["text_config"]), fam)
     else:
@@ -135,9 +140,14 @@ def instantiate(config: dict[str, Any], where: str = "config.json") -> nn.Module
         args = args_cls.from_dict(config)
         model: nn.Module = model_cls(args)
         family_of(config).adapt(model, text_config(config))
-    except (TypeError, ValueError, KeyError) as exc:
+        untruncate_yarn(model, text_config(config))
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mlx-lm's classes fail in many ways; one line
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         raise ModelLoadError(
             f"{where}: config does not describe a valid {config.get('model_type')} model "
-            f"({exc}); re-download or re-convert the checkpoint"
+            f"({line}); compare config.json with the original model's (docs/models.md lists "
+            "the values Edge0 runs)"
         ) from exc
     return model

@@ -22,6 +22,7 @@ __all__ = ["LoadedModel", "activation_dtype", "build_model", "load", "load_token
 
 log = get_logger(__name__)
 
+
 def read_config(path: Path) -> dict[str, Any]:
     """config.json (plus eos ids from generation_config.json), normalised for mlx-lm."""
     file = path / "config.json"
@@ -133,7 +134,7 @@ def load(path: str | Path) -> LoadedModel:
         detail = str(exc).replace("\n", " ")[:300]
         raise ModelLoadError(
             f"{path}: the safetensors weights do not match config.json ({detail}); the "
-            "checkpoint is incomplete or mixed up: re-download or re-convert it"
+            "checkpoint is incomplete or mixed up: re-download it"
         ) from exc
     model.set_dtype(dtype)
     mx.eval(model.parameters())

@@ -79,8 +79,19 @@ _SMALL_35 = Shape(hidden=512, layers=8, heads=8, head_dim=64, experts=64, top_k=
 NAMED: dict[str, tuple[Shape, int]] = {
     "tiny": (Shape(moe_ff=64, shared_ff=64), 512),
     "small": (_SMALL_35, 4096),
-    "medium": (attrs.evolve(_SMALL_35, hidden=1024, layers=12, head_dim=128, experts=128,
-                            top_k=8, moe_ff=512, shared_ff=512), 32768),  # fmt: skip
+    "medium": (
+        attrs.evolve(
+            _SMALL_35,
+            hidden=1024,
+            layers=12,
+            head_dim=128,
+            experts=128,
+            top_k=8,
+            moe_ff=512,
+            shared_ff=512,
+        ),
+        32768,
+    ),  # fmt: skip
     "tiny-qwen3": (Shape(model_type="qwen3_moe", moe_ff=64), 512),
     "small-qwen3": (attrs.evolve(_SMALL_35, model_type="qwen3_moe"), 4096),
 }
@@ -104,8 +115,15 @@ def shape_config(name: str) -> dict[str, Any]:
         shape = Shape(model_type="qwen3_moe", hidden=2048, layers=48, heads=32, kv_heads=4,
                       head_dim=128, experts=128, top_k=8, moe_ff=768)  # fmt: skip
         rope = {"rope_type": "default", "rope_theta": 1000000.0}
-        cfg = hf_config(shape, 151936, intermediate_size=6144, max_position_embeddings=40960,
-                        tie_word_embeddings=False, rms_norm_eps=1e-6, rope_parameters=rope)
+        cfg = hf_config(
+            shape,
+            151936,
+            intermediate_size=6144,
+            max_position_embeddings=40960,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            rope_parameters=rope,
+        )
     elif name in FLAGSHIPS:  # the other families' flagships (edge0/synth/flagships.py)
         cfg = flagship_config(name)
     else:

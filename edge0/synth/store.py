@@ -55,8 +55,12 @@ def write_store(
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         model_type="synthetic",
-        config={"model_type": "synthetic", "hidden_size": d_model,
-                "moe_intermediate_size": d_ff, "num_experts": n_experts},  # fmt: skip
+        config={
+            "model_type": "synthetic",
+            "hidden_size": d_model,
+            "moe_intermediate_size": d_ff,
+            "num_experts": n_experts,
+        },  # fmt: skip
         quantization={"bits": 4, "group_size": group_size, "mode": "affine"},
         moe_layers=tuple(range(1, n_layers + 1)),
         n_experts=n_experts,

@@ -102,6 +102,14 @@ def _glm4_moe(vocab: int) -> Any:
                          first_k_dense_replace=1, routed_scaling_factor=1.5)  # fmt: skip
 
 
+def _qwen3_moe(vocab: int) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
+                          head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2,
+                          moe_intermediate_size=FF, norm_topk_prob=True)  # type: ignore[call-arg]  # fmt: skip
+
+
 def _qwen3_next(vocab: int) -> Any:
     from transformers import Qwen3NextConfig
 
@@ -116,8 +124,8 @@ def _qwen3_next(vocab: int) -> Any:
 def _gpt_oss(vocab: int) -> Any:
     from transformers import GptOssConfig
 
-    # gpt-oss-20b's rope (YaRN x32 over 4096) but truncated: mlx-lm's YaRN always rounds the
-    # correction range, the hub config's `truncate: false` would differ (docs/models.md);
+    # gpt-oss-20b's rope (YaRN x32 over 4096) with `truncate: true` (mlx-lm's own rounding);
+    # the hub's `truncate: false` is the gpt_oss-variant fixture (edge0/model/rope.py);
     # sliding window 4 so the prompt crosses it
     rope = {
         "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -170,16 +178,59 @@ CONFIGS: dict[str, Callable[[int], Any]] = {
     "granitemoe": _granitemoe,
     "llama4": _llama4,
 }
+
+
+def _qwen3_5_moe(vocab: int) -> Any:
+    """Qwen3.5-MoE (the hub's multimodal config, text model only): DeltaNet, then attention."""
+    from transformers import Qwen3_5MoeConfig
+
+    text = dict(**dict(_common(vocab), num_hidden_layers=4), num_key_value_heads=KV,
+                head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=FF,
+                shared_expert_intermediate_size=FF, linear_num_key_heads=2,
+                linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16)  # fmt: skip
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=D,
+                  patch_size=14, temporal_patch_size=2, spatial_merge_size=2)  # fmt: skip
+    return Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+# bases of config variants (VARIANTS) that are not family fixtures of their own
+BASES: dict[str, Callable[[int], Any]] = {
+    **CONFIGS,
+    "qwen3_moe": _qwen3_moe,
+    "qwen3_5_moe": _qwen3_5_moe,
+}
 # model_types transformers has no class of its own for: the architecture it runs them as
 REFERENCE_TYPES = {"kimi_k2": "deepseek_v3"}
 # transformers classes of the checkpoint (AutoModelForCausalLM otherwise): the hub's llama4
 # releases are the multimodal model, whose `language_model` the text-only fixture exercises
-REFERENCE_CLASSES = {"llama4": "Llama4ForConditionalGeneration"}
+REFERENCE_CLASSES = {
+    "llama4": "Llama4ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+}
 
 
-def config_dict(model_type: str, vocab: int) -> dict[str, Any]:
-    """config.json of the tiny `model_type` checkpoint (transformers' to_dict, bf16)."""
-    out: dict[str, Any] = CONFIGS[model_type](vocab).to_dict()
+def config_dict(
+    model_type: str, vocab: int, changes: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """config.json of the tiny `model_type` checkpoint (transformers' to_dict, bf16).
+
+    `changes` (a variant's config values; "text_config.KEY" reaches into a nested text
+    config) are applied, then the dict goes through transformers' config class again so
+    the values it derives from them (e.g. `sliding_window` from `use_sliding_window`) follow.
+    """
+    out: dict[str, Any] = BASES[model_type](vocab).to_dict()
+    if changes:
+        import transformers
+
+        for key, value in changes.items():
+            owner = out
+            *path, leaf = key.split(".")
+            for step in path:
+                owner = owner[step]
+            owner[leaf] = value
+        ref = dict(out, model_type=REFERENCE_TYPES.get(model_type, model_type))
+        out = transformers.AutoConfig.for_model(**ref).to_dict()
     out["dtype"] = "bfloat16"
     out["model_type"] = model_type
     return out
@@ -204,7 +255,7 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
 
 
 # families whose RMSNorms multiply by (1 + w): their norm weights are zero-centred
-CENTRED_NORMS = ("qwen3_next",)
+CENTRED_NORMS = ("qwen3_next", "qwen3_5_moe")
 
 
 def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarray:
@@ -233,27 +284,41 @@ def fixture_file(root: Path, model_type: str) -> Path:
     return root / "families" / f"{model_type}.json"
 
 
-def write_fixture(root: Path, model_type: str) -> Path:
-    """Write tests/fixtures/families/<model_type>.json (config + transformers' layout)."""
+def variant_spec(model_type: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`model_type`'s fixture with config `changes`: config and transformers' layout (torch)."""
     with tempfile.TemporaryDirectory() as tmp:
         vocab = build_tokenizer(Path(tmp), TOKENIZER_VOCAB)
-    config = config_dict(model_type, vocab)
+    config = config_dict(model_type, vocab, changes)
     layout = layout_from_transformers(config)
-    out = fixture_file(root, model_type)
+    return {"config": config, "tensors": [[n, list(s)] for n, s in layout]}
+
+
+def write_fixture(root: Path, model_type: str, changes: dict[str, Any] | None = None,
+                  name: str | None = None) -> Path:  # fmt: skip
+    """Write tests/fixtures/families/<name>.json (config + transformers' layout)."""
+    out = fixture_file(root, name or model_type)
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"config": config, "tensors": [[n, list(s)] for n, s in layout]}, indent=1)
-    out.write_text(text + "\n")
+    out.write_text(json.dumps(variant_spec(model_type, changes), indent=1) + "\n")
     return out
+
+
+def write_variant(model_type: str, changes: dict[str, Any], out: Path) -> Path:
+    """The tiny checkpoint of `model_type` with config `changes` in `out` (torch)."""
+    return write_spec(variant_spec(model_type, changes), out)
 
 
 def write_family(fixture: Path, out: Path) -> Path:
     """Write the tiny checkpoint of a committed fixture into `out` (bf16, tokenizer, config)."""
-    spec = json.loads(fixture.read_text())
+    return write_spec(json.loads(fixture.read_text()), out)
+
+
+def write_spec(spec: dict[str, Any], out: Path) -> Path:
+    """Write the checkpoint of a fixture spec ({"config", "tensors"}) into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out, TOKENIZER_VOCAB)
     config = spec["config"]
     if vocab != (config.get("text_config") or config)["vocab_size"]:
-        raise ValueError(f"{fixture}: tokenizer has {vocab} tokens, not the config's vocab_size")
+        raise ValueError(f"{out}: tokenizer has {vocab} tokens, not the config's vocab_size")
     centred = config["model_type"] in CENTRED_NORMS
     tensors = {
         name: mx.array(values(name, tuple(shape), centred)).astype(mx.bfloat16)

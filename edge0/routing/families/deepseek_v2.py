@@ -31,6 +31,11 @@ class DeepseekV2(Family):
                 "deepseek_v2 with norm_topk_prob=true: mlx-lm's deepseek_v2 never renormalises "
                 "the top-k weights, so it would not compute this model"
             )
+        if not tc.get("rope_scaling"):  # mlx-lm builds YaRN always; factor 1 is plain RoPE
+            theta = (tc.get("rope_parameters") or {}).get("rope_theta", tc.get("rope_theta"))
+            yarn = {"rope_type": "yarn", "factor": 1.0, "rope_theta": theta,
+                    "original_max_position_embeddings": tc.get("max_position_embeddings")}
+            tc["rope_scaling"] = tc["rope_parameters"] = yarn  # the same, said as YaRN
         return tc
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:

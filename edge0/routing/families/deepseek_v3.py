@@ -25,6 +25,11 @@ class DeepseekV3(Family):
     routing = "sigmoid + correction bias, group-limited top-k, renormalised, scaled"
     shared = "ungated (n_shared_experts)"
 
+    def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
+        # transformers always routes noaux_tc over sigmoids whatever these (mlx-lm's) keys say
+        tc["topk_method"], tc["scoring_func"] = "noaux_tc", "sigmoid"
+        return tc
+
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
         return dense_first_then_sparse(tc)
 

@@ -21,7 +21,7 @@ class Glm4Moe(DeepseekV3):
         tc.setdefault("use_qk_norm", False)
         tc.setdefault("attention_bias", False)
         tc.setdefault("partial_rotary_factor", 0.5)
-        return tc
+        return super().normalize(tc)
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
         first = int(tc.get("first_k_dense_replace") or 0)

@@ -34,6 +34,9 @@ class Qwen3Moe(Family):
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         if "num_experts" not in tc and "num_local_experts" in tc:
             tc["num_experts"] = tc["num_local_experts"]
+        if str(tc.get("model_type")).startswith("qwen3_5"):
+            # transformers' Qwen3.5 has none of these: every layer sparse, always renormalised
+            tc.update(mlp_only_layers=[], decoder_sparse_step=1, norm_topk_prob=True)
         tc.setdefault("mlp_only_layers", [])
         tc.setdefault("decoder_sparse_step", 1)
         tc.setdefault("norm_topk_prob", tc.get("model_type") != "qwen3_moe")
