@@ -81,7 +81,7 @@ class Namespaces:
         self.names = [f"{PREFIX}{self.tag}-{r}" for r in range(ranks)]
         self.ips = [f"{SUBNET}.{r + 1}" for r in range(ranks)]
         self.dir = Path(tempfile.mkdtemp(prefix="edge0-netns-"))
-        self.hosts_file = self.dir / "hosts.json"
+        self.hosts_file = self.dir / f"hosts-{ranks}.json"
         self.rate, self.burst = "none", 2 * MTU_FRAME
 
     def up(self, rate: str, burst: int | None = None) -> None:
@@ -101,8 +101,7 @@ class Namespaces:
             sh("ip", "-n", name, "link", "set", "eth0", "up")
             sh("ip", "-n", name, "link", "set", "lo", "up")
         self.shape(rate, burst)
-        hosts = [{"ssh": name, "ips": [ip]} for name, ip in zip(self.names, self.ips, strict=True)]
-        self.hosts_file.write_text(json.dumps({"hosts": hosts}) + "\n")
+        self.hosts_file = self.hosts_for(self.ranks)
 
     def shape(self, rate: str, burst: int | None = None) -> None:
         """Both ends of every rank's link at `rate` (`none`: the veth's own, unshaped)."""
@@ -114,6 +113,13 @@ class Namespaces:
             if rate != "none":
                 sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                    "burst", str(burst), "latency", "50ms")  # fmt: skip
+
+    def hosts_for(self, n: int) -> Path:
+        """A hosts file naming the first `n` ranks' namespaces and addresses."""
+        path = self.dir / f"hosts-{n}.json"
+        hosts = [{"ssh": name, "ips": [ip]} for name, ip in zip(self.names, self.ips, strict=True)]
+        path.write_text(json.dumps({"hosts": hosts[:n]}) + "\n")
+        return path
 
     def exec_argv(self, rank: int, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.names[rank], *argv]
