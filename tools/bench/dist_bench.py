@@ -3,6 +3,7 @@
     .venv/bin/python tools/bench/dist_bench.py MODEL [--ranks 1,2,4] [--tiers pread]
         [--tiers "throttle:bw=400MB/s,lat=200us>pread"] [--mode route] [--k 4]
         [--tokens 16] [--rounds 2] [--first-layer resident] [--memory-budget 2GiB (per rank)]
+        [--memory-budget-one 3GiB (1 rank)]
         [--layers 6,14,14,6] [--net loopback] [--net 1gbit] [--net 10gbit]
     [--json out.json] [--md out.md]
 
@@ -108,8 +109,9 @@ def run_one(args: argparse.Namespace, ranks: int, tiers: str, net: str,
     cmd = [sys.executable, __file__, args.model, "--one", str(ranks), "--one-tiers", tiers,
            "--mode", args.mode, "--k", str(args.k), "--tokens", str(args.tokens),
            "--first-layer", args.first_layer]  # fmt: skip
-    if args.memory_budget:
-        cmd += ["--memory-budget", args.memory_budget]
+    budget = args.memory_budget_one if ranks == 1 and args.memory_budget_one else args.memory_budget
+    if budget:
+        cmd += ["--memory-budget", budget]
     if args.layers and len(args.layers.split(",")) == ranks:
         cmd += ["--layers", args.layers]
     env = None
@@ -191,6 +193,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--first-layer", default="resident")
     p.add_argument("--memory-budget", help="per rank, e.g. 2GiB")
+    p.add_argument("--memory-budget-one", help="the 1-rank runs' budget [--memory-budget]")
     p.add_argument("--layers", help="layers per rank for every multi-rank run, e.g. 6,14,14,6")
     p.add_argument("--net", action="append",
                    help="loopback (default), or a tbf rate (1gbit, 10gbit; none = unshaped) "
