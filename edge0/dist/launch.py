@@ -4,7 +4,9 @@
 the calling process; ranks 1..N-1 run `python -m edge0.dist.worker` with the
 same options: local ranks (loopback IPs) as child processes, others through
 `ssh HOST` in the same directory (the hosts need the same checkout, venv and
-model path). Under `mlx.launch`, every rank runs `edge0 run` itself instead
+model path; `EDGE0_SSH` replaces the `ssh` command, e.g. with options or with
+tools/netns_ranks.py's shim that enters a network namespace instead). Under
+`mlx.launch`, every rank runs `edge0 run` itself instead
 (edge0.dist.worker.main_from_env) and nothing is spawned here.
 """
 
@@ -42,6 +44,7 @@ from edge0.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.launch")
 T = TypeVar("T")
+SSH_ENV = "EDGE0_SSH"  # the command that runs a rank on its host: `$EDGE0_SSH HOST 'cd DIR && ...'`
 START_TIMEOUT_S = 600.0  # joining the ring and loading every rank's layers
 JOINING = "rank_joining"  # a worker's log event just before it joins (edge0.dist.worker)
 _OPENED = False  # whether this process has joined a ring (one per process)
@@ -121,7 +124,8 @@ class Ranks:
                     "--options", opts_text]  # fmt: skip
             host = cluster.hosts[rank]
             if not host.local:
-                argv = ["ssh", host.ssh, f"cd {shlex.quote(os.getcwd())} && {shlex.join(argv)}"]
+                remote = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
+                argv = [*shlex.split(os.environ.get(SSH_ENV, "ssh")), host.ssh, remote]
             logfile = logdir / f"rank{rank}.log"
             self.logs.append(logfile)
             with open(logfile, "wb") as fh:
@@ -241,8 +245,9 @@ async def _ready(link: Link, node: Node, ranks: Ranks | Launched) -> None:
 
 
 def _wire(setup: Setup, node: Node, ranks: Ranks | Launched, link: Link) -> Setup:
-    setup.runner = lambda request, sampler, settings: PipelineRunner(node, request, sampler,
-                                                                     settings)
+    setup.runner = lambda request, sampler, settings: PipelineRunner(
+        node, request, sampler, settings
+    )
     setup.dist = node
     node.procs = ranks.procs
 

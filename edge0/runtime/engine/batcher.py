@@ -3,8 +3,9 @@
 The engine's worker with `max_batch` > 1. Between steps it lets requests join
 and leave: a queued request joins while fewer than `max_batch` are active, its
 prompt running as its own steps (chunked, edge0.runtime.prefill.chunks) before the next
-decode step; a request leaves after the step that ends it (end of sequence,
-length, its consumer gone, its error). Each decode step feeds every runnable
+decode step (or, with `join_chunk`, in pieces with one decode step of the others
+between two pieces); a request leaves after the step that ends it (end of
+sequence, length, its consumer gone, its error). Each decode step feeds every runnable
 request one token: one request alone runs on the one-request path
 (`Runner.feed`, route mode's deferred syncs included); two or more run one
 `BatchStep` (edge0.runtime.compute.batch) in which every streamed layer reads the union
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -34,7 +36,13 @@ from edge0.runtime.compute.batch import (
 )
 from edge0.runtime.compute.steps import StepRecord
 from edge0.runtime.engine.requests import EngineClosedError, Request
-from edge0.runtime.engine.solo import finish_stats, new_stats, prefill, reads_now
+from edge0.runtime.engine.solo import (
+    finish_stats,
+    new_stats,
+    pieces,
+    prefill_piece,
+    reads_now,
+)
 from edge0.runtime.engine.summary import RunStats
 from edge0.runtime.io.scheduler import ReadStats
 
@@ -121,7 +129,10 @@ class Batcher:
             await self._join(req)
 
     async def _join(self, req: Request) -> None:
-        """The request's prompt, as its own steps; then it is active (or already done)."""
+        """The request's prompt, as its own steps; then it is active (or already done).
+
+        With `join_chunk`, the prompt runs in pieces and the running requests decode one
+        step between two pieces (they wait one piece, not the whole prompt)."""
         eng = self.engine
         ctx, compute, settings = eng.setup.ctx, eng._compute, req.settings
         others = bool(self.active)
@@ -140,23 +151,59 @@ class Batcher:
             eng._lags = []
         t0 = time.perf_counter()
         a = Active(req, row, stats, reads0, [])
+        decode = req.max_tokens > 1
+        parts = pieces(runner, len(req.ids), eng.options.join_chunk if others else None)
+        prompt_bytes, fed = 0, 0
         try:
-            a.tok = await compute.run(lambda: prefill(runner, req.ids, req.max_tokens > 1))
+            for lo, hi in parts:
+                if lo > 0 and not await self._between_pieces(row, req):
+                    break  # cancelled while its prompt ran
+                n0, b0 = len(ctx.records), self._bytes()
+                a.tok = await compute.run(partial(prefill_piece, runner, req.ids, lo, hi, decode))
+                a.records += ctx.records[n0:]  # the prompt's steps (not the others' between)
+                prompt_bytes, fed = prompt_bytes + self._bytes() - b0, hi
+                self.solo = row
         except Exception as exc:  # noqa: BLE001 - this request's error, not the engine's
             stats.finish_reason = "error"
             self.solo = None
             await self._end(a, exc)
             return
-        self.solo = row
-        a.records = list(ctx.records)  # the runner started a fresh list: the prompt's steps
+        if fed < len(req.ids):  # cancelled between two pieces
+            self.solo = None
+            await self._end(a, None)
+            return
         a.t_decode = time.perf_counter()
         stats.prefill_s = a.t_decode - t0
-        sched = eng.setup.scheduler
-        if sched is not None and reads0 is not None:
-            stats.prefill_bytes_per_token = (sched.stats.bytes - reads0.bytes) / len(req.ids)
+        if reads0 is not None:
+            stats.prefill_bytes_per_token = prompt_bytes / len(req.ids)
         self.active.append(a)
         if not self._emit(a, a.tok):
             await self._leave(a)
+
+    async def _between_pieces(self, row: RowState, req: Request) -> bool:
+        """One decode step of the running requests between two pieces of a joining prompt;
+        then the joining request's state back in the streams. False: it was cancelled."""
+        for a in [a for a in self.active if a.req.cancelled]:
+            await self._leave(a)
+        runnable = [a for a in self.active if a.req.backlog < self.buffer]
+        if runnable:
+            self._last = []  # the piece moved slots: stage the rows' plans again
+            await self._decode(runnable)
+        if self.solo is not row:
+            await self._to_rows()
+            ctx = self.engine.setup.ctx
+
+            def back() -> None:
+                ctx.step += 1  # a fresh step, as for the first piece
+                import_state(ctx, row)
+
+            await self.engine._compute.run(back)
+            self.solo = row
+        return not req.cancelled
+
+    def _bytes(self) -> int:
+        sched = self.engine.setup.scheduler
+        return sched.stats.bytes if sched is not None else 0
 
     async def _to_rows(self) -> None:
         """The streams' request state (one that ran alone) goes back into its row."""

@@ -2,7 +2,8 @@
 
 `run_request` runs one request's prompt and decode steps on the compute thread,
 putting each token into the request's queue; `finish_stats` derives its RunStats.
-`prefill` and `new_stats` are used by the batching worker (edge0.runtime.engine.batcher) too.
+`prefill` and `new_stats` are used by the batching worker (edge0.runtime.engine.batcher) too,
+which may feed a joining request's prompt in pieces (`pieces`, `prefill_piece`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,31 @@ def prefill(runner: Runner, ids: list[int], decode: bool) -> int:
     finally:
         runner.sampler = sampler
     return runner.feed(ids[-1], prefill=True, prefetch=decode)
+
+
+def pieces(runner: Any, n: int, join_chunk: int | None) -> list[tuple[int, int]]:
+    """(start, end) of a joining prompt's pieces: the whole prompt (`join_chunk` None), or
+    `join_chunk` tokens rounded up to whole prefill chunks (the chunks stay those of a solo
+    run, so the prompt's forwards are the same)."""
+    if join_chunk is None or n <= 1:
+        return [(0, n)]
+    c = chunk(runner)
+    size = -(-join_chunk // c) * c
+    return [(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def prefill_piece(runner: Runner, ids: list[int], start: int, end: int, decode: bool) -> int:
+    """Feed `ids[start:end]`: the last piece as `prefill` (it draws and may prefetch), the
+    others greedily and without prefetching (prompt steps follow them)."""
+    if end == len(ids):
+        return prefill(runner, ids[start:], decode)
+    sampler, runner.sampler = runner.sampler, greedy
+    try:
+        if chunk(runner) > 1 and end - start > 1:  # the same forwards as a solo run's
+            return chunked_prefill(runner, ids[start:end], chunk(runner), False)
+        return runner.prefill(ids[start:end], decode=False)
+    finally:
+        runner.sampler = sampler
 
 
 def reads_now(engine: Engine) -> ReadStats | None:

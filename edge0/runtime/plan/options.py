@@ -49,6 +49,9 @@ class EngineOptions:
     # pool and the KV reserve of a memory plan grow with it
     max_batch: int = 1
     token_buffer: int = 64  # unread tokens of a batched request before it is paused
+    # prompt tokens a request joining a running batch feeds between two of its decode steps
+    # (rounded up to whole prefill chunks); None: its whole prompt before the next step
+    join_chunk: int | None = None
     # route mode: which experts a layer runs (edge0.runtime.layers.policy);
     # deadline None: the default
     route_policy: str = DEFAULT_POLICY
@@ -77,6 +80,8 @@ class EngineOptions:
             raise ConfigError(f"--max-batch must be at least 1, got {self.max_batch}")
         if self.token_buffer < 1:
             raise ConfigError(f"token_buffer must be at least 1, got {self.token_buffer}")
+        if self.join_chunk is not None and self.join_chunk < 1:
+            raise ConfigError(f"join_chunk must be at least 1 token, got {self.join_chunk}")
         if self.max_batch > 1 and self.hosts is not None:
             raise ConfigError("--max-batch > 1 is not supported with --hosts; use --max-batch 1")
         if not 1 <= self.io_workers <= MAX_IO_WORKERS:
