@@ -104,6 +104,8 @@ def test_sharded_checkpoint_uses_index(model_copy: Callable[[str], Path]) -> Non
 def test_mlx_quantized_directory(model_type: str, tmp_path: Path) -> None:
     from mlx_lm.utils import quantize_model, save_config, save_model
 
+    from edge0.kernels.layers import use_native
+
     src = Path(__file__).parent / "fixtures" / model_type
     source = load(src)
     source.model.set_dtype(mx.bfloat16)  # mlx-community checkpoints are bf16
@@ -116,9 +118,11 @@ def test_mlx_quantized_directory(model_type: str, tmp_path: Path) -> None:
 
     loaded = load(out)
     assert loaded.source_format == "mlx"
-    kinds = {type(m).__name__ for _, m in loaded.model.named_modules()}
+    # (the native kernels' subclasses count as what they subclass: edge0.kernels.layers)
+    kinds = {c.__name__ for _, m in loaded.model.named_modules() for c in type(m).__mro__}
     assert {"QuantizedSwitchLinear", "QuantizedLinear"} <= kinds
     model.set_dtype(mx.float32)  # same weights, scales upcast as edge0 does on CPU
+    use_native(model)  # and the same matrix kernels as a loaded model (edge0.kernels)
     np.testing.assert_allclose(
         logits(loaded), np.array(model(mx.array(PROMPT)[None])[0]), atol=1e-5
     )

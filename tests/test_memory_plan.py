@@ -66,7 +66,7 @@ def test_a_ram_size_given_in_the_spec_is_kept_and_counted_or_refused() -> None:
 
 
 def test_engine_keeps_the_given_ram_size_under_a_budget(store: Path) -> None:
-    from edge0.runtime.stats import current_rss_bytes
+    from edge0.stats import current_rss_bytes
 
     async def main(tiers: str) -> tuple[Any, int]:
         budget = current_rss_bytes() + 512 * _MIB  # this process's RSS counts in the plan

@@ -24,10 +24,10 @@ import time
 from typing import Any
 
 import mlx.core as mx
-from edge0.runtime.stats import current_rss_bytes, peak_rss_bytes
 
 from edge0.bench.worker import encode_prompts
 from edge0.runtime.engine.api import Engine
+from edge0.stats import current_rss_bytes, peak_rss_bytes
 
 _MIB = 1 << 20
 
