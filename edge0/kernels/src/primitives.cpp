@@ -125,10 +125,20 @@ void check_quant(const mx::array& w, const mx::array& scales,
     throw std::invalid_argument("edge0 kernels: biases and scales differ in dtype");
 }
 
-class QuantMatmul : public mx::UnaryPrimitive {
+// A one-output primitive that runs on the CPU stream only (the Python face never builds
+// one for a GPU stream).
+class CpuPrimitive : public mx::UnaryPrimitive {
+ public:
+  using mx::UnaryPrimitive::UnaryPrimitive;
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("edge0 kernels run on the CPU stream only");
+  }
+};
+
+class QuantMatmul : public CpuPrimitive {
  public:
   QuantMatmul(mx::Stream s, int group, int bits, int mode)
-      : mx::UnaryPrimitive(s), group_(group), bits_(bits), mode_(mode) {}
+      : CpuPrimitive(s), group_(group), bits_(bits), mode_(mode) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -147,10 +157,6 @@ class QuantMatmul : public mx::UnaryPrimitive {
       edge0k::qmm(*g_kernels, g_settings, q, reinterpret_cast<const float*>(xd.ptr), M,
                   const_cast<float*>(o.data<float>()));
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("edge0 kernels run on the CPU stream only");
   }
 
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
@@ -186,10 +192,10 @@ struct ProjMeta {
   bool biases, bias;
 };
 
-class ExpertFFN : public mx::UnaryPrimitive {
+class ExpertFFN : public CpuPrimitive {
  public:
   ExpertFFN(mx::Stream s, std::vector<ProjMeta> meta, edge0k::Act act, float alpha, float limit)
-      : mx::UnaryPrimitive(s), meta_(std::move(meta)), act_(act), alpha_(alpha), limit_(limit) {}
+      : CpuPrimitive(s), meta_(std::move(meta)), act_(act), alpha_(alpha), limit_(limit) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -229,10 +235,6 @@ class ExpertFFN : public mx::UnaryPrimitive {
                          reinterpret_cast<const uint32_t*>(id.ptr), n, act, alpha, limit,
                          const_cast<float*>(o.data<float>()));
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("edge0 kernels run on the CPU stream only");
   }
 
   // Gradients to x only (training through frozen experts): the same FFN built from
