@@ -1,4 +1,4 @@
-"""Prerouter heads: predict the next MoE layer's routing one decode step ahead (DESIGN.md)."""
+"""Prerouter heads: predict the next MoE layer's routing one decode step ahead."""
 
 from __future__ import annotations
 
