@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from edge0.cli.bench_batch import _ints
 from edge0.errors import ConfigError
 
 
@@ -17,16 +18,6 @@ def _list(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
     if not got or bad:
         choices = f" (choose from {', '.join(allowed)})" if allowed else ""
         raise ConfigError(f"{what}: {text!r} is not a comma-separated list{choices}")
-    return got
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        got = [int(x) for x in _list(text, None, what)]
-    except ValueError:
-        got = []
-    if not got or min(got) < 1:
-        raise ConfigError(f"{what} must be positive integers separated by commas, not {text!r}")
     return got
 
 

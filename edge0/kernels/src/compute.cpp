@@ -163,7 +163,9 @@ void one_slot(const Kernels& k, const QStack& gate, const QStack& up, const QSta
 }  // namespace
 
 void qmm(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M, float* out) {
-  std::vector<float> xp, xs;
+  Scratch& sc = scratch();  // reused per thread: no allocation per call
+  std::vector<float>& xp = sc.xp;
+  std::vector<float>& xs = sc.xs;
   prep(k, q, x, M, xp, xs);
   const int64_t bytes = matrix_bytes(q);
   int tasks = st.threads;
