@@ -1,11 +1,15 @@
-"""The two ops the engine calls: a quantized matmul and the routed experts' gated FFN.
+"""The ops the engine calls: quantized matmul, the experts' FFN (or a whole MoE block), RMSNorm,
+RoPE, attention.
 
 Each runs the native kernel when it can (extension loaded, CPU device, float32 input, a
 quantization it knows) and MLX's own op otherwise; the caller never knows which ran.
+RMSNorm and RoPE give MLX's CPU result bit for bit, in one graph node instead of 11 and 29;
+attention over a few queries is one node instead of about 12.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
@@ -72,10 +76,88 @@ def expert_ffn(
     lead = tuple(mx.broadcast_shapes(tuple(h.shape[:-2]), tuple(idx.shape)))
     x = mx.broadcast_to(h.reshape(*h.shape[:-2], d), (*lead, d)).reshape(-1, d)
     rows = mx.broadcast_to(idx, lead).reshape(-1).astype(mx.uint32)
+    arrays, meta = _operands(projs)
+    out: mx.array = mod.expert_ffn(x, rows, arrays, meta, *act)
+    return out.reshape(*lead, 1, out.shape[-1])
+
+
+def _operands(projs: tuple[Proj, Proj, Proj]) -> tuple[list[mx.array | None], list[int]]:
     arrays: list[mx.array | None] = []
     meta: list[int] = []
     for w, scales, biases, bias, group_size, bits, mode in projs:
         arrays += [w, scales, biases, bias]
         meta += [bits, group_size, 1 if mode == "mxfp4" else 0]
-    out: mx.array = mod.expert_ffn(x, rows, arrays, meta, *act)
-    return out.reshape(*lead, 1, out.shape[-1])
+    return arrays, meta
+
+
+def moe(
+    x: mx.array, logits: mx.array, k: int, norm: bool, up: Proj, gate: Proj, down: Proj,
+    activation: Any,
+) -> mx.array | None:  # fmt: skip
+    """A softmax-top-k sparse-MoE block after its router: per row of x (..., d), the k experts
+    of highest softmax(logits) (weights renormalized over them when `norm`), their gated
+    FFN, summed with those weights, as one native node: (..., d_out). None when only MLX's
+    ops can run it."""
+    mod = _native_float(x)
+    act = activation_kind(activation)
+    if mod is None or act is None or logits.dtype != mx.float32:
+        return None
+    projs = (gate, up, down)
+    if not all(_supported(p[5], p[4], p[6], p[1]) and p[0].ndim == 3 for p in projs):
+        return None
+    arrays, meta = _operands(projs)
+    d = x.shape[-1]
+    out: mx.array = mod.moe(x.reshape(-1, d), logits.reshape(-1, logits.shape[-1]), arrays,
+                            meta, *act, k, norm)  # fmt: skip
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _native_float(x: mx.array) -> ModuleType | None:
+    mod = module()
+    return mod if mod is not None and x.dtype == mx.float32 and x.size > 0 and on_cpu() else None
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """`mx.fast.rms_norm(x, weight, eps)`."""
+    mod = _native_float(x)
+    if mod is not None and weight.ndim == 1 and weight.dtype in _NORM_WEIGHTS:
+        out: mx.array = mod.rms_norm(x, weight, eps)
+        return out
+    return mx.fast.rms_norm(x, weight, eps)
+
+
+_NORM_WEIGHTS = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def rope(
+    x: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
+    offset: int | mx.array, freqs: mx.array | None = None,
+) -> mx.array:  # fmt: skip
+    """`mx.fast.rope(x, dims, ...)`: an int offset, or an array of one per batch row."""
+    mod = _native_float(x)
+    if mod is not None and x.ndim in (3, 4) and (freqs is None) != (base is None):
+        off = offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
+        if off.dtype == mx.int32 and off.ndim <= 1 and (freqs is None or freqs.dtype == mx.float32):
+            out: mx.array = mod.rope(x, off, freqs, dims, traditional, base or 0.0, scale)
+            return out
+    return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset,
+                        freqs=freqs)  # fmt: skip
+
+
+SDPA_MAX_QUERIES = 8  # decode and batched decode; prompts keep MLX's BLAS matmuls
+
+
+def sdpa(
+    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None
+) -> mx.array | None:
+    """`mx.fast.scaled_dot_product_attention` for up to `SDPA_MAX_QUERIES` queries with no
+    mask or the causal one, in one native node; None where MLX's op must run."""
+    mod = _native_float(q)
+    if mod is None or q.ndim != 4 or q.shape[2] > SDPA_MAX_QUERIES:
+        return None
+    if k.dtype != mx.float32 or v.dtype != mx.float32 or k.ndim != 4 or v.ndim != 4:
+        return None
+    if mask is not None and not (isinstance(mask, str) and mask == "causal"):
+        return None  # an array mask (batched caches, windows): MLX's op
+    out: mx.array = mod.sdpa(q, k, v, scale, mask is not None)
+    return out

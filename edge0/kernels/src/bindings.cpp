@@ -19,6 +19,16 @@ NB_MODULE(_native, m) {
   m.def("expert_ffn", &edge0::expert_ffn, "x"_a, "idx"_a, "projections"_a, "meta"_a,
         "activation"_a, "alpha"_a, "limit"_a, nb::kw_only(), "stream"_a = nb::none(),
         "The routed experts' gated FFN of each row with its slot, in one op");
+  m.def("moe", &edge0::moe, "x"_a, "logits"_a, "projections"_a, "meta"_a, "activation"_a,
+        "alpha"_a, "limit"_a, "k"_a, "norm"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "A sparse-MoE block after its router: top-k by softmax, the experts, the weighted sum");
+  m.def("rms_norm", &edge0::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "mx.fast.rms_norm in one CPU node (float32 x)");
+  m.def("rope", &edge0::rope, "x"_a, "offset"_a, "freqs"_a.none(), "dims"_a, "traditional"_a,
+        "base"_a, "scale"_a, "forward"_a = true, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rope in one CPU node (float32 x, int32 offset)");
+  m.def("sdpa", &edge0::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "scaled dot-product attention in one CPU node (float32)");
   m.def("isa", &edge0::isa, "The row kernel in use (avx512, avx2, neon, portable)");
   m.def("use_isa", &edge0::use_isa, "name"_a,
         "Switch to another built row kernel; False when this CPU cannot run it");

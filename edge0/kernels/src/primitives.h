@@ -1,4 +1,4 @@
-// The MLX face of the kernels: two CPU primitives and the ops that build them.
+// The MLX face of the kernels: the CPU primitives and the ops that build them.
 #pragma once
 
 #include <optional>
@@ -25,6 +25,29 @@ mx::array expert_ffn(const mx::array& x, const mx::array& idx,
                      const std::vector<std::optional<mx::array>>& projections,
                      const std::vector<int>& meta, const std::string& activation, float alpha,
                      float limit, mx::StreamOrDevice s = {});
+
+// mx.fast.rms_norm(x, weight, eps) for float32 x: one node, MLX's CPU result bit for bit
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps,
+                   mx::StreamOrDevice s = {});
+
+// mx.fast.rope for float32 x (3-D or 4-D) with an int32 offset (scalar or one per batch
+// row) and either base or freqs: one node, MLX's CPU result bit for bit
+mx::array rope(const mx::array& x, const mx::array& offset, const std::optional<mx::array>& freqs,
+               int dims, bool traditional, float base, float scale, bool forward,
+               mx::StreamOrDevice s = {});
+
+// mx.fast.scaled_dot_product_attention for float32 q (B, Hq, Lq, D), k/v (B, Hk, Lk, D)
+// with no mask or the causal one: one node (agrees to float rounding)
+mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+               bool causal, mx::StreamOrDevice s = {});
+
+// A sparse-MoE block after its router projection: per row n of x (N, d), the top-k experts
+// by softmax(logits[n]) (weights renormalized over the k when norm), their gated FFN over
+// the full expert stacks (as expert_ffn), summed with those weights -> (N, d_out)
+mx::array moe(const mx::array& x, const mx::array& logits,
+              const std::vector<std::optional<mx::array>>& projections,
+              const std::vector<int>& meta, const std::string& activation, float alpha,
+              float limit, int k, bool norm, mx::StreamOrDevice s = {});
 
 std::string isa();
 bool use_isa(const std::string& name);  // false: not built or not supported here

@@ -1,0 +1,177 @@
+// Scaled dot-product attention as one CPU primitive, for the short queries of decoding.
+//
+// On the CPU, mx.fast.scaled_dot_product_attention runs its composed fallback: about 12
+// graph nodes per call (scale, GQA reshapes, two matmuls, softmax). Here one node computes,
+// per batch row, query head and query position, the scaled scores against the keys the
+// mask allows, a precise (float32, max-subtracted) softmax and the weighted sum of the
+// values; grouped-query heads read their shared key/value head in place. Keys and values
+// may be strided views (a KV cache's filled part). The sums are reassociated against
+// MLX's BLAS matmuls, so results agree to float rounding, not bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_primitive.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/fast.h"
+#include "mlx/transforms.h"
+#include "primitives.h"
+
+namespace edge0 {
+
+namespace {
+
+struct Strided4 {
+  const float* p;
+  int64_t s[4];
+};
+
+Strided4 strided(const mx::array& a) {
+  return {a.data<float>(),
+          {int64_t(a.strides()[0]), int64_t(a.strides()[1]), int64_t(a.strides()[2]),
+           int64_t(a.strides()[3])}};
+}
+
+// The two inner loops, cloned for AVX2+FMA where the CPU has them (chosen at load by the
+// dynamic linker; the default clone runs on any x86-64).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define EDGE0_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define EDGE0_CLONES
+#endif
+
+EDGE0_CLONES float dot(const float* a, const float* b, int64_t sb, int64_t n) {
+  float acc = 0.0f;
+  if (sb == 1) {
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i * sb];
+  }
+  return acc;
+}
+
+EDGE0_CLONES void axpy(float w, const float* x, int64_t sx, float* y, int64_t n) {
+  if (sx == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] += w * x[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] += w * x[i * sx];
+  }
+}
+
+class SDPA : public CpuPrimitive {
+ public:
+  SDPA(mx::Stream s, float scale, bool causal) : CpuPrimitive(s), scale_(scale), causal_(causal) {}
+
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([q = mx::array::unsafe_weak_copy(in[0]), k = mx::array::unsafe_weak_copy(in[1]),
+                  v = mx::array::unsafe_weak_copy(in[2]), o = mx::array::unsafe_weak_copy(out),
+                  scale = scale_, causal = causal_]() { run(q, k, v, o, scale, causal); });
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    const float scale = scale_;
+    const std::string mode = causal_ ? "causal" : "";
+    const mx::Stream s = stream();
+    auto fun = [scale, mode, s](const std::vector<mx::array>& in) {
+      return std::vector<mx::array>{
+          mx::fast::scaled_dot_product_attention(in[0], in[1], in[2], scale, mode, {}, {}, false, s)};
+    };
+    auto grads = mx::vjp(fun, primals, cotangents).second;
+    std::vector<mx::array> out;
+    for (int a : argnums) out.push_back(grads[a]);
+    return out;
+  }
+
+  const char* name() const override { return "Edge0SDPA"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const SDPA&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_;
+  }
+
+ private:
+  static void run(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& o,
+                  float scale, bool causal) {
+    const int64_t B = q.shape(0), Hq = q.shape(1), Lq = q.shape(2), D = q.shape(3);
+    const int64_t Hk = k.shape(1), Lk = k.shape(2), Dv = v.shape(3);
+    const int64_t rep = Hq / Hk;
+    const Strided4 Q = strided(q), K = strided(k), V = strided(v);
+    float* op = const_cast<float*>(o.data<float>());
+    // the query heads that share a key/value head read each key and value row once
+    std::vector<float> qs(rep * D), p(rep * Lk), acc(rep * Dv);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t hk = 0; hk < Hk; ++hk) {
+        const float* kb = K.p + b * K.s[0] + hk * K.s[1];
+        const float* vb = V.p + b * V.s[0] + hk * V.s[1];
+        for (int64_t i = 0; i < Lq; ++i) {
+          for (int64_t r = 0; r < rep; ++r) {
+            const float* qr = Q.p + b * Q.s[0] + (hk * rep + r) * Q.s[1] + i * Q.s[2];
+            for (int64_t d = 0; d < D; ++d) qs[r * D + d] = scale * qr[d * Q.s[3]];
+          }
+          // keys this query may see: all, or up to its own position (causal)
+          const int64_t n = causal ? std::min(Lk, Lk - Lq + i + 1) : Lk;
+          for (int64_t j = 0; j < n; ++j) {
+            const float* kr = kb + j * K.s[2];
+            for (int64_t r = 0; r < rep; ++r) p[r * Lk + j] = dot(&qs[r * D], kr, K.s[3], D);
+          }
+          std::vector<float> inv(rep);
+          for (int64_t r = 0; r < rep; ++r) {  // a precise softmax over the visible keys
+            float* pr = &p[r * Lk];
+            float top = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < n; ++j) top = std::max(top, pr[j]);
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n; ++j) {
+              pr[j] = std::exp(pr[j] - top);
+              sum += pr[j];
+            }
+            inv[r] = 1.0f / sum;
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t j = 0; j < n; ++j) {
+            const float* vr = vb + j * V.s[2];
+            for (int64_t r = 0; r < rep; ++r) axpy(p[r * Lk + j] * inv[r], vr, V.s[3], &acc[r * Dv], Dv);
+          }
+          for (int64_t r = 0; r < rep; ++r) {
+            float* orow = op + ((b * Hq + hk * rep + r) * Lq + i) * Dv;
+            std::copy(acc.begin() + r * Dv, acc.begin() + (r + 1) * Dv, orow);
+          }
+        }
+      }
+    }
+  }
+
+  float scale_;
+  bool causal_;
+};
+
+}  // namespace
+
+mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+               bool causal, mx::StreamOrDevice s) {
+  for (const mx::array* a : {&q, &k, &v})
+    if (a->dtype() != mx::float32 || a->ndim() != 4)
+      throw std::invalid_argument("edge0 sdpa: queries, keys and values must be float32 4-D");
+  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) ||
+      k.shape(2) != v.shape(2) || k.shape(3) != q.shape(3) || k.shape(1) == 0 ||
+      q.shape(1) % k.shape(1) != 0)
+    throw std::invalid_argument("edge0 sdpa: keys and values do not match the queries' shape");
+  if (causal && q.shape(2) > k.shape(2))
+    throw std::invalid_argument("edge0 sdpa: a causal mask needs at least as many keys as queries");
+  return mx::array({q.shape(0), q.shape(1), q.shape(2), v.shape(3)}, mx::float32,
+                   std::make_shared<SDPA>(mx::to_stream(s), scale, causal), {q, k, v});
+}
+
+}  // namespace edge0
