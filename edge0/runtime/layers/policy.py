@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
-DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md, "At the staged share ..."
+DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md, "The default" (layer-heads round)
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
 
 
