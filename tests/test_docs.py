@@ -235,8 +235,14 @@ def _python_problems(args: list[str]) -> list[str]:
     if not script.is_file():
         return [f"no script {args[0]}"]
     source = script.read_text()
-    return [f"{args[0]} has no option {a.split('=')[0]}" for a in args[1:]
-            if a.startswith("--") and a.split("=")[0] not in source]  # fmt: skip
+    rest: list[str] = []
+    if "--" in args:  # what follows runs as a command of its own
+        args, rest = args[: args.index("--")], args[args.index("--") + 1 :]
+    problems = [f"{args[0]} has no option {a.split('=')[0]}" for a in args[1:]
+                if a.startswith("--") and a.split("=")[0] not in source]  # fmt: skip
+    if rest and "/" not in rest[0]:  # `-- ARGS` of `edge0` (tools/bench/pool_share.py), not a
+        problems += cli_problems(["edge0", *rest])  # program's path (tools/netns_ranks.py)
+    return problems
 
 
 def test_servers_and_multiline_commands() -> None:

@@ -18,6 +18,7 @@ from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
 from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, ZSTD_INDEX_FILE
 from edge0.layout.records import field_views
+from edge0.layout.sources import _weight_files
 
 PROMPT = [5, 17, 42, 99, 3, 250]
 OPTS = ConvertOptions(group_size=GROUP)
@@ -197,13 +198,24 @@ def test_trained_artifacts_travel_with_the_model(tmp_path: Path) -> None:
     src = tiny_hf(tmp_path, "qwen3_moe")
     (src / "prerouter.safetensors").write_bytes(b"heads")
     (src / "prerouter.json").write_text("{}")
+    (src / "prerouter-layer.safetensors").write_bytes(b"layer heads")
+    (src / "prerouter-layer.json").write_text('{"horizon": "layer"}')
     (src / "adapters").mkdir()
     (src / "adapters" / "adapter_config.json").write_text('{"rank": 4}')
     dst = tmp_path / "out"
     convert(src, dst, OPTS)
     assert (dst / "prerouter.safetensors").read_bytes() == b"heads"
     assert (dst / "prerouter.json").read_text() == "{}"
+    assert (dst / "prerouter-layer.safetensors").read_bytes() == b"layer heads"
+    assert (dst / "prerouter-layer.json").read_text() == '{"horizon": "layer"}'
     assert (dst / "adapters" / "adapter_config.json").read_text() == '{"rank": 4}'
+
+
+def test_trained_heads_are_never_taken_for_weight_shards(tmp_path: Path) -> None:
+    for name in ("consolidated.safetensors", "prerouter.safetensors",
+                 "prerouter-layer.safetensors", "adapters.safetensors"):  # fmt: skip
+        (tmp_path / name).write_bytes(b"")
+    assert _weight_files(tmp_path) == [tmp_path / "consolidated.safetensors"]
 
 
 def test_refuses_when_the_disk_is_too_small(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from edge0.errors import ConversionError, ModelLoadError
+from edge0.layout.readable import ARTIFACT_FILES
 from edge0.layout.records import PROJECTIONS
 from edge0.layout.safetensors_io import TensorInfo, read_header, read_raw
 from edge0.log import get_logger
@@ -113,8 +114,9 @@ def _weight_files(path: Path) -> list[Path]:
         if missing:
             raise ConversionError(f"{index} lists missing shards: {', '.join(missing)}")
         return files
-    # Trained artifacts next to the weights (prerouter heads, adapters) are not weights.
-    not_weights = {"prerouter.safetensors", "adapters.safetensors"}
+    # Trained artifacts next to the weights (prerouter heads of both horizons, adapters)
+    # are not weights.
+    not_weights = {*ARTIFACT_FILES, "adapters.safetensors"}
     files = sorted(path.glob("model*.safetensors")) or sorted(
         f for f in path.glob("*.safetensors") if f.name not in not_weights
     )

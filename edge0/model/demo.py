@@ -4,9 +4,11 @@ The package ships a small qwen3_moe trained here on Python standard-library
 source (`edge0/data/teacher/`, bf16 HF checkpoint, see docs/teacher.md). The
 first `edge0 run` without MODEL converts it to the edge0 layout at int4 in the
 cache directory (a few seconds); `edge0 convert` carries the shipped prerouter
-heads (and LoRA adapters, when present) along, and the run streams its experts
-from there. The conversion is atomic and keyed by a hash of the shipped files, so a
-new release never reuses a stale student.
+heads along (token horizon: `prerouter.*`, route mode's prediction; layer horizon:
+`prerouter-layer.*`, the deadline policy's; and LoRA adapters, when present), and
+the run streams its experts from there. The conversion is atomic and keyed by a hash
+of the shipped files, so a new release (new heads included) never reuses a stale
+student.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from edge0.log import get_logger
 log = get_logger(__name__)
 
 DATA_DIR = Path(__file__).parent.parent / "data"
-TEACHER_DIR = DATA_DIR / "teacher"  # + prerouter.safetensors/.json, optional adapters/
+TEACHER_DIR = DATA_DIR / "teacher"  # + prerouter{,-layer}.safetensors/.json, optional adapters/
 
 
 def cache_dir() -> Path:

@@ -1,7 +1,7 @@
 """Run an `edge0` command with the in-graph route policy's slot pool capped, in this process.
 
 `available-first` (in the graph) grows the slot pool into a device-side cache
-(`edge0.runtime.policy_graph.POOL_EXTRA_BYTES` beyond the usual K x (L + 2)
+(`edge0.runtime.layers.policy_graph.POOL_EXTRA_BYTES` beyond the usual K x (L + 2)
 slots): on the demo that is 144 slots for 224 routed experts (64% staged), while a
 flagship under `--memory-budget` holds a few percent of its experts in slots.
 This wrapper sets the growth to `--extra-mib` (0: the usual pool only) and runs
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__.strip().splitlines()[-1])
     extra = int(float(argv[1]) * (1 << 20))
     rest = argv[argv.index("--") + 1 :]
-    from edge0.runtime import policy_graph
+    from edge0.runtime.layers import policy_graph
 
     policy_graph.POOL_EXTRA_BYTES = extra
     from edge0.cli.main import main as edge0_main

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from edge0.errors import ConfigError
+from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.layers.policy_graph import DeviceChoice, pool_slots
 
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
     from edge0.runtime.compute.steps import Steps
     from edge0.runtime.layers.streams import LayerStream
 
+log = get_logger(__name__)
 POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
-DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md, "At the staged share ..."
+DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md, "The default" (layer-heads round)
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
 
 
@@ -166,12 +168,15 @@ class RoutePolicy:
 
 def layer_heads_for(model_dir: object, model: object) -> PrerouterSet:
     """The same-token heads of the deadline policy: trained (prerouter-layer.*) when the
-    model directory has them, else the training-free next-router rule (built from `model`,
-    before its sparse blocks are replaced)."""
+    model directory has them (the demo ships them: edge0/data/teacher), else the
+    training-free next-router rule (built from `model`, before its sparse blocks are
+    replaced). Logs which."""
     from pathlib import Path
 
     if model_dir is not None and PrerouterSet.exists(Path(str(model_dir)), "layer"):
         heads = PrerouterSet.load(Path(str(model_dir)), "layer")
         heads.check_model(model)  # type: ignore[arg-type]
+        log.info("route_policy.layer_heads", heads="trained", model=str(model_dir))
         return heads
+    log.info("route_policy.layer_heads", heads="next-router rule", model=str(model_dir))
     return PrerouterSet.from_model(model, wrap=False, lean=True, horizon="layer")  # type: ignore[arg-type]
