@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import zlib
 from collections import namedtuple
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import mlx.core as mx
 import pytest
 
 from edge0.errors import ConversionError
+from edge0.layout.atomic import FREE_MARGIN, FREE_SLACK
 from edge0.layout.convert import convert
 from edge0.layout.load import load_layout
-from edge0.layout.manifest import Manifest
+from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, Manifest
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import switch_modules
 from edge0.layout.records import record_layout
@@ -92,3 +94,45 @@ def test_free_disk_check(tmp_path: Path, monkeypatch) -> None:  # type: ignore[n
     with pytest.raises(ConversionError, match="GB free"):
         synth.synthesize("tiny", tmp_path / "s")
     assert not (tmp_path / "s").exists()
+
+
+def test_zero_experts_are_holes_that_verify_and_run(tmp_path: Path) -> None:
+    """--zero-experts: a full-size experts.bin of zero records that takes (almost) no disk."""
+    real = synthesize("tiny", tmp_path / "real", seed=1)
+    m = synthesize("tiny", tmp_path / "zero", seed=1, zero_experts=True)
+    assert verify(tmp_path / "zero", progress=False).records == m.n_records
+    same = (real.fields, real.record_size, real.moe_layers)
+    assert (m.fields, m.record_size, m.moe_layers) == same
+    assert set(m.crc32) == {zlib.crc32(bytes(m.record_size))}
+    experts = (tmp_path / "zero" / EXPERTS_FILE).stat()
+    assert experts.st_size == (tmp_path / "real" / EXPERTS_FILE).stat().st_size
+    assert experts.st_size == m.n_records * m.record_size
+    assert experts.st_blocks * 512 < experts.st_size // 4  # holes, not written zeros
+    for name in (RESIDENT_FILE, "config.json"):  # the resident part is the random one
+        assert (tmp_path / "zero" / name).read_bytes() == (tmp_path / "real" / name).read_bytes()
+    logits = load_layout(tmp_path / "zero").model(mx.array([[1, 2, 3, 4, 5]]))
+    assert bool(mx.all(mx.isfinite(logits)))
+
+
+def test_zero_experts_need_only_the_resident_file_free(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    synthesize("tiny", tmp_path / "real")
+    resident = (tmp_path / "real" / RESIDENT_FILE).stat().st_size
+    experts = (tmp_path / "real" / EXPERTS_FILE).stat().st_size
+    # room for the resident file and its margin, not for the experts too
+    free = int((resident + experts // 2) * (1 + FREE_MARGIN)) + FREE_SLACK
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**12, 10**12 - free, free))
+    synthesize("tiny", tmp_path / "zero", zero_experts=True)
+    with pytest.raises(ConversionError, match="GB free"):
+        synthesize("tiny", tmp_path / "full")
+
+
+def test_zero_experts_tool_flag(tmp_path: Path) -> None:
+    tool = Path(__file__).resolve().parents[1] / "tools" / "synth_checkpoint.py"
+    args = ["--shape", "tiny", "--zero-experts", str(tmp_path / "s")]
+    result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "the experts are holes" in result.stdout
+    bad = subprocess.run([sys.executable, str(tool), *args[:3], "--compress", "zstd",
+                          str(tmp_path / "z")], capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "--zero-experts" in bad.stderr

@@ -6,8 +6,10 @@ Creates a cgroup with the limit (cgroup v1 `memory` controller, or cgroup v2 wit
 the memory controller enabled), starts the command in it, samples the cgroup's
 usage, and prints: exit status, the cgroup's peak usage (anonymous memory and page
 cache together, as the kernel charges them), the largest page cache seen, the
-number of times the limit was hit, OOM kills, and the command's own peak RSS
-(VmHWM, read from /proc just before it is reaped). Needs root and a writable
+number of times the limit was hit, OOM kills, and the peak RSS: the largest VmHWM
+of any process in the cgroup (sampled from /proc, and the command's own read just
+before it is reaped), so a wrapper such as `/usr/bin/time -v CMD` still reports
+CMD's peak, not the wrapper's. Needs root and a writable
 cgroup hierarchy; anything else is a one-line error (exit 2).
 """
 
@@ -105,6 +107,13 @@ class Cgroup:
         events = dict(ln.split() for ln in self._read("memory.events").splitlines())
         return int(events.get("oom_kill", 0))
 
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now (a wrapper and whatever it started)."""
+        try:
+            return [int(p) for p in self._read("cgroup.procs").split()]
+        except OSError:
+            return []
+
     def remove(self) -> None:
         for _ in range(50):
             try:
@@ -129,6 +138,11 @@ def _hwm(pid: int) -> int | None:
     return None
 
 
+def largest_hwm(pids: list[int]) -> int:
+    """The largest VmHWM (bytes) among PIDS; 0 for none (a process gone is skipped)."""
+    return max((_hwm(pid) or 0 for pid in pids), default=0)
+
+
 def run_capped(cmd: list[str], limit: int, interval: float) -> dict[str, Any]:
     cg = Cgroup(f"edge0-memcap-{os.getpid()}", limit)
     samples: list[tuple[float, int, int]] = []
@@ -141,9 +155,7 @@ def run_capped(cmd: list[str], limit: int, interval: float) -> dict[str, Any]:
         def sample() -> None:
             while not done.is_set():
                 samples.append((time.perf_counter() - start, cg.usage(), cg.page_cache()))
-                got = _hwm(proc.pid)
-                if got:
-                    hwm[0] = max(hwm[0], got)
+                hwm[0] = max(hwm[0], largest_hwm([proc.pid, *cg.pids()]))
                 done.wait(interval)
 
         thread = threading.Thread(target=sample, daemon=True)

@@ -10,7 +10,9 @@ moonlight-16b-a3b, glm-4.5-air; qwen3-30b-a3b for qwen3_moe).
 
 The default format is the edge0 layout at int4 (random packed weights, sane scales);
 `--format hf` writes a bf16 Hugging Face checkpoint (small shapes only), input for
-`edge0 convert`.
+`edge0 convert`. `--zero-experts` leaves every expert record a hole of zeros in a
+sparse experts.bin: only the resident file takes disk (memory figures of a shape too
+big for the disk; reading a hole needs no disk I/O, so its read times mean nothing).
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ from edge0.synth.layout import SHAPES, plan_sizes, synthesize  # noqa: E402
     default=None,
     help="Edge0 format: also write experts.zst.",
 )
+@click.option(
+    "--zero-experts",
+    is_flag=True,
+    help="Edge0 format: every expert record all zeros, left as holes in a sparse experts.bin "
+    "(only the resident file takes disk): memory figures of a shape too big for the disk.",
+)
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option(
     "--plan",
@@ -58,6 +66,7 @@ def main(
     seed: int,
     shards: int,
     compress: str | None,
+    zero_experts: bool,
     force: bool,
     plan: bool,
     dst: str | None,
@@ -77,6 +86,8 @@ def main(
         return
     if dst is None:
         raise click.UsageError("DST is required unless --plan is given")
+    if zero_experts and (fmt == "hf" or compress):
+        raise click.UsageError("--zero-experts writes the edge0 format, uncompressed")
     try:
         if fmt == "hf":
             size = write_hf(shape, Path(dst), seed=seed, shards=shards, force=force)
@@ -89,14 +100,17 @@ def main(
                 seed=seed,
                 force=force,
                 compress=compress,
+                zero_experts=zero_experts,
             )
             size = sum(f.stat().st_size for f in Path(dst).iterdir())
+            disk = sum(f.stat().st_blocks * 512 for f in Path(dst).iterdir())
             click.echo(f"{m.n_records} records of {m.record_size} B")
     except Edge0Error as exc:
         click.echo(f"synth_checkpoint: error: {exc}", err=True)
         sys.exit(2)
     click.echo(
         f"wrote {dst}: {size / 1e9:.2f} GB in {time.perf_counter() - start:.1f} s"
+        + (f" ({disk / 1e9:.2f} GB on disk: the experts are holes)" if zero_experts else "")
         + (f" (HF format is limited to {MAX_HF_BYTES / 1e9:.0f} GB)" if fmt == "hf" else "")
     )
 

@@ -34,6 +34,7 @@ class RecordWriter:
         self._index: list[tuple[int, int]] = []
         self._zst_offset = 0
         self._dir = Path(directory)
+        self._zero_crc: int | None = None
         if zstd_level is not None:
             import zstandard
 
@@ -55,7 +56,23 @@ class RecordWriter:
         self.crc32.append(crc)
         return crc
 
+    def write_hole(self) -> int:
+        """Append one all-zero record as a hole (a sparse experts.bin); returns its CRC32.
+
+        Nothing is written: the file's size grows when it is closed, and reads of the
+        hole return zeros. Not with zstd (a frame would have to be written anyway).
+        """
+        if self._zst is not None:
+            raise ValueError("a hole record cannot be compressed into experts.zst")
+        if self._zero_crc is None:
+            self._zero_crc = zlib.crc32(bytes(self.record_size))
+        self._bin.seek(self.record_size, os.SEEK_CUR)
+        self.crc32.append(self._zero_crc)
+        return self._zero_crc
+
     def close(self) -> None:
+        if not self._bin.closed:
+            self._bin.truncate()  # the file ends where the records do, trailing holes included
         for f in (self._bin, self._zst):
             if f is not None and not f.closed:
                 f.flush()

@@ -173,8 +173,14 @@ def synthesize(
     seed: int = 0,
     force: bool = False,
     compress: str | None = None,
+    zero_experts: bool = False,
 ) -> Manifest:
-    """Write a random edge0-layout checkpoint of a named shape into `dst`."""
+    """Write a random edge0-layout checkpoint of a named shape into `dst`.
+
+    `zero_experts`: every expert record all zeros, left as holes in a sparse
+    experts.bin, so only the resident file takes disk (a full-size shape's memory
+    figures on a disk too small for its experts; reads of holes need no disk I/O).
+    """
     from edge0.synth.tiny import SPECIAL_TOKENS, build_tokenizer
 
     dst = Path(dst)
@@ -192,7 +198,7 @@ def synthesize(
     config["eos_token_id"] = eos
     n_records = len(layers) * n_experts
     resident_bytes = sum(_plan_bytes(p) for p in plan)
-    need = n_records * spec.record_size + resident_bytes
+    need = (0 if zero_experts else n_records * spec.record_size) + resident_bytes
     check_free_space(dst, need, f"the {shape} checkpoint")
     start = time.perf_counter()
     rand = Rand(np.random.default_rng(seed))
@@ -205,6 +211,9 @@ def synthesize(
         level = 3 if compress == "zstd" else None
         with RecordWriter(tmp, spec.record_size, level) as writer:
             for _ in range(n_records):
+                if zero_experts:
+                    writer.write_hole()
+                    continue
                 fill_record(record, spec, rand, experts)
                 writer.write(record)
                 bar.update(spec.record_size)
