@@ -357,6 +357,10 @@ def main() -> None:
                       f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr,
                       flush=True)  # fmt: skip
                 write(args, runs, ranks_list, done=False)
+    except KeyboardInterrupt as exc:
+        print(f"stopped ({exc or 'interrupted'}); {args.json or 'the table'} holds the "
+              "configurations that ran", file=sys.stderr)  # fmt: skip
+        sys.exit(130)
     finally:
         if ns is not None:
             ns.down()
