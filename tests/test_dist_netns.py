@@ -55,6 +55,8 @@ def test_two_ranks_in_their_own_namespaces_match_one_process(tmp_path: Path, mod
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["tokens"] == single(path, **opts)
     assert [int(s["rank"]) for s in got["stats"]] == [0, 1]
+    for s in got["stats"]:  # the last request's 7 decode steps, timed on every rank
+        assert s["decode_steps"] == 7 and 0 < s["decode_wall_s"] < s["wall_s"], s
     assert namespaces() == before  # torn down
 
 

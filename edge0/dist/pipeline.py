@@ -46,10 +46,11 @@ log = get_logger("edge0.dist.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
 # steps, time inside mx.eval, time blocked on reads, expert reads; then the rank's slot pool,
 # the bytes it read while loading (-1: unknown) and the lowest / highest layer whose experts
-# it has read (-1: none)
+# it has read (-1: none); last, the number and wall time of its decode steps alone (the
+# steps after the prompt: a token's time minus every rank's decode step is the ring's share)
 STAT_NAMES = ("rank", "peak_rss_mib", "steps", "wall_s", "cpu_s", "eval_s", "wait_s",
               "read_mib", "reads", "slots", "load_read_mib", "read_layer_min",
-              "read_layer_max")  # fmt: skip
+              "read_layer_max", "decode_steps", "decode_wall_s")  # fmt: skip
 STAT_WORDS = len(STAT_NAMES)
 
 
@@ -127,6 +128,7 @@ class StageRunner:
 
     def stats(self, node: Any) -> list[float]:
         recs = self.ctx.records[self.first_record :]
+        decode = [r for r in recs if not r.prefill]
         sched = self.ctx.scheduler
         b, n = (sched.stats.bytes, sched.stats.issued) if sched is not None else (0, 0)
         read = sorted(getattr(sched, "read_layers", ())) or [-1]
@@ -135,7 +137,7 @@ class StageRunner:
                 sum(r.wall for r in recs), sum(r.cpu for r in recs), sum(r.eval for r in recs),
                 sum(r.wait for r in recs), (b - self.reads0[0]) / 2**20,
                 float(n - self.reads0[1]), float(node.n_slots), loaded, float(read[0]),
-                float(read[-1])]  # fmt: skip
+                float(read[-1]), float(len(decode)), sum(r.wall for r in decode)]  # fmt: skip
 
 
 def settings_words(s: SamplingSettings) -> np.ndarray:
