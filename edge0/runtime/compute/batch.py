@@ -174,18 +174,16 @@ class BatchStep:
         return {r: logits[i : i + 1] if r.error is None else None for i, r in enumerate(rows)}
 
     def _stacked_layer(self, block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.array:
-        """A streaming layer of the stacked forward: the live rows through `batched_layer`; a
-        row that failed (its expert read) goes on with zeros, its logits dropped."""
+        """A streaming layer of the stacked forward (x: (B, 1, d)). A row that failed at an
+        earlier layer (its expert read) is left out and goes on with zeros, its logits dropped."""
         live = [i for i, r in enumerate(rows) if r.error is None]
-        ys: list[Any] = [None] * len(rows)
+        if len(live) == len(rows):
+            return batched_layer(block, x, rows)
+        out = mx.zeros_like(x)
         if live:
-            outs = batched_layer(block, [x[i : i + 1] for i in live], [rows[i] for i in live])
-            for i, y in zip(live, outs, strict=True):
-                ys[i] = y
-        if all(y is not None for y in ys):
-            return mx.concatenate(ys, axis=0) if len(ys) > 1 else ys[0]
-        zero = mx.zeros_like(x[:1])
-        return mx.concatenate([zero if y is None else y for y in ys], axis=0)
+            at = mx.array(live)
+            out[at] = batched_layer(block, x[at], [rows[i] for i in live])
+        return out
 
     def _run_greenlets(self, rows: list[RowState], tokens: list[int]) -> dict[RowState, Any]:
         """Each row's forward as a greenlet over its own cache; each row's (1, vocab) logits."""
@@ -200,14 +198,15 @@ class BatchStep:
                 live = list(waiting)
                 block = waiting[live[0]][1]
                 assert all(waiting[r][1] is block for r in live), "rows out of step"
-                outs = batched_layer(block, [waiting[r][2] for r in live], live)
-                for row, y in zip(live, outs, strict=True):
+                xs = [waiting[r][2] for r in live]
+                y = batched_layer(block, mx.concatenate(xs) if len(xs) > 1 else xs[0], live)
+                for i, row in enumerate(live):
                     g = waiting.pop(row)[0]
-                    if y is None:  # the row failed at this layer: end its forward
+                    if row.error is not None:  # the row failed at this layer: end its forward
                         g.throw(greenlet.GreenletExit)
                         results[row] = None
                     else:
-                        self._advance(row, g, (y,), waiting, results)
+                        self._advance(row, g, (y[i : i + 1],), waiting, results)
         finally:
             self.steps.batch = None
             for g, _, _ in waiting.values():  # a failed step: end the rows still waiting

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from edge0.errors import Edge0Error
 
@@ -33,15 +33,17 @@ if TYPE_CHECKING:
 STACKED_FAMILIES = frozenset(
     {
         "qwen3_moe", "qwen3_5_moe", "qwen3_next", "qwen2_moe", "mixtral", "olmoe",
-        "granitemoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "kimi_k2",
+        "granitemoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss",
     }
 )  # fmt: skip
-_MERGEABLE = (KVCache, ArraysCache)
+_MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
 
 
 def _mergeable(cache: Any) -> bool:
     if type(cache) is CacheList:
         return all(_mergeable(c) for c in cache.caches)
+    if type(cache) is RotatingKVCache:  # its batch form hands back caches that keep nothing
+        return cache.keep == 0
     return type(cache) in _MERGEABLE
 
 
