@@ -14,7 +14,7 @@ expert (their `error` set, their output rows zero); the others go on.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -49,19 +49,24 @@ def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.
         else:  # rows without a plan keep the router's own indices and weights
             on = mx.array(planned).reshape(-1, 1, 1)
             inds, w = mx.where(on, given, true_inds), mx.where(on, w_given, w)
+    stacked = _stacked_predictions(block, x, inds, rows)  # (B, k), or None: row by row
     preds: list[mx.array | None] = [None] * len(rows)
-    if head is not None:
+    if head is not None and stacked is None:
         for i, row in enumerate(rows):
             if row.more:
                 preds[i] = head.graph(x[i : i + 1], inds[i : i + 1], row.prev_inds.get(layer), k)
     t0, c0 = time.perf_counter(), time.thread_time()
-    mx.eval(true_inds, w, [p for p in preds if p is not None])  # one eval per layer
+    mx.eval(true_inds, w, stacked, [p for p in preds if p is not None])  # one eval per layer
     steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
     steps.cur.syncs += 1
     steps.cur.layers += 1
     trues: list[list[int]] = [r[0] for r in true_inds.tolist()]
+    got: list[Any] = [p.tolist() if p is not None else None for p in preds]  # (k,) lists
+    if stacked is not None:
+        lists: list[Any] = stacked.tolist()  # type: ignore[assignment]
+        got = [g if r.more else None for g, r in zip(lists, rows, strict=True)]
     sets = [p if p is not None else t for p, t in zip(plans or trues, trues, strict=True)]
-    _host_work(block, x, rows, trues, sets, inds, preds)
+    _host_work(block, x, rows, trues, sets, inds, got)
     idx = _slots(block, rows, sets, inds)
     y = expert_ffn(block, stream.views, mx.expand_dims(fam.expert_input(x, w), (-2, -3)), idx)
     out = fam.extra(block, x, fam.combine(y.squeeze(-2), w))  # (B, 1, d), as one row sums
@@ -71,9 +76,32 @@ def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.
     return out
 
 
+def _stacked_predictions(
+    block: StreamingMoE, x: mx.array, inds: mx.array, rows: list[RowState]
+) -> mx.array | None:
+    """The rows' predictions (B, k) from one call of the prediction head over the stack (a
+    head's layers are row-wise: a row gets the prediction it gets alone); None where the
+    predictor has no graph, no row uses one, or a row has no previous set the head reads."""
+    head = block.stream.head
+    rows_fn = getattr(head.predictor, "rows", None) if head is not None else None
+    if head is None or rows_fn is None or not any(r.more for r in rows):
+        return None
+    layer, k, b = block.stream.layer, block.stream.top_k, len(rows)
+    prevs = [p for r in rows if (p := r.prev_inds.get(layer)) is not None]
+    if getattr(head.predictor, "hidden_only", False):
+        prev = inds  # not read by the lean heads
+    elif len(prevs) == b:
+        prev = mx.concatenate(prevs) if b > 1 else prevs[0]
+    else:
+        return None
+    head.on_host = False
+    got: mx.array = rows_fn(layer, x.reshape(b, -1), inds.reshape(b, -1), prev.reshape(b, -1), k)
+    return got
+
+
 def _host_work(
     block: StreamingMoE, x: mx.array, rows: list[RowState], trues: list[list[int]],
-    sets: list[list[int]], inds: mx.array, preds: list[mx.array | None],
+    sets: list[list[int]], inds: mx.array, preds: list[list[int] | None],
 ) -> None:  # fmt: skip
     """After the readback: each row's recorded routing, its executed set and indices, its
     prediction (prefetched as the union of the rows' predictions)."""
@@ -87,10 +115,8 @@ def _host_work(
         row.prev_experts[layer], row.prev_inds[layer] = experts, inds[i : i + 1]
         if head is None or not row.more:
             continue
-        got: list[int] | None
-        if pred is not None:
-            got = pred.tolist()  # type: ignore[assignment]
-        else:
+        got = pred
+        if got is None:  # a host predictor (oracle, temporal)
             got = head.predictor.predict(layer, row.pos, x[i : i + 1], experts, true, prev, k)
         if got is not None:
             row.next[head.target.layer] = got
