@@ -8,14 +8,14 @@ between two pieces); a request leaves after the step that ends it (end of
 sequence, length, its consumer gone, its error). Each decode step feeds every runnable
 request one token: one request alone runs on the one-request path
 (`Runner.feed`, route mode's deferred syncs included); two or more run one
-`BatchStep` (edge0.runtime.compute.batch) in which every streamed layer reads the union
-of their experts once.
+`BatchStep` (edge0.runtime.compute.batch: one stacked forward over merged caches where
+the model allows it) in which every streamed layer reads the union of their experts once.
 
 A slow consumer cannot stall the batch: a request whose consumer has
 `token_buffer` tokens waiting unread is paused (skipped by the steps, keeping its
 cache, its plans and its place) until the consumer pulls again; nothing is dropped.
 A request whose expert read fails, or whose forward raises, ends with that error;
-the others go on.
+the others go on (a stacked step's forward is every row's: if it raises, its rows end).
 """
 
 from __future__ import annotations
@@ -239,7 +239,12 @@ class Batcher:
             a = runnable[0]
             if self.solo is not a.row:
                 await self._to_rows()
-                await compute.run(lambda: import_state(ctx, a.row))
+
+                def alone() -> None:
+                    self._step.unstack()  # its cache back from a stacked batch
+                    import_state(ctx, a.row)
+
+                await compute.run(alone)
                 self.solo = a.row
             try:
                 toks = [await compute.run(lambda: a.row.runner.feed(a.tok, False, a.row.more))]
@@ -281,8 +286,14 @@ class Batcher:
         if self.solo is a.row:
             self.solo = None
         a.stats.decode_s = time.perf_counter() - a.t_decode
-        if not self.active:  # nobody uses the queued prefetches any more
-            await self.engine._compute.run(a.row.runner.finish)
+        if not self.active:  # nobody uses the queued prefetches (nor a stacked cache) any more
+            step, runner = self._step, a.row.runner
+
+            def finish() -> None:
+                step.stack.drop()
+                runner.finish()
+
+            await self.engine._compute.run(finish)
         await self._end(a, error)
 
     async def _end(self, a: Active, error: BaseException | None) -> None:

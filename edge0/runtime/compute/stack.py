@@ -1,0 +1,123 @@
+"""The rows of a batched decode step as one stacked forward over batch caches kept across steps.
+
+`stack_refusal(model)` decides once per model whether its rows can stack: every
+per-layer cache must be a type whose batch form keeps each row's positions
+(mlx-lm's `KVCache` -> `BatchKVCache` with left padding, `ArraysCache`, a
+`CacheList` of those), and the family's attention must be one tested to take a
+batch cache's per-row offsets and mask (`STACKED_FAMILIES`: tests/test_batch_families.py
+decodes every family fixture batched and alone). Any other model keeps the
+greenlet path (edge0.runtime.compute.batch), each row its own forward.
+
+`Stack` holds the merged caches of the rows that ran the last stacked step: while
+the same rows (same order) run, the merged caches are reused as they are; when the
+rows change, each row is handed back its own cache (`extract`) and the new rows
+are merged. While a row's cache is in the stack, its runner holds `HeldCache`
+placeholders that refuse any use, so a forward on a stale cache fails loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
+
+from edge0.errors import Edge0Error
+
+if TYPE_CHECKING:
+    from edge0.runtime.compute.batch import RowState
+
+# model_types whose attention reads a batch cache's per-row offsets and left-padding mask
+# (each decodes batched exactly as alone in tests/test_batch_families.py)
+STACKED_FAMILIES = frozenset(
+    {
+        "qwen3_moe", "qwen3_5_moe", "qwen3_next", "qwen2_moe", "mixtral", "olmoe",
+        "granitemoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss",
+    }
+)  # fmt: skip
+_MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
+
+
+def _mergeable(cache: Any) -> bool:
+    if type(cache) is CacheList:
+        return all(_mergeable(c) for c in cache.caches)
+    if type(cache) is RotatingKVCache:  # its batch form hands back caches that keep nothing
+        return cache.keep == 0
+    return type(cache) in _MERGEABLE
+
+
+def stack_refusal(model: Any) -> str | None:
+    """Why `model`'s rows cannot run as one stacked forward; None when they can."""
+    args = getattr(model, "args", None)
+    model_type = str(getattr(args, "model_type", None) or getattr(model, "model_type", ""))
+    if model_type not in STACKED_FAMILIES:
+        return f"model_type {model_type!r} is not tested with batch caches"
+    kinds = {type(c).__name__ for c in make_prompt_cache(model) if not _mergeable(c)}
+    if kinds:
+        return f"caches without a batch form: {', '.join(sorted(kinds))}"
+    return None
+
+
+class HeldCache:
+    """Stands for a row's layer cache while it is merged into a stack: any use is an error."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise Edge0Error(
+            "this request's KV cache is merged into a batched step's stack; "
+            "Stack.release() hands it back before the request runs alone"
+        )
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class Stack:
+    """The merged per-layer caches of the rows of the last stacked step."""
+
+    def __init__(self) -> None:
+        self.rows: tuple[RowState, ...] = ()
+        self.caches: list[Any] | None = None
+        self.merges = 0  # how many times rows were merged (tests: not once per step)
+
+    def hold(self, rows: Sequence[RowState]) -> list[Any]:
+        """The merged caches of `rows` (in this order): reused while the rows do not change."""
+        if self.caches is not None and tuple(rows) == self.rows:
+            return self.caches
+        self.release()
+        per_row = [r.runner.cache for r in rows]
+        caches = [c.merge([pr[j] for pr in per_row]) for j, c in enumerate(per_row[0])]
+        mx.eval([_arrays(c) for c in caches])  # the rows' own caches can go now
+        for pr in per_row:
+            pr[:] = [HeldCache()] * len(pr)
+        self.rows, self.caches = tuple(rows), caches
+        self.merges += 1
+        return caches
+
+    def release(self) -> None:
+        """Hand every row of the stack its own cache back (it may run alone, or rejoin)."""
+        if self.caches is None:
+            return
+        for i, row in enumerate(self.rows):
+            row.runner.cache[:] = [c.extract(i) for c in self.caches]
+        self.drop()
+
+    def drop(self) -> None:
+        """Forget the stack without handing anything back (its step failed: its rows end)."""
+        self.rows, self.caches = (), None
+
+
+def _arrays(cache: Any) -> list[mx.array]:
+    """The arrays a (batch) cache holds, for one eval after a merge."""
+    state = cache.state
+    out: list[mx.array] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, mx.array):
+            out.append(v)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+
+    walk(state)
+    return out
