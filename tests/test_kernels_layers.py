@@ -162,7 +162,7 @@ def test_attention_leaves_what_it_does_not_run_to_mlx() -> None:
     q, k = _normal(rng, (1, 2, 9, 16)), _normal(rng, (1, 2, 9, 16))
     assert ops.sdpa(q, k, k, scale=0.25, mask=None) is None  # a prompt: BLAS matmuls
     q1 = q[:, :, :1]
-    assert ops.sdpa(q1, k, k, scale=0.25, mask=mx.zeros((1, 9))) is None  # an array mask
+    assert ops.sdpa(q1, k, k, scale=0.25, mask=mx.zeros((1, 9))) is None  # an additive mask
     assert ops.sdpa(q1.astype(mx.float16), k, k, scale=0.25, mask=None) is None
 
 
@@ -240,3 +240,32 @@ def test_use_native_switches_norms_ropes_and_attention() -> None:
     assert changed >= 6  # 2 layer norms, q/k norms, the final norm, the rope
     assert qwen3_moe.scaled_dot_product_attention is layers.native_attention
     assert base.scaled_dot_product_attention is not layers.native_attention  # the model's only
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 4), kv=st.sampled_from([1, 2]), rep=st.sampled_from([1, 4]),
+    lens=st.lists(st.integers(1, 40), min_size=4, max_size=4), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_a_left_padded_row_attends_exactly_as_alone(
+    rows: int, kv: int, rep: int, lens: list[int], seed: int
+) -> None:
+    """A batch's rows padded on the left to the longest (a boolean mask hides the padding)
+    give bit for bit what each row gives alone, and agree with MLX's masked attention."""
+    rng = np.random.default_rng(seed)
+    lens = lens[:rows]
+    width, d = max(lens), 32
+    q = _normal(rng, (rows, kv * rep, 1, d))
+    k, v = _normal(rng, (rows, kv, width, d)), _normal(rng, (rows, kv, width, d))
+    keep = np.zeros((rows, 1, 1, width), dtype=bool)
+    for r, n in enumerate(lens):
+        keep[r, ..., width - n :] = True
+    mask = mx.array(keep)
+    got = ops.sdpa(q, k, v, scale=d**-0.5, mask=mask)
+    assert got is not None
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask=mask)
+    assert _rel(got, ref) <= TOL
+    for r, n in enumerate(lens):
+        alone = ops.sdpa(q[r : r + 1], k[r : r + 1, :, width - n :], v[r : r + 1, :, width - n :],
+                         scale=d**-0.5, mask=None)  # fmt: skip
+        assert alone is not None and _same(got[r : r + 1], alone)

@@ -4,7 +4,8 @@ RoPE, attention.
 Each runs the native kernel when it can (extension loaded, CPU device, float32 input, a
 quantization it knows) and MLX's own op otherwise; the caller never knows which ran.
 RMSNorm and RoPE give MLX's CPU result bit for bit, in one graph node instead of 11 and 29;
-attention over a few queries is one node instead of about 12.
+attention over a few queries is one node instead of about 12, and a row of a left-padded
+batch gets exactly its result alone (hidden keys are skipped, not weighted by zero).
 """
 
 from __future__ import annotations
@@ -151,13 +152,21 @@ def sdpa(
     q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None
 ) -> mx.array | None:
     """`mx.fast.scaled_dot_product_attention` for up to `SDPA_MAX_QUERIES` queries with no
-    mask or the causal one, in one native node; None where MLX's op must run."""
+    mask, the causal one or a boolean one (a batch's left padding, a window), in one native
+    node; None where MLX's op must run (an additive mask among others)."""
     mod = _native_float(q)
     if mod is None or q.ndim != 4 or q.shape[2] > SDPA_MAX_QUERIES:
         return None
     if k.dtype != mx.float32 or v.dtype != mx.float32 or k.ndim != 4 or v.ndim != 4:
         return None
-    if mask is not None and not (isinstance(mask, str) and mask == "causal"):
-        return None  # an array mask (batched caches, windows): MLX's op
-    out: mx.array = mod.sdpa(q, k, v, scale, mask is not None)
+    if isinstance(mask, str):
+        if mask != "causal":
+            return None
+        out: mx.array = mod.sdpa(q, k, v, scale, True)
+    elif mask is not None:
+        if mask.dtype != mx.bool_ or mask.ndim > 4:
+            return None  # an additive mask: MLX's op
+        out = mod.sdpa(q, k, v, scale, False, mask)
+    else:
+        out = mod.sdpa(q, k, v, scale, False)
     return out

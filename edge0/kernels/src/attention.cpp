@@ -73,9 +73,13 @@ class SDPA : public CpuPrimitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (auto& a : in) enc.set_input_array(a);
     enc.set_output_array(out);
+    const bool masked = in.size() > 3;
     enc.dispatch([q = mx::array::unsafe_weak_copy(in[0]), k = mx::array::unsafe_weak_copy(in[1]),
                   v = mx::array::unsafe_weak_copy(in[2]), o = mx::array::unsafe_weak_copy(out),
-                  scale = scale_, causal = causal_]() { run(q, k, v, o, scale, causal); });
+                  m = mx::array::unsafe_weak_copy(masked ? in[3] : in[0]), masked,
+                  scale = scale_, causal = causal_]() {
+      run(q, k, v, masked ? &m : nullptr, o, scale, causal);
+    });
   }
 
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
@@ -85,13 +89,19 @@ class SDPA : public CpuPrimitive {
     const float scale = scale_;
     const std::string mode = causal_ ? "causal" : "";
     const mx::Stream s = stream();
-    auto fun = [scale, mode, s](const std::vector<mx::array>& in) {
-      return std::vector<mx::array>{
-          mx::fast::scaled_dot_product_attention(in[0], in[1], in[2], scale, mode, {}, {}, false, s)};
+    std::optional<mx::array> mask;
+    if (primals.size() > 3) mask = primals[3];
+    auto fun = [scale, mode, mask, s](const std::vector<mx::array>& in) {
+      return std::vector<mx::array>{mx::fast::scaled_dot_product_attention(
+          in[0], in[1], in[2], scale, mask ? "array" : mode, mask, {}, false, s)};
     };
-    auto grads = mx::vjp(fun, primals, cotangents).second;
+    const std::vector<mx::array> qkv(primals.begin(), primals.begin() + 3);
+    auto grads = mx::vjp(fun, qkv, cotangents).second;
     std::vector<mx::array> out;
-    for (int a : argnums) out.push_back(grads[a]);
+    for (int a : argnums) {
+      if (a > 2) throw std::invalid_argument("edge0 sdpa: no gradient flows to the mask");
+      out.push_back(grads[a]);
+    }
     return out;
   }
 
@@ -103,12 +113,18 @@ class SDPA : public CpuPrimitive {
   }
 
  private:
-  static void run(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& o,
-                  float scale, bool causal) {
+  // a boolean mask (broadcast to (B, Hq, Lq, Lk) by its strides) hides keys: the visible
+  // ones are summed in the same order as without a mask, so a left-padded row of a batch
+  // gets exactly the result it gets alone
+  static void run(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array* m,
+                  const mx::array& o, float scale, bool causal) {
     const int64_t B = q.shape(0), Hq = q.shape(1), Lq = q.shape(2), D = q.shape(3);
     const int64_t Hk = k.shape(1), Lk = k.shape(2), Dv = v.shape(3);
     const int64_t rep = Hq / Hk;
     const Strided4 Q = strided(q), K = strided(k), V = strided(v);
+    int64_t M[4] = {0, 0, 0, 0};
+    if (m)
+      for (int d = 0; d < 4; ++d) M[d] = m->strides()[d];
     float* op = const_cast<float*>(o.data<float>());
     // the query heads that share a key/value head read each key and value row once
     std::vector<float> qs(rep * D), p(rep * Lk), acc(rep * Dv);
@@ -130,19 +146,29 @@ class SDPA : public CpuPrimitive {
           std::vector<float> inv(rep);
           for (int64_t r = 0; r < rep; ++r) {  // a precise softmax over the visible keys
             float* pr = &p[r * Lk];
+            const bool* mr = m ? m->data<bool>() + b * M[0] + (hk * rep + r) * M[1] + i * M[2]
+                               : nullptr;
             float top = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < n; ++j) top = std::max(top, pr[j]);
+            for (int64_t j = 0; j < n; ++j)
+              if (!mr || mr[j * M[3]]) top = std::max(top, pr[j]);
             float sum = 0.0f;
             for (int64_t j = 0; j < n; ++j) {
+              if (mr && !mr[j * M[3]]) {
+                pr[j] = 0.0f;  // hidden: no share of the sum or of the values
+                continue;
+              }
               pr[j] = std::exp(pr[j] - top);
               sum += pr[j];
             }
-            inv[r] = 1.0f / sum;
+            inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
           }
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t j = 0; j < n; ++j) {
             const float* vr = vb + j * V.s[2];
-            for (int64_t r = 0; r < rep; ++r) axpy(p[r * Lk + j] * inv[r], vr, V.s[3], &acc[r * Dv], Dv);
+            for (int64_t r = 0; r < rep; ++r) {
+              const float w = p[r * Lk + j];
+              if (w != 0.0f || !m) axpy(w * inv[r], vr, V.s[3], &acc[r * Dv], Dv);
+            }
           }
           for (int64_t r = 0; r < rep; ++r) {
             float* orow = op + ((b * Hq + hk * rep + r) * Lq + i) * Dv;
@@ -160,7 +186,7 @@ class SDPA : public CpuPrimitive {
 }  // namespace
 
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-               bool causal, mx::StreamOrDevice s) {
+               bool causal, const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
   for (const mx::array* a : {&q, &k, &v})
     if (a->dtype() != mx::float32 || a->ndim() != 4)
       throw std::invalid_argument("edge0 sdpa: queries, keys and values must be float32 4-D");
@@ -170,8 +196,16 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
     throw std::invalid_argument("edge0 sdpa: keys and values do not match the queries' shape");
   if (causal && q.shape(2) > k.shape(2))
     throw std::invalid_argument("edge0 sdpa: a causal mask needs at least as many keys as queries");
+  std::vector<mx::array> inputs{q, k, v};
+  if (mask) {
+    if (causal) throw std::invalid_argument("edge0 sdpa: a mask array or the causal mask, not both");
+    if (mask->dtype() != mx::bool_ || mask->ndim() > 4)
+      throw std::invalid_argument("edge0 sdpa: the mask must be boolean with at most 4 dimensions");
+    const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    inputs.push_back(mx::broadcast_to(*mask, full, s));  // a view: strides 0 where broadcast
+  }
   return mx::array({q.shape(0), q.shape(1), q.shape(2), v.shape(3)}, mx::float32,
-                   std::make_shared<SDPA>(mx::to_stream(s), scale, causal), {q, k, v});
+                   std::make_shared<SDPA>(mx::to_stream(s), scale, causal), std::move(inputs));
 }
 
 }  // namespace edge0
