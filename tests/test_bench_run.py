@@ -145,3 +145,39 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match="matplotlib"):
         bench_plot.sweep_plot({}, {}, Path("never.png"))
+
+
+def test_sync_every_grid_and_ratios_over_the_first_value() -> None:
+    vs = bench_run.make_variants(["reactive", "route"], [2], ["pread"], sync_every=[4, 1])
+    assert [v.label for v in vs] == [
+        "reactive K=2 @ pread",
+        "route (init) K=2 sync=4 @ pread",
+        "route (init) K=2 sync=1 @ pread",
+    ]  # route once per value; the other modes once (they sync per layer anyway)
+    g4, g1 = vs[1], vs[2]
+
+    def runs(tps: list[float], blocked: list[float]) -> list[dict]:
+        return [{"summary": {"decode_tps": t, "blocked_ms_per_step": b}}
+                for t, b in zip(tps, blocked, strict=True)]  # fmt: skip
+
+    got = bench_run.sync_ratios(vs, {g4.label: runs([2.0, 4.0], [10.0, 10.0]),
+                                     g1.label: runs([1.0, 4.0], [20.0, 5.0])})  # fmt: skip
+    tps, blocked = got
+    assert tps["variant"] == g1.label and tps["over"] == g4.label
+    assert tps["per_round"] == [0.5, 1.0] and blocked["per_round"] == [2.0, 0.5]
+    assert "blocked ms/step" in bench_run.ratio_lines(got)
+
+
+def test_sync_every_reaches_the_engine(store: Path) -> None:
+    variants = bench_run.make_variants(["route"], [2], ["pread"], sync_every=[1, 8])
+    runs = bench_run.run_rounds(variants, _opts(store, repeats=1))
+    rep = bench_run.report(variants, _opts(store, repeats=1), runs)
+    per_layer, grouped = (v["median"]["syncs_per_token"] for v in rep["variants"])
+    assert per_layer > grouped >= 1  # one sync per layer against one per group of 8
+    assert rep["variants"][0]["runs"][0]["stats"][0]["generated_tokens"] == 3
+
+
+def test_sync_every_cli_rejects_bad_values(store: Path) -> None:
+    for bad in ("0", "fast", "2,2"):
+        res = CliRunner().invoke(main, ["bench", "run", str(store), "--sync-every", bad])
+        assert res.exit_code != 0 and "--sync-every" in res.output

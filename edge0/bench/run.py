@@ -71,6 +71,7 @@ class Variant:
     policy: str = "predicted"  # route mode's --route-policy
     deadline_ms: float | None = None  # its --route-deadline-ms (None: the engine's default)
     kernels: str = "native"  # "mlx": EDGE0_NATIVE_KERNELS=0 (MLX's own ops, edge0.kernels)
+    sync_every: int | None = None  # route mode's --sync-every (None: the engine's default)
 
     @property
     def label(self) -> str:
@@ -82,7 +83,8 @@ class Variant:
         tiers = "-" if self.mode == "resident" else self.tiers
         chunk = "" if self.prefill_chunk is None else f" chunk={self.prefill_chunk}"
         ops = "" if self.kernels == "native" else f" [{self.kernels} ops]"
-        return f"{self.mode}{pred} {k}{chunk}{ops} @ {tiers}"
+        sync = "" if self.sync_every is None else f" sync={self.sync_every}"
+        return f"{self.mode}{pred} {k}{chunk}{sync}{ops} @ {tiers}"
 
 
 @attrs.frozen
@@ -115,9 +117,10 @@ def make_variants(
     modes: Sequence[str], ks: Sequence[int | None], tiers: Sequence[str], predictor: str = "init",
     chunks: Sequence[int | None] = (None,), policies: Sequence[str] = ("predicted",),
     deadline_ms: float | None = None, kernels: Sequence[str] = ("native",),
+    sync_every: Sequence[int | None] = (None,),
 ) -> list[Variant]:  # fmt: skip
-    """modes x K x tier stacks x prefill chunks x kernels, and route x route policies
-    (resident once per K: it reads nothing)."""
+    """modes x K x tier stacks x prefill chunks x kernels, and route x route policies x
+    --sync-every values (resident once per K: it reads nothing)."""
     from edge0.runtime.compute.steps import MODES
 
     out: list[Variant] = []
@@ -128,8 +131,9 @@ def make_variants(
             for spec in tiers[:1] if mode == "resident" else tiers:
                 for pol in policies if mode == "route" else ("predicted",):
                     dl = deadline_ms if pol != "predicted" else None
-                    out += [Variant(mode, k, spec, predictor, c, pol, dl, kern)
-                            for c in chunks for kern in kernels]
+                    out += [Variant(mode, k, spec, predictor, c, pol, dl, kern, g)
+                            for g in (sync_every if mode == "route" else (None,))
+                            for c in chunks for kern in kernels]  # fmt: skip
     return out
 
 
@@ -142,6 +146,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
         "memory_budget": opts.memory_budget, "first_layer": opts.first_layer,
         "io_workers": opts.io_workers, "trace": trace, "prefill_chunk": v.prefill_chunk,
         "route_policy": v.policy, "route_deadline_ms": v.deadline_ms, "kernels": v.kernels,
+        "sync_every": v.sync_every,
     }  # fmt: skip
 
 
@@ -279,6 +284,25 @@ def policy_ratios(
     return out
 
 
+def sync_ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """Decode tok/s and blocked ms per step of each route --sync-every value over the first
+    one listed, at the same K, tiers, policy and chunk: per round and median."""
+    firsts: dict[Variant, int | None] = {}
+    for v in variants:
+        firsts.setdefault(attrs.evolve(v, sync_every=None), v.sync_every)
+
+    def base(v: Variant) -> Variant | None:
+        first = firsts[attrs.evolve(v, sync_every=None)]
+        if v.mode != "route" or v.sync_every is None or v.sync_every == first:
+            return None
+        return attrs.evolve(v, sync_every=first)
+
+    out = paired_ratios(variants, runs, base, "decode_tps")
+    for r in paired_ratios(variants, runs, base, "blocked_ms_per_step"):
+        out.append({**r, "key": "blocked_ms_per_step"})
+    return out
+
+
 def markdown(variants: Sequence[Variant], summaries: dict[str, dict[str, Any]]) -> str:
     """The results table: medians over rounds, decode spread as +-half the min-max range."""
     head = ["variant", "runs"] + [h for _, h, _, _ in COLUMNS[:1]] + ["spread"]
@@ -305,7 +329,9 @@ def ratio_lines(rs: list[dict]) -> str:
         b, _, base_tiers = r["over"].partition(" @ ")
         what = f"{a} / {b} @ {tiers}" if tiers == base_tiers else f"{r['variant']} / {r['over']}"
         rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
-        key = "process CPU ms/step" if r.get("key") == "cpu_ms_per_step" else "decode tok/s"
+        key = {"cpu_ms_per_step": "process CPU ms/step",
+               "blocked_ms_per_step": "blocked ms/step"}.get(r.get("key", ""),
+                                                             "decode tok/s")  # fmt: skip
         lines.append(f"- {what}: {r['median']:.2f}x {key} (median of per-round ratios "
                      f"{rounds})")  # fmt: skip
     return "\n".join(lines)
@@ -334,6 +360,7 @@ def report(
         "order": [{"seq": s, "label": lab, "round": r} for s, lab, r in order],
         "ratios": ratios(variants, runs),
         "policy_ratios": policy_ratios(variants, runs),
+        "sync_ratios": sync_ratios(variants, runs),
         "table": markdown(variants, summaries),
     }
 

@@ -171,7 +171,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     )
     if job["mode"] != "resident":
         opts["tiers"] = job["tiers"]
-    for key in ("prefill_chunk", "route_policy", "route_deadline_ms"):
+    for key in ("prefill_chunk", "route_policy", "route_deadline_ms", "sync_every"):
         if job.get(key) is not None:
             opts[key] = job[key]
 

@@ -30,6 +30,19 @@ def _ks(text: str) -> list[int | None]:
         raise click.BadParameter(f"--top-k takes integers like 2,4,8, not {text!r}") from None
 
 
+def _sync_every(text: str) -> list[int | None]:
+    if not text:
+        return [None]
+    try:
+        gs = [int(g) for g in _csv(text)]
+    except ValueError:
+        gs = []
+    if not gs or min(gs) < 1 or len(set(gs)) != len(gs):
+        raise click.BadParameter(f"--sync-every takes distinct integers of 1 or more like "
+                                 f"1,2,4,8, not {text!r}")  # fmt: skip
+    return list(gs)
+
+
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `run` and `sweep`: run shape, isolation, outputs."""
     options = [
@@ -165,6 +178,9 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
               help="Matrix kernels to compare (comma-separated: native, native:N = N threads "
               "per call, mlx = MLX's own ops, as with EDGE0_NATIVE_KERNELS=0); each variant "
               "runs once per choice.")
+@click.option("--sync-every", "sync_every", default="", help="Route mode's --sync-every values "
+              "to compare, e.g. 1,2,4,8 (layers per host sync); each route variant runs once "
+              "per value, ratios over the first [default: the engine's].")  # fmt: skip
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
     for spec in kw["specs"]:
@@ -207,8 +223,9 @@ def run_cmd(**kw: Any) -> None:
                                                   and 1 <= int(threads) <= 64):  # fmt: skip
             raise click.BadParameter(f"unknown kernels {name!r}; choose from native, native:N "
                                      "(N threads per call, 1-64), mlx")  # fmt: skip
+    sync_every = _sync_every(kw["sync_every"])
     variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks, policies,
-                                       kw["deadline_ms"], kernels)  # fmt: skip
+                                       kw["deadline_ms"], kernels, sync_every)  # fmt: skip
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None
@@ -216,6 +233,8 @@ def run_cmd(**kw: Any) -> None:
     body = report["table"] + "\n\n" + bench_run.ratio_lines(report["ratios"])
     if report["policy_ratios"]:
         body += "\n" + bench_run.ratio_lines(report["policy_ratios"])
+    if report["sync_ratios"]:
+        body += "\n" + bench_run.ratio_lines(report["sync_ratios"])
     if report["prefill_ratios"]:
         body += "\n" + bench_prefill.ratio_lines(report["prefill_ratios"])
     if extra:

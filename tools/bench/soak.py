@@ -6,7 +6,8 @@ prompt: RSS (VmRSS), peak RSS (VmHWM), MLX active and cached memory, glibc's hea
 in use and free (mallinfo2: arena + mmapped in use, free chunks kept), and the
 count of Python objects. A leak shows as a trend in RSS across prompts; glibc's
 free-but-kept heap tells fragmentation from a leak. The last line is the fit of
-RSS against the prompt index over the second half (MiB per prompt).
+RSS against the prompt index over the second half and over all prompts (MiB per
+prompt). `--json` is rewritten after every prompt, so a soak stopped early keeps its rows.
 
 Usage: .venv/bin/python tools/bench/soak.py MODEL --prompts 50 --prompt-len 256
        [--memory-budget 1536MiB] [--tiers 'ram:1GiB>direct'] [--prefill-chunk 64]
@@ -72,6 +73,11 @@ def slope(ys: list[float]) -> float:
     return num / sum((i - mx_) ** 2 for i in range(n))
 
 
+def write_rows(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    with open(a.json, "w") as f:
+        json.dump({"args": vars(a), "rows": rows}, f, indent=1)
+
+
 async def soak(a: argparse.Namespace) -> list[dict[str, Any]]:
     opts: dict[str, Any] = dict(
         mode=a.mode,
@@ -105,6 +111,8 @@ async def soak(a: argparse.Namespace) -> list[dict[str, Any]]:
                 "objects": len(gc.get_objects()),
             }
             rows.append(row)
+            if a.json:  # after every prompt: a soak stopped early keeps its rows
+                write_rows(a, rows)
             print(
                 " ".join(
                     f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
@@ -133,11 +141,9 @@ def main() -> None:
     first, last = rows[0]["rss"], rows[-1]["rss"]
     print(
         f"RSS after prompt 1 {first:.1f} MiB, after prompt {len(rows)} {last:.1f} MiB, "
-        f"max {max(r['rss'] for r in rows):.1f}; second-half slope {slope(half):+.2f} MiB/prompt"
+        f"max {max(r['rss'] for r in rows):.1f}; second-half slope {slope(half):+.2f} MiB/prompt, "
+        f"all prompts {slope([r['rss'] for r in rows]):+.2f}"
     )
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
