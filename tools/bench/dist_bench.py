@@ -241,14 +241,16 @@ def rounds(xs: list[float | None], spec: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| tiers | net | ranks | decode tok/s (median) | per round | vs 1 rank | "
-             "vs loopback (per-round median) | ring ms/token (median) | per round | "
-             "ring ms/token minus loopback's | empty ring trip ms | "
-             "decode step ms per rank | peak RSS per rank, MiB | "
-             "compute-thread CPU ms/step per rank | blocked ms/step (rank 0) | "
-             "ring bytes/token | read while loading per rank, MiB | tokens = first run's | "
-             "load (1/5/15 min) before each round |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| tiers | net | ranks | decode tok/s (median) | per round | vs 1 rank | "
+        "vs loopback (per-round median) | ring ms/token (median) | per round | "
+        "ring ms/token minus loopback's | empty ring trip ms | "
+        "decode step ms per rank | peak RSS per rank, MiB | "
+        "compute-thread CPU ms/step per rank | blocked ms/step (rank 0) | "
+        "ring bytes/token | read while loading per rank, MiB | tokens = first run's | "
+        "load (1/5/15 min) before each round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "decode_tps" not in r:
             lines.append(f"| `{r['tiers']}` | {r['net']} | {r['ranks']} | failed: "
@@ -351,8 +353,9 @@ def main() -> None:
             for tiers, net, ranks in configs[shift:] + configs[:shift]:
                 res = run_one(args, ranks, tiers, net, ns if net != "loopback" else None)
                 runs.setdefault((tiers, net, ranks), []).append(res)
-                what = res.get("failed") or (f"{res['decode_tps']:.3f} tok/s, ring "
-                                             f"{res['ring_ms_per_token']:.1f} ms/token")
+                what = res.get("failed") or (
+                    f"{res['decode_tps']:.3f} tok/s, ring {res['ring_ms_per_token']:.1f} ms/token"
+                )
                 print(f"round {rnd} {tiers} {net} ranks={ranks}: {what}; load "
                       f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr,
                       flush=True)  # fmt: skip
