@@ -8,12 +8,13 @@
 - `runtime_store_root`, `runtime_stores`: tiny random stores in the edge0 layout
   (runtime_helpers.build_store), built once per session and shared read-only by
   the runtime tests; a test that writes into a store builds its own.
+- `mlx_only`: the native kernels switched off (`EDGE0_NATIVE_KERNELS=0`) for one test.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,14 @@ def loaded_model() -> Callable[[str], Any]:
 def _edge0_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     # The demo model is built into EDGE0_CACHE; keep tests away from ~/.cache.
     monkeypatch.setenv("EDGE0_CACHE", str(tmp_path_factory.getbasetemp() / "edge0-cache"))
+
+
+@pytest.fixture
+def mlx_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from edge0.kernels import native
+
+    monkeypatch.setenv("EDGE0_NATIVE_KERNELS", "0")
+    native.reset()
+    yield
+    monkeypatch.delenv("EDGE0_NATIVE_KERNELS")
+    native.reset()

@@ -214,15 +214,6 @@ def test_bad_operands_are_refused_at_graph_build() -> None:
         mod.qmm(mx.zeros((1, 64), dtype=mx.float16), w, s, b, 32, 4, "affine")
 
 
-@pytest.fixture
-def mlx_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("EDGE0_NATIVE_KERNELS", "0")
-    native.reset()
-    yield
-    monkeypatch.delenv("EDGE0_NATIVE_KERNELS")
-    native.reset()
-
-
 def test_fallback_runs_mlx_own_ops(mlx_only: None) -> None:
     assert native.module() is None
     assert native.status() == "kernels: MLX's own ops (EDGE0_NATIVE_KERNELS=0)"

@@ -9,7 +9,6 @@ relative error of 1e-5 (its sums are reassociated). Gradients flow as MLX's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -199,15 +198,6 @@ def test_bad_operands_are_refused_at_graph_build() -> None:
         mod.rope(mx.zeros((2, 1, 2, 8)), mx.zeros((3,), mx.int32), None, 8, False, 1e4, 1.0)
     with pytest.raises(ValueError, match="n_heads|do not match"):
         mod.sdpa(mx.zeros((1, 3, 1, 8)), mx.zeros((1, 2, 4, 8)), mx.zeros((1, 2, 4, 8)), 1.0, False)
-
-
-@pytest.fixture
-def mlx_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("EDGE0_NATIVE_KERNELS", "0")
-    native.reset()
-    yield
-    monkeypatch.delenv("EDGE0_NATIVE_KERNELS")
-    native.reset()
 
 
 def test_without_the_extension_mlx_ops_run(mlx_only: None) -> None:

@@ -113,6 +113,9 @@ def moe(
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+_NORM_WEIGHTS = (mx.float32, mx.float16, mx.bfloat16)
+
+
 def _native_float(x: mx.array) -> ModuleType | None:
     mod = module()
     return mod if mod is not None and x.dtype == mx.float32 and x.size > 0 and on_cpu() else None
@@ -125,9 +128,6 @@ def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
         out: mx.array = mod.rms_norm(x, weight, eps)
         return out
     return mx.fast.rms_norm(x, weight, eps)
-
-
-_NORM_WEIGHTS = (mx.float32, mx.float16, mx.bfloat16)
 
 
 def rope(

@@ -69,10 +69,7 @@ class SDPA : public CpuPrimitive {
   SDPA(mx::Stream s, float scale, bool causal) : CpuPrimitive(s), scale_(scale), causal_(causal) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = prepare(in, out);
     const bool masked = in.size() > 3;
     enc.dispatch([q = mx::array::unsafe_weak_copy(in[0]), k = mx::array::unsafe_weak_copy(in[1]),
                   v = mx::array::unsafe_weak_copy(in[2]), o = mx::array::unsafe_weak_copy(out),

@@ -46,14 +46,8 @@ class ExpertFFN : public CpuPrimitive {
         norm_(norm) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
     std::vector<mx::array> args;
-    for (auto& a : in) {
-      enc.set_input_array(a);
-      args.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
+    auto& enc = prepare(in, out, &args);
     enc.dispatch([args = std::move(args), o = mx::array::unsafe_weak_copy(out), meta = meta_,
                   act = act_, alpha = alpha_, limit = limit_, route_k = route_k_, norm = norm_]() {
       const Dense xd = dense(args[0]);

@@ -64,10 +64,7 @@ class RMSNorm : public CpuPrimitive {
   RMSNorm(mx::Stream s, float eps) : CpuPrimitive(s), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = prepare(in, out);
     enc.dispatch([x = mx::array::unsafe_weak_copy(in[0]), w = mx::array::unsafe_weak_copy(in[1]),
                   o = mx::array::unsafe_weak_copy(out), eps = eps_]() {
       const int64_t d = x.shape(-1);
@@ -134,14 +131,8 @@ class RoPE : public CpuPrimitive {
         forward_(forward) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
     std::vector<mx::array> args;
-    for (auto& a : in) {
-      enc.set_input_array(a);
-      args.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
+    auto& enc = prepare(in, out, &args);
     enc.dispatch([args = std::move(args), o = mx::array::unsafe_weak_copy(out), dims = dims_,
                   trad = traditional_, base = base_, scale = scale_, fwd = forward_]() {
       run(args, o, dims, trad, base, scale, fwd);

@@ -25,10 +25,7 @@ class QuantMatmul : public CpuPrimitive {
       : CpuPrimitive(s), group_(group), bits_(bits), mode_(mode) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = prepare(in, out);
     const bool has_b = in.size() > 3;
     enc.dispatch([x = mx::array::unsafe_weak_copy(in[0]), w = mx::array::unsafe_weak_copy(in[1]),
                   sc = mx::array::unsafe_weak_copy(in[2]),
