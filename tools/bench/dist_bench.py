@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -39,9 +38,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench_lock import held
 
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88]
 
@@ -101,20 +101,6 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
         # a decode token's time outside every rank's own decode step: the ring's share
         out["ring_ms_per_token"] = 1e3 / st.decode_tps - sum(out["rank_decode_ms"])
     return out
-
-
-@contextlib.contextmanager
-def held(lock: str | None) -> Iterator[None]:
-    """An exclusive flock on `lock` (a file shared by benchmarks) for one configuration."""
-    if lock is None:
-        yield
-        return
-    with open(lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def run_one(args: argparse.Namespace, ranks: int, tiers: str, net: str,

@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import fcntl
 import json
 import os
 import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bench_lock import held
 
 SHORT = 8  # prompt tokens of the running requests
 BEFORE = 4  # tokens each running request has when the joiner comes
@@ -93,20 +92,6 @@ async def alone(args: argparse.Namespace) -> list[list[int]]:
         ns = [BEFORE + args.after] * args.running + [args.joiner_tokens]
         return [[t async for t in eng.tokens(p, max_tokens=n, stop=False)]
                 for p, n in zip(ps, ns, strict=True)]  # fmt: skip
-
-
-@contextlib.contextmanager
-def held(lock: str | None) -> Iterator[None]:
-    """An exclusive flock on `lock` (shared by benchmarks) for one variant's run."""
-    if lock is None:
-        yield
-        return
-    with open(lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def engine_opts(args: argparse.Namespace) -> dict[str, Any]:
