@@ -8,6 +8,7 @@ for AArch64 to run the NEON variant under emulation.
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "edge0" / "kernels" / "src"
 TEST = ROOT / "tests" / "native" / "kernel_selftest.cpp"
 COMMON = ["compute.cpp", "pool.cpp", "dispatch.cpp", "isa_portable.cpp"]
-X86 = {"isa_avx2.cpp": ["-mavx2", "-mfma"], "isa_avx512.cpp": ["-mavx512f", "-mfma"]}
+
+
+def _isa_flags() -> dict[str, list[str]]:
+    """Each x86 unit's flags as CMakeLists.txt gives them (`edge0_isa(avx2 -mavx2 ...)`)."""
+    cmake = (ROOT / "edge0" / "kernels" / "CMakeLists.txt").read_text()
+    units = dict(
+        (f"isa_{name}.cpp", flags.split())
+        for name, flags in re.findall(r"edge0_isa\((\w+)((?: -m[\w-]+)*)\)", cmake)
+    )
+    return {name: units[name] for name in ("isa_avx2.cpp", "isa_avx512.cpp")}
+
+
+X86 = _isa_flags()
 
 
 def _build(cxx: str, out: Path, isa: dict[str, list[str]], extra: list[str]) -> None:

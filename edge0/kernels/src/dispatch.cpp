@@ -7,11 +7,17 @@ namespace edge0k {
 
 namespace {
 
+#if defined(__x86_64__) || defined(_M_X64)
+bool avx2_ok() {  // the avx2 unit's flags: -mavx2 -mfma -mf16c
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+#endif
+
 const Kernels* by_name(const char* name) {
   if (std::strcmp(name, "portable") == 0) return kernels_portable();
 #if defined(__x86_64__) || defined(_M_X64)
-  if (std::strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma"))
+  if (std::strcmp(name, "avx2") == 0 && avx2_ok())
     return kernels_avx2();
   if (std::strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f"))
     return kernels_avx512();
@@ -26,7 +32,7 @@ const Kernels* best() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return kernels_avx512();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernels_avx2();
+  if (avx2_ok()) return kernels_avx2();
 #endif
 #if defined(__aarch64__)
   return kernels_neon();

@@ -36,6 +36,7 @@ struct V {
     lo = _mm512_permutexvar_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)), lut);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
   }
+  static constexpr bool FP4_WIDE = false;
   static f bytes(const uint8_t* p) { return _mm512_cvtepi32_ps(widen(p)); }
   static void prefetch(const void* p) {
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);

@@ -40,6 +40,7 @@ struct V {
     lo = vld1q_f32(l);
     hi = vld1q_f32(h);
   }
+  static constexpr bool FP4_WIDE = false;
   static f bytes(const uint8_t* p) { return vcvtq_f32_u32(widen(p)); }
   static void prefetch(const void* p) { __builtin_prefetch(p); }
 };

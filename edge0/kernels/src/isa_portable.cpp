@@ -50,6 +50,7 @@ struct V {
       hi.v[i] = FP4_VALUES[p[i] >> 4];
     }
   }
+  static constexpr bool FP4_WIDE = false;
   static f bytes(const uint8_t* p) {
     f r;
     for (int i = 0; i < W; ++i) r.v[i] = float(p[i]);
