@@ -1,0 +1,144 @@
+// Two builds of one row-kernel unit, interleaved on the same matrices: CPU time per call.
+//
+// Built by tools/bench/row_kernel_ab.py, which compiles the unit twice (a base revision and
+// the working tree) with its entry renamed to edge0_ab_base / edge0_ab_new. Arguments:
+//   KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB    (KIND: a4, a8 or mxfp4)
+// Prints one JSON object: GB of quantized weights per CPU-second (this thread) for each
+// build, the median and range of the per-round ratio new/base, and the largest relative
+// difference between the two builds' outputs.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <vector>
+
+#include "kernel.h"
+
+namespace edge0k {
+const Kernels* edge0_ab_base();
+const Kernels* edge0_ab_new();
+}  // namespace edge0k
+
+using namespace edge0k;
+
+namespace {
+
+double thread_cpu() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Copy {
+  std::vector<uint8_t> w, scales, biases;  // scales/biases: bf16 (affine) or e8m0 (mxfp4)
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 9) {
+    std::fprintf(stderr, "usage: %s KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string kind = argv[1];
+  const int rows = std::atoi(argv[2]), cols = std::atoi(argv[3]), group = std::atoi(argv[4]);
+  const int M = std::atoi(argv[5]), rounds = std::atoi(argv[7]);
+  const int64_t footprint = std::atoll(argv[6]) << 20;
+  const int64_t stretch = std::atoll(argv[8]) << 20;
+  const bool fp4 = kind == "mxfp4";
+  const int bits = kind == "a8" ? 8 : 4;
+  const int G = cols / group;
+  const int64_t w_row = int64_t(cols) * bits / 8;
+  const int64_t s_bytes = int64_t(rows) * G * (fp4 ? 1 : 2);
+  const int64_t per = w_row * rows + s_bytes * (fp4 ? 1 : 2);
+  const int copies = int(std::max<int64_t>(1, footprint / per));
+
+  std::mt19937 rng(7);
+  std::vector<Copy> mats(copies);
+  for (Copy& c : mats) {
+    c.w.resize(size_t(w_row) * rows);
+    for (uint8_t& b : c.w) b = uint8_t(rng());
+    c.scales.resize(size_t(s_bytes));
+    c.biases.resize(fp4 ? 0 : size_t(s_bytes));
+    for (size_t i = 0; i < c.scales.size(); ++i)  // e8m0 near 2^-5, or bf16 in [2^-8, 2^-6)
+      c.scales[i] = fp4 ? uint8_t(118 + rng() % 8) : uint8_t(i % 2 ? 0x3c : rng());
+    for (size_t i = 0; i < c.biases.size(); ++i) c.biases[i] = uint8_t(i % 2 ? 0xbc : rng());
+  }
+  // inputs in the layout the kernels read, and their group sums
+  std::vector<float> xp(size_t(M) * cols), xs(size_t(M) * G);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (float& v : xp) v = unit(rng);
+  for (int m = 0; m < M; ++m)
+    for (int g = 0; g < G; ++g) {
+      float s = 0.0f;
+      for (int c = 0; c < group; ++c) s += xp[size_t(m) * cols + g * group + c];
+      xs[size_t(m) * G + g] = s;
+    }
+
+  const Kernels* ks[2] = {edge0_ab_base(), edge0_ab_new()};
+  std::vector<float> out[2] = {std::vector<float>(size_t(M) * rows),
+                               std::vector<float>(size_t(M) * rows)};
+  auto call = [&](int v, const Copy& c) {
+    QMat q;
+    q.w = c.w.data();
+    q.w_row = w_row;
+    q.scales = c.scales.data();
+    q.s_row = G;
+    q.rows = rows;
+    q.cols = cols;
+    q.bits = bits;
+    q.group = group;
+    if (fp4) {
+      q.mode = Mode::Mxfp4;
+      q.sdt = DType::U8;
+    } else {
+      q.sdt = DType::BF16;
+      q.biases = c.biases.data();
+      q.b_row = G;
+    }
+    ks[v]->rows(q, xp.data(), xs.data(), M, 0, rows, out[v].data(), rows);
+  };
+  call(0, mats[0]);
+  call(1, mats[0]);
+  double diff = 0.0;
+  for (size_t i = 0; i < out[0].size(); ++i) {
+    const double a = out[0][i], b = out[1][i];
+    diff = std::fmax(diff, std::fabs(a - b) / std::fmax(std::fabs(a), 1e-30));
+  }
+
+  // STRETCH_MIB of weights per timed stretch; the order of the two builds alternates by round
+  const int passes = int(std::max<int64_t>(1, stretch / (per * copies)));
+  std::vector<double> rate[2], ratio;
+  for (int r = 0; r < rounds; ++r) {
+    double sec[2];
+    for (int j = 0; j < 2; ++j) {
+      const int v = (j + r) % 2;
+      const double t0 = thread_cpu();
+      for (int p = 0; p < passes; ++p)
+        for (const Copy& c : mats) call(v, c);
+      sec[v] = (thread_cpu() - t0) / double(passes * copies);
+      rate[v].push_back(double(per) / sec[v] / 1e9);
+    }
+    ratio.push_back(sec[0] / sec[1]);
+  }
+  std::printf(
+      "{\"kind\": \"%s\", \"rows\": %d, \"cols\": %d, \"group\": %d, \"m\": %d, "
+      "\"copies\": %d, \"base_gb_per_cpu_s\": %.3f, \"new_gb_per_cpu_s\": %.3f, "
+      "\"ratio_median\": %.3f, \"ratio_min\": %.3f, \"ratio_max\": %.3f, "
+      "\"max_rel_diff\": %.3g, \"isa\": \"%s\"}\n",
+      kind.c_str(), rows, cols, group, M, copies, median(rate[0]), median(rate[1]),
+      median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+      *std::max_element(ratio.begin(), ratio.end()), diff, ks[1]->name);
+  return 0;
+}
