@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from edge0.layout.convert_quant import (
     _resident_bits,
     _scale_dtype,
 )  # fmt: skip
+from edge0.layout.crc import crc32
 from edge0.layout.manifest import RESIDENT_FILE, Manifest
 from edge0.layout.manifest_checks import FORMAT_VERSION
 from edge0.layout.model import build_float_model
@@ -148,7 +148,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     with atomic_directory(dst, opts.force, src) as tmp:
         config, _ = write_resident(source, model, params, tmp / RESIDENT_FILE, resident_bits)
         resident_crc = {
-            "header": zlib.crc32(header_bytes(tmp / RESIDENT_FILE)),
+            "header": crc32(header_bytes(tmp / RESIDENT_FILE)),
             "file": file_crc32(tmp / RESIDENT_FILE),
         }
         writer = _write_experts(source, shape, spec, expert_params, tmp, opts)

@@ -6,10 +6,10 @@ before it reads every record.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 from edge0.errors import CheckpointError
+from edge0.layout.crc import crc32
 from edge0.layout.manifest import (
     EXPERTS_FILE,
     RESIDENT_FILE,
@@ -57,5 +57,5 @@ def check_files(path: Path, manifest: Manifest) -> None:
 def check_resident_header(path: Path, manifest: Manifest) -> None:
     """The resident header is the one convert wrote (a swapped dtype or offset cannot pass)."""
     crcs, resident = manifest.resident_crc32, path / RESIDENT_FILE
-    if crcs is not None and zlib.crc32(header_bytes(resident)) != crcs["header"]:
+    if crcs is not None and crc32(header_bytes(resident)) != crcs["header"]:
         raise CheckpointError(f"{resident}: the safetensors header fails its CRC32 check; {FIX}")

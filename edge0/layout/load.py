@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from edge0.errors import CheckpointError, Edge0Error
+from edge0.layout.crc import crc32
 from edge0.layout.files import check_files, check_resident_header
 from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Manifest
 from edge0.layout.manifest_checks import check_model
@@ -124,7 +124,7 @@ def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, 
                 raise CheckpointError(
                     f"{path / EXPERTS_FILE}: layer {layer} expert {e} is cut; {_FIX}"
                 )
-            if zlib.crc32(record.data) != manifest.record_crc(layer, e):
+            if crc32(record.data) != manifest.record_crc(layer, e):
                 raise CheckpointError(
                     f"{path / EXPERTS_FILE}: layer {layer} expert {e} fails its CRC32 check; {_FIX}"
                 )

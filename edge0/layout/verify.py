@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edge0.errors import CheckpointError
+from edge0.layout.crc import crc32
 from edge0.layout.files import FIX as _FIX
 from edge0.layout.files import record_name as _where
 from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
@@ -40,7 +40,7 @@ def file_crc32(path: Path) -> int:
     crc = 0
     with open(path, "rb", buffering=0) as f:
         while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
     return crc
 
 
@@ -77,7 +77,7 @@ def _check_experts(path: Path, manifest: Manifest, bar: tqdm) -> None:
                         f"{path / EXPERTS_FILE}: short read at {_where(manifest, index)}; {_FIX}"
                     )
                 for i in range(n):
-                    if zlib.crc32(mem[i * rs : (i + 1) * rs]) != manifest.crc32[index + i]:
+                    if crc32(mem[i * rs : (i + 1) * rs]) != manifest.crc32[index + i]:
                         raise CheckpointError(
                             f"{path / EXPERTS_FILE}: {_where(manifest, index + i)} fails its CRC32 "
                             f"check (record {index + i}, "
@@ -119,7 +119,7 @@ def _check_zstd(path: Path, manifest: Manifest, bar: tqdm) -> int:
                 raise CheckpointError(
                     f"{zfile}: {_where(manifest, i)} does not decompress ({exc}); {_FIX}"
                 ) from None
-            if len(record) != manifest.record_size or zlib.crc32(record) != manifest.crc32[i]:
+            if len(record) != manifest.record_size or crc32(record) != manifest.crc32[i]:
                 raise CheckpointError(
                     f"{zfile}: {_where(manifest, i)} fails its CRC32 check; {_FIX}"
                 )

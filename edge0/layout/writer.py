@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import zlib
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from edge0.layout.crc import crc32
 from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, ZSTD_INDEX_FILE
 
 
@@ -46,7 +46,7 @@ class RecordWriter:
         if record.nbytes != self.record_size:
             raise ValueError(f"record has {record.nbytes} bytes, expected {self.record_size}")
         mem = np.ascontiguousarray(record).reshape(-1).view(np.uint8).data
-        crc = zlib.crc32(mem)
+        crc = crc32(mem)
         self._bin.write(mem)
         if self._zst is not None:
             frame = self._compressor.compress(mem)
@@ -65,7 +65,7 @@ class RecordWriter:
         if self._zst is not None:
             raise ValueError("a hole record cannot be compressed into experts.zst")
         if self._zero_crc is None:
-            self._zero_crc = zlib.crc32(bytes(self.record_size))
+            self._zero_crc = crc32(bytes(self.record_size))
         self._bin.seek(self.record_size, os.SEEK_CUR)
         self.crc32.append(self._zero_crc)
         return self._zero_crc
