@@ -7,7 +7,8 @@ tokens, switching between the native kernels and MLX's own ops (as
 `EDGE0_NATIVE_KERNELS=0`) every window, so both paths see the same load. Reports for each
 the process CPU time per token (all threads: the graph is built on this one and run on
 MLX's stream thread) as the minimum and median over its windows, the per-pair ratio's
-median, the graph nodes per token, and the load average. On a shared machine the minimum
+median, the graph nodes per token, the load average, and whether every window of both
+paths decoded the same tokens. On a shared machine the minimum
 is the figure closest to a quiet machine's; wall time is not used.
 """
 
@@ -59,20 +60,27 @@ def main(model: str, windows: int, tokens: int, json_out: str | None) -> None:
     load0 = os.getloadavg()
     cpu: dict[str, list[float]] = {"native": [], "mlx": []}
     nodes: dict[str, int] = {}
+    tokens_of: dict[str, list[list[int]]] = {"native": [], "mlx": []}
     for w in range(2 * windows):
         name = ("native", "mlx")[w % 2]
         _set_native(name == "native")
+        prompt = mx.array([[5, 6, 7, 8, 9, 10, 11, 12]])
+        if name not in nodes:  # on a cache of its own: the timed windows all start alike
+            counted = make_prompt_cache(m)
+            mx.eval(m(prompt, cache=counted))
+            nodes[name] = _nodes(m, counted)
         cache = make_prompt_cache(m)
-        mx.eval(m(mx.array([[5, 6, 7, 8, 9, 10, 11, 12]]), cache=cache))
-        if name not in nodes:
-            nodes[name] = _nodes(m, cache)
+        mx.eval(m(prompt, cache=cache))
         tok = mx.array([[3]])
+        got = []
         c0 = time.process_time()
         for _ in range(tokens):
             logits = m(tok, cache=cache)
             tok = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
             mx.eval(tok)
+            got.append(tok)
         cpu[name].append((time.process_time() - c0) / tokens * 1e3)
+        tokens_of[name].append([int(t.item()) for t in got])
     _set_native(True)
     ratios = [b / a for a, b in zip(cpu["native"], cpu["mlx"], strict=True)]
     lo = {k: min(v) for k, v in cpu.items()}
@@ -89,13 +97,17 @@ def main(model: str, windows: int, tokens: int, json_out: str | None) -> None:
         "median": mid,
         "pair_ratio_median": statistics.median(ratios),
         "min_ratio": min(cpu["mlx"]) / min(cpu["native"]),
+        "window_tokens": tokens_of,
+        # every window decodes the same prompt greedily: both paths must give one sequence
+        "tokens_equal": all(t == tokens_of["native"][0] for v in tokens_of.values() for t in v),
     }
     click.echo(
         f"graph nodes per token: native {nodes['native']}, MLX {nodes['mlx']}\n"
         f"CPU ms/token, min / median: native {lo['native']:.2f} / {mid['native']:.2f}, "
         f"MLX {lo['mlx']:.2f} / {mid['mlx']:.2f}\n"
         f"MLX / native: {out['min_ratio']:.2f}x (minimums), {out['pair_ratio_median']:.2f}x "
-        f"(median of per-pair ratios); load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+        f"(median of per-pair ratios); load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f}\n"
+        f"tokens: {'equal on both paths' if out['tokens_equal'] else 'DIFFERENT between the paths'}"
     )
     if json_out:
         Path(json_out).write_text(json.dumps(out, indent=1))
