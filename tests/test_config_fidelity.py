@@ -132,13 +132,10 @@ def test_tables_cover_every_family() -> None:
 
 def test_docs_audit_is_what_the_code_does() -> None:
     """docs/models.md's audit tables are tools/config_audit.py's output, verbatim."""
-    import importlib.util
+    from tool_helpers import load_tool
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("config_audit", root / "tools/config_audit.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_tool("tools/config_audit.py")
     text = (root / "docs" / "models.md").read_text()
     start = text.index("<!-- config-audit:start -->\n") + len("<!-- config-audit:start -->\n")
     assert text[start : text.index("<!-- config-audit:end -->")] == module.audit()

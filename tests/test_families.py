@@ -9,7 +9,6 @@ transformers fp32 (tools/family_fixtures.py).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from layout_helpers import greedy, mlx_lm_int4
 from runtime_helpers import PROMPT, MockTier
 from test_reference import edge0_logits
+from tool_helpers import load_tool
 
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
@@ -50,14 +50,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]
     return out
 
 
-def _golden_tool() -> Any:
-    spec = importlib.util.spec_from_file_location("golden_logits", ROOT / "tools/golden_logits.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _max_err(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
     return max(float(np.abs(ours[k] - ref[k]).max()) for k in ("prefill_logits", "decode_logits"))
 
@@ -66,7 +58,10 @@ def _max_err(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
 def test_matches_golden_transformers_logits(built: dict[str, Any], model_type: str) -> None:
     golden = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
     loaded = load(built[model_type]["hf"])
-    assert loaded.tokenizer.encode(_golden_tool().PROMPT) == golden["prompt_ids"].tolist()
+    assert (
+        loaded.tokenizer.encode(load_tool("tools/golden_logits.py").PROMPT)
+        == golden["prompt_ids"].tolist()
+    )
     ours = edge0_logits(loaded, golden["prompt_ids"], golden["decode_ids"])
     assert _max_err(ours, golden) <= TOL
     chain = [ours["prefill_logits"][-1].argmax(), *ours["decode_logits"][:-1].argmax(-1)]
@@ -80,7 +75,7 @@ def test_live_transformers_layout_and_logits(built: dict[str, Any], model_type: 
     spec = json.loads(fixture_file(FIXTURES, model_type).read_text())
     # the committed layout is what transformers' own save_pretrained writes today
     assert [[n, list(s)] for n, s in layout_from_transformers(spec["config"])] == spec["tensors"]
-    tool = _golden_tool()
+    tool = load_tool("tools/golden_logits.py")
     path = built[model_type]["hf"]
     ref = tool.reference_logits(path, tool.prompt_ids(path))  # exits if keys do not match
     assert _max_err(edge0_logits(load(path), ref["prompt_ids"], ref["decode_ids"]), ref) <= TOL

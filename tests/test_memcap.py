@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from tool_helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 _MIB = 1 << 20
@@ -16,16 +15,8 @@ _MIB = 1 << 20
 HOLD = "b = bytearray(96 << 20); print('ready', flush=True); import time; time.sleep({secs})"
 
 
-def _memcap() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("memcap", ROOT / "tools/memcap.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_largest_hwm_takes_the_biggest_process_and_skips_gone_ones() -> None:
-    memcap = _memcap()
+    memcap = load_tool("tools/memcap.py")
     small = subprocess.Popen(["sleep", "30"])
     big = subprocess.Popen([sys.executable, "-c", HOLD.format(secs=30)], stdout=subprocess.PIPE)
     gone = subprocess.Popen(["true"])
@@ -47,7 +38,7 @@ def test_largest_hwm_takes_the_biggest_process_and_skips_gone_ones() -> None:
 
 def test_a_wrapped_command_reports_the_wrapped_process_peak() -> None:
     """`memcap -- WRAPPER CMD` (e.g. /usr/bin/time -v): the wrapper's own RSS is tiny."""
-    memcap = _memcap()
+    memcap = load_tool("tools/memcap.py")
     # "; true" keeps the shell alive as a wrapper instead of letting it exec the child
     hold = HOLD.format(secs=1)
     cmd = ["sh", "-c", f'"{sys.executable}" -c "{hold}"; true']

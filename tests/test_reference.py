@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,21 +10,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
+from tool_helpers import load_tool
 
 TOL = 1e-4
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 MODEL_TYPES = ("qwen3_moe", "qwen3_5_moe")
-
-
-def _golden_tool() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "golden_logits", ROOT / "tools" / "golden_logits.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def edge0_logits(
@@ -61,7 +51,7 @@ def test_matches_golden_transformers_logits(
     golden = dict(np.load(FIXTURES / "golden" / f"{model_type}.npz"))
     loaded = loaded_model(model_type)
     # The golden prompt is the fixed text through the fixture's own tokenizer.
-    prompt = _golden_tool().PROMPT
+    prompt = load_tool("tools/golden_logits.py").PROMPT
     assert loaded.tokenizer.encode(prompt) == golden["prompt_ids"].tolist()
     assert golden["decode_ids"].shape == (8,)
     _check(edge0_logits(loaded, golden["prompt_ids"], golden["decode_ids"]), golden)
@@ -71,7 +61,7 @@ def test_matches_golden_transformers_logits(
 def test_matches_live_transformers(model_type: str, loaded_model: Callable[[str], Any]) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    tool = _golden_tool()
+    tool = load_tool("tools/golden_logits.py")
     path = FIXTURES / model_type
     ref = tool.reference_logits(path, tool.prompt_ids(path))
     _check(edge0_logits(loaded_model(model_type), ref["prompt_ids"], ref["decode_ids"]), ref)

@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 import pytest
+from tool_helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "bench" / "row_kernel_ab.py"
 
 
-def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location("row_kernel_ab", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_cases_and_unit_flags_are_read_or_refused() -> None:
-    tool = _tool()
+    tool = load_tool("tools/bench/row_kernel_ab.py")
     assert tool.parse_case("mxfp4:2880x2880:32") == ("mxfp4", 2880, 2880, 32)
     for bad in ("a4:64x100:64", "mxfp4:64x128:64", "a5:8x64:64", "a4:8x64"):
         with pytest.raises(click.BadParameter, match="KIND|group"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from safetensors import safe_open
+from tool_helpers import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 TEACHER = ROOT / "edge0" / "data" / "teacher"
@@ -20,16 +20,6 @@ TOL = 1e-4
 MAX_BYTES = 64 * 2**20
 
 _CACHE: dict[str, Any] = {}
-
-
-def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "teacher_golden", ROOT / "tools" / "teacher_golden.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _teacher() -> Any:
@@ -89,7 +79,10 @@ def test_teacher_loads_with_edge0() -> None:
     assert loaded.config["model_type"] == "qwen3_moe"
     assert loaded.tokenizer.eos_token == "<|endoftext|>"
     golden = _golden()
-    assert loaded.tokenizer.encode(_tool().PROMPT) == golden["prompt_ids"].tolist()
+    assert (
+        loaded.tokenizer.encode(load_tool("tools/teacher_golden.py").PROMPT)
+        == golden["prompt_ids"].tolist()
+    )
 
 
 def test_teacher_matches_golden_logits() -> None:
@@ -114,7 +107,7 @@ def test_teacher_greedy_generation_is_stable() -> None:
 def test_teacher_matches_live_transformers() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    tool = _tool()
+    tool = load_tool("tools/teacher_golden.py")
     ref = tool.reference(TEACHER)
     _check(edge0_logits(_teacher(), ref["prompt_ids"], ref["decode_ids"]), ref)
     golden = _golden()
