@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from layout_helpers import greedy
 from runtime_helpers import PROMPT
-from test_families import _golden_tool, _max_err, every_mode_matches_resident
+from test_families import _max_err, every_mode_matches_resident
 from test_reference import edge0_logits
+from tool_helpers import load_tool
 
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
@@ -44,7 +45,7 @@ def test_hub_form_matches_transformers(hub: dict[str, Path]) -> None:
     ours = edge0_logits(load(hub["hub"]), golden["prompt_ids"], golden["decode_ids"])
     assert _max_err(ours, golden) <= 1e-4
     pytest.importorskip("torch")
-    tool = _golden_tool()
+    tool = load_tool("tools/golden_logits.py")
     ref = tool.reference_logits(hub["hub"], tool.prompt_ids(hub["hub"]))
     assert np.array_equal(ref["decode_ids"], golden["decode_ids"])
     assert _max_err(golden, ref) <= 1e-5
