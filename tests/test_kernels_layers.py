@@ -137,11 +137,12 @@ def _rel(got: mx.array, ref: mx.array) -> float:
 @given(
     b=st.integers(1, 2), kv=st.sampled_from([1, 2, 4]), rep=st.sampled_from([1, 2, 8]),
     lq=st.integers(1, 8), extra=st.integers(0, 300), d=st.sampled_from([16, 64, 80, 256]),
-    causal=st.booleans(), cache_view=st.booleans(), seed=st.integers(0, 2**16),
+    causal=st.booleans(), cache_view=st.booleans(), sinks=st.booleans(),
+    seed=st.integers(0, 2**16),
 )  # fmt: skip
 def test_attention_matches_mlx(
     b: int, kv: int, rep: int, lq: int, extra: int, d: int, causal: bool, cache_view: bool,
-    seed: int,
+    sinks: bool, seed: int,
 ) -> None:  # fmt: skip
     rng = np.random.default_rng(seed)
     lk = lq + extra
@@ -150,10 +151,23 @@ def test_attention_matches_mlx(
     k = _normal(rng, (b, kv, full, d))[:, :, :lk, :]
     v = _normal(rng, (b, kv, full, d), 3.0)[:, :, :lk, :]
     mask = "causal" if causal else None
-    got = ops.sdpa(q, k, v, scale=d**-0.5, mask=mask)
+    sink = _normal(rng, (kv * rep,), 2.0) if sinks else None  # gpt-oss: a logit per head
+    got = ops.sdpa(q, k, v, scale=d**-0.5, mask=mask, sinks=sink)
     assert got is not None
-    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask=mask)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask=mask, sinks=sink)
     assert _rel(got, ref) <= TOL
+
+
+def test_sinks_take_their_share_of_the_weight() -> None:
+    """A very large sink takes almost all the weight; a very small one none of it."""
+    rng = np.random.default_rng(5)
+    q, k, v = _normal(rng, (1, 2, 1, 16)), _normal(rng, (1, 2, 6, 16)), _normal(rng, (1, 2, 6, 16))
+    plain = ops.sdpa(q, k, v, scale=0.25, mask=None)
+    low = ops.sdpa(q, k, v, scale=0.25, mask=None, sinks=mx.array([-1e4, -1e4]))
+    high = ops.sdpa(q, k, v, scale=0.25, mask=None, sinks=mx.array([1e4, 1e4]))
+    assert plain is not None and low is not None and high is not None
+    assert _same(low, plain)
+    assert float(mx.abs(high).max()) < 1e-30
 
 
 def test_attention_leaves_what_it_does_not_run_to_mlx() -> None:
@@ -185,6 +199,16 @@ def test_gradients_flow_as_mlx_computes_them() -> None:
         lambda q: (mx.fast.scaled_dot_product_attention(q, kv, kv, scale=0.125) * ramp).sum()
     )(q)
     assert _rel(got_q, ref_q) <= TOL
+    sink = _normal(rng, (4,))
+    got_q = mx.grad(
+        lambda q: (ops.sdpa(q, kv, kv, scale=0.125, mask=None, sinks=sink) * ramp).sum()  # type: ignore[operator]
+    )(q)
+    ref_q = mx.grad(
+        lambda q: (
+            mx.fast.scaled_dot_product_attention(q, kv, kv, scale=0.125, sinks=sink) * ramp
+        ).sum()
+    )(q)
+    assert _rel(got_q, ref_q) <= TOL
 
 
 def test_bad_operands_are_refused_at_graph_build() -> None:
@@ -198,6 +222,9 @@ def test_bad_operands_are_refused_at_graph_build() -> None:
         mod.rope(mx.zeros((2, 1, 2, 8)), mx.zeros((3,), mx.int32), None, 8, False, 1e4, 1.0)
     with pytest.raises(ValueError, match="n_heads|do not match"):
         mod.sdpa(mx.zeros((1, 3, 1, 8)), mx.zeros((1, 2, 4, 8)), mx.zeros((1, 2, 4, 8)), 1.0, False)
+    qkv = mx.zeros((1, 2, 1, 8))
+    with pytest.raises(ValueError, match="one value per query head"):
+        mod.sdpa(qkv, qkv, qkv, 1.0, False, None, mx.zeros((3,)))
 
 
 def test_without_the_extension_mlx_ops_run(mlx_only: None) -> None:

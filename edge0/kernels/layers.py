@@ -110,8 +110,8 @@ def native_attention(
     mask: mx.array | str | None, sinks: mx.array | None = None,
 ) -> mx.array:  # fmt: skip
     """mlx-lm's `scaled_dot_product_attention`, as one native node where it can run."""
-    if sinks is None and not hasattr(cache, "bits"):  # not a quantized KV cache
-        out = sdpa(queries, keys, values, scale=scale, mask=mask)
+    if not hasattr(cache, "bits"):  # not a quantized KV cache
+        out = sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
         if out is not None:
             return out
     return _MLX_LM_ATTENTION(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)  # type: ignore[arg-type]

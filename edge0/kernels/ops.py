@@ -149,24 +149,30 @@ SDPA_MAX_QUERIES = 8  # decode and batched decode; prompts keep MLX's BLAS matmu
 
 
 def sdpa(
-    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None
-) -> mx.array | None:
+    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None,
+    sinks: mx.array | None = None,
+) -> mx.array | None:  # fmt: skip
     """`mx.fast.scaled_dot_product_attention` for up to `SDPA_MAX_QUERIES` queries with no
-    mask, the causal one or a boolean one (a batch's left padding, a window), in one native
-    node; None where MLX's op must run (an additive mask among others)."""
+    mask, the causal one or a boolean one (a batch's left padding, a window), and optional
+    per-head attention sinks (gpt-oss), in one native node; None where MLX's op must run
+    (an additive mask among others)."""
     mod = _native_float(q)
     if mod is None or q.ndim != 4 or q.shape[2] > SDPA_MAX_QUERIES:
         return None
     if k.dtype != mx.float32 or v.dtype != mx.float32 or k.ndim != 4 or v.ndim != 4:
         return None
+    if sinks is not None and (sinks.ndim != 1 or sinks.shape[0] != q.shape[1]):
+        return None
+    if sinks is not None and sinks.dtype != mx.float32:
+        sinks = sinks.astype(mx.float32)  # MLX's op computes its sinks in float32 here too
     if isinstance(mask, str):
         if mask != "causal":
             return None
-        out: mx.array = mod.sdpa(q, k, v, scale, True)
+        out: mx.array = mod.sdpa(q, k, v, scale, True, None, sinks)
     elif mask is not None:
         if mask.dtype != mx.bool_ or mask.ndim > 4:
             return None  # an additive mask: MLX's op
-        out = mod.sdpa(q, k, v, scale, False, mask)
+        out = mod.sdpa(q, k, v, scale, False, mask, sinks)
     else:
-        out = mod.sdpa(q, k, v, scale, False)
+        out = mod.sdpa(q, k, v, scale, False, None, sinks)
     return out

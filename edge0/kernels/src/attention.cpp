@@ -4,7 +4,9 @@
 // graph nodes per call (scale, GQA reshapes, two matmuls, softmax). Here one node computes,
 // per batch row, query head and query position, the scaled scores against the keys the
 // mask allows, a precise (float32, max-subtracted) softmax and the weighted sum of the
-// values; grouped-query heads read their shared key/value head in place. Keys and values
+// values; grouped-query heads read their shared key/value head in place. A head's
+// attention sink (gpt-oss) is one more logit in its softmax with no value: it takes a
+// share of the weight and gives nothing back. Keys and values
 // may be strided views (a KV cache's filled part). The sums are reassociated against
 // MLX's BLAS matmuls, so results agree to float rounding, not bit for bit.
 #include <algorithm>
@@ -66,16 +68,20 @@ EDGE0_CLONES void axpy(float w, const float* x, int64_t sx, float* y, int64_t n)
 
 class SDPA : public CpuPrimitive {
  public:
-  SDPA(mx::Stream s, float scale, bool causal) : CpuPrimitive(s), scale_(scale), causal_(causal) {}
+  // inputs: q, k, v, then the mask if `masked`, then the sinks if `sinks`
+  SDPA(mx::Stream s, float scale, bool causal, bool masked, bool sinks)
+      : CpuPrimitive(s), scale_(scale), causal_(causal), masked_(masked), sinks_(sinks) {}
 
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
     auto& enc = prepare(in, out);
-    const bool masked = in.size() > 3;
+    const bool masked = masked_, sinks = sinks_;
+    const size_t at_sinks = masked ? 4 : 3;
     enc.dispatch([q = mx::array::unsafe_weak_copy(in[0]), k = mx::array::unsafe_weak_copy(in[1]),
                   v = mx::array::unsafe_weak_copy(in[2]), o = mx::array::unsafe_weak_copy(out),
-                  m = mx::array::unsafe_weak_copy(masked ? in[3] : in[0]), masked,
+                  m = mx::array::unsafe_weak_copy(masked ? in[3] : in[0]),
+                  sk = mx::array::unsafe_weak_copy(sinks ? in[at_sinks] : in[0]), masked, sinks,
                   scale = scale_, causal = causal_]() {
-      run(q, k, v, masked ? &m : nullptr, o, scale, causal);
+      run(q, k, v, masked ? &m : nullptr, sinks ? sk.data<float>() : nullptr, o, scale, causal);
     });
   }
 
@@ -86,17 +92,18 @@ class SDPA : public CpuPrimitive {
     const float scale = scale_;
     const std::string mode = causal_ ? "causal" : "";
     const mx::Stream s = stream();
-    std::optional<mx::array> mask;
-    if (primals.size() > 3) mask = primals[3];
-    auto fun = [scale, mode, mask, s](const std::vector<mx::array>& in) {
+    std::optional<mx::array> mask, sinks;
+    if (masked_) mask = primals[3];
+    if (sinks_) sinks = primals[masked_ ? 4 : 3];
+    auto fun = [scale, mode, mask, sinks, s](const std::vector<mx::array>& in) {
       return std::vector<mx::array>{mx::fast::scaled_dot_product_attention(
-          in[0], in[1], in[2], scale, mask ? "array" : mode, mask, {}, false, s)};
+          in[0], in[1], in[2], scale, mask ? "array" : mode, mask, sinks, false, s)};
     };
     const std::vector<mx::array> qkv(primals.begin(), primals.begin() + 3);
     auto grads = mx::vjp(fun, qkv, cotangents).second;
     std::vector<mx::array> out;
     for (int a : argnums) {
-      if (a > 2) throw std::invalid_argument("edge0 sdpa: no gradient flows to the mask");
+      if (a > 2) throw std::invalid_argument("edge0 sdpa: no gradient flows to the mask or sinks");
       out.push_back(grads[a]);
     }
     return out;
@@ -106,7 +113,8 @@ class SDPA : public CpuPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const SDPA&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && masked_ == o.masked_ &&
+           sinks_ == o.sinks_;
   }
 
  private:
@@ -114,7 +122,7 @@ class SDPA : public CpuPrimitive {
   // ones are summed in the same order as without a mask, so a left-padded row of a batch
   // gets exactly the result it gets alone
   static void run(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array* m,
-                  const mx::array& o, float scale, bool causal) {
+                  const float* sinks, const mx::array& o, float scale, bool causal) {
     const int64_t B = q.shape(0), Hq = q.shape(1), Lq = q.shape(2), D = q.shape(3);
     const int64_t Hk = k.shape(1), Lk = k.shape(2), Dv = v.shape(3);
     const int64_t rep = Hq / Hk;
@@ -145,10 +153,11 @@ class SDPA : public CpuPrimitive {
             float* pr = &p[r * Lk];
             const bool* mr = m ? m->data<bool>() + b * M[0] + (hk * rep + r) * M[1] + i * M[2]
                                : nullptr;
-            float top = -std::numeric_limits<float>::infinity();
+            const float sink = sinks ? sinks[hk * rep + r] : 0.0f;
+            float top = sinks ? sink : -std::numeric_limits<float>::infinity();
             for (int64_t j = 0; j < n; ++j)
               if (!mr || mr[j * M[3]]) top = std::max(top, pr[j]);
-            float sum = 0.0f;
+            float sum = sinks ? std::exp(sink - top) : 0.0f;
             for (int64_t j = 0; j < n; ++j) {
               if (mr && !mr[j * M[3]]) {
                 pr[j] = 0.0f;  // hidden: no share of the sum or of the values
@@ -177,13 +186,14 @@ class SDPA : public CpuPrimitive {
   }
 
   float scale_;
-  bool causal_;
+  bool causal_, masked_, sinks_;
 };
 
 }  // namespace
 
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
-               bool causal, const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
+               bool causal, const std::optional<mx::array>& mask,
+               const std::optional<mx::array>& sinks, mx::StreamOrDevice s) {
   for (const mx::array* a : {&q, &k, &v})
     if (a->dtype() != mx::float32 || a->ndim() != 4)
       throw std::invalid_argument("edge0 sdpa: queries, keys and values must be float32 4-D");
@@ -201,8 +211,15 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
     const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
     inputs.push_back(mx::broadcast_to(*mask, full, s));  // a view: strides 0 where broadcast
   }
+  if (sinks) {
+    if (sinks->dtype() != mx::float32 || sinks->ndim() != 1 || sinks->shape(0) != q.shape(1))
+      throw std::invalid_argument("edge0 sdpa: sinks must be float32 with one value per query head");
+    inputs.push_back(mx::contiguous(*sinks, false, s));
+  }
   return mx::array({q.shape(0), q.shape(1), q.shape(2), v.shape(3)}, mx::float32,
-                   std::make_shared<SDPA>(mx::to_stream(s), scale, causal), std::move(inputs));
+                   std::make_shared<SDPA>(mx::to_stream(s), scale, causal, mask.has_value(),
+                                          sinks.has_value()),
+                   std::move(inputs));
 }
 
 }  // namespace edge0

@@ -28,7 +28,7 @@ NB_MODULE(_native, m) {
         "base"_a, "scale"_a, "forward"_a = true, nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope in one CPU node (float32 x, int32 offset)");
   m.def("sdpa", &edge0::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a = nb::none(),
-        nb::kw_only(),
+        "sinks"_a = nb::none(), nb::kw_only(),
         "stream"_a = nb::none(), "scaled dot-product attention in one CPU node (float32)");
   m.def("isa", &edge0::isa, "The row kernel in use (avx512, avx2, neon, portable)");
   m.def("use_isa", &edge0::use_isa, "name"_a,

@@ -37,10 +37,11 @@ mx::array rope(const mx::array& x, const mx::array& offset, const std::optional<
                mx::StreamOrDevice s = {});
 
 // mx.fast.scaled_dot_product_attention for float32 q (B, Hq, Lq, D), k/v (B, Hk, Lk, D)
-// with no mask, the causal one or a boolean one: one node (agrees to float rounding)
+// with no mask, the causal one or a boolean one, and optional attention sinks (Hq,): one
+// node (agrees to float rounding)
 mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                bool causal, const std::optional<mx::array>& mask = std::nullopt,
-               mx::StreamOrDevice s = {});
+               const std::optional<mx::array>& sinks = std::nullopt, mx::StreamOrDevice s = {});
 
 // A sparse-MoE block after its router projection: per row n of x (N, d), the top-k experts
 // by softmax(logits[n]) (weights renormalized over the k when norm), their gated FFN over
