@@ -243,14 +243,9 @@ def test_without_the_extension_mlx_ops_run(mlx_only: None) -> None:
 def test_use_native_switches_norms_ropes_and_attention() -> None:
     from mlx_lm.models import base, qwen3_moe
 
-    args = qwen3_moe.ModelArgs(
-        model_type="qwen3_moe", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
-        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
-        decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=16, rms_norm_eps=1e-6,
-        vocab_size=50, head_dim=8, rope_theta=1e4, tie_word_embeddings=True,
-        max_position_embeddings=64, norm_topk_prob=True,
-    )  # fmt: skip
-    model = qwen3_moe.Model(args)
+    args = _qwen3_moe_args(hidden_size=32, num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=16, head_dim=8)  # fmt: skip
+    model = qwen3_moe.Model(args)  # type: ignore[arg-type]
     changed = layers.use_native(model)
     kinds = {type(m) for _, m in model.named_modules()}
     assert layers.NativeRMSNorm in kinds and layers.NativeRoPE in kinds and nn.RMSNorm not in kinds
