@@ -168,6 +168,10 @@ def test_sinks_take_their_share_of_the_weight() -> None:
     assert plain is not None and low is not None and high is not None
     assert _same(low, plain)
     assert float(mx.abs(high).max()) < 1e-30
+    sink = _normal(rng, (4,))  # a strided view is read in place, as its copy would be
+    view = ops.sdpa(q, k, v, scale=0.25, mask=None, sinks=sink[::2])
+    copy = ops.sdpa(q, k, v, scale=0.25, mask=None, sinks=mx.array(np.array(sink[::2])))
+    assert view is not None and copy is not None and _same(view, copy)
 
 
 def test_attention_leaves_what_it_does_not_run_to_mlx() -> None:

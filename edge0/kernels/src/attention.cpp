@@ -81,7 +81,7 @@ class SDPA : public CpuPrimitive {
                   m = mx::array::unsafe_weak_copy(masked ? in[3] : in[0]),
                   sk = mx::array::unsafe_weak_copy(sinks ? in[at_sinks] : in[0]), masked, sinks,
                   scale = scale_, causal = causal_]() {
-      run(q, k, v, masked ? &m : nullptr, sinks ? sk.data<float>() : nullptr, o, scale, causal);
+      run(q, k, v, masked ? &m : nullptr, sinks ? &sk : nullptr, o, scale, causal);
     });
   }
 
@@ -122,7 +122,7 @@ class SDPA : public CpuPrimitive {
   // ones are summed in the same order as without a mask, so a left-padded row of a batch
   // gets exactly the result it gets alone
   static void run(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array* m,
-                  const float* sinks, const mx::array& o, float scale, bool causal) {
+                  const mx::array* sk, const mx::array& o, float scale, bool causal) {
     const int64_t B = q.shape(0), Hq = q.shape(1), Lq = q.shape(2), D = q.shape(3);
     const int64_t Hk = k.shape(1), Lk = k.shape(2), Dv = v.shape(3);
     const int64_t rep = Hq / Hk;
@@ -131,8 +131,10 @@ class SDPA : public CpuPrimitive {
     if (m)
       for (int d = 0; d < 4; ++d) M[d] = m->strides()[d];
     float* op = const_cast<float*>(o.data<float>());
+    const float* sinks = sk ? sk->data<float>() : nullptr;  // read in place: (Hq,) strided
+    const int64_t sink_step = sk ? sk->strides()[0] : 0;
     // the query heads that share a key/value head read each key and value row once
-    std::vector<float> qs(rep * D), p(rep * Lk), acc(rep * Dv);
+    std::vector<float> qs(rep * D), p(rep * Lk), acc(rep * Dv), inv(rep);
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t hk = 0; hk < Hk; ++hk) {
         const float* kb = K.p + b * K.s[0] + hk * K.s[1];
@@ -148,12 +150,11 @@ class SDPA : public CpuPrimitive {
             const float* kr = kb + j * K.s[2];
             for (int64_t r = 0; r < rep; ++r) p[r * Lk + j] = dot(&qs[r * D], kr, K.s[3], D);
           }
-          std::vector<float> inv(rep);
           for (int64_t r = 0; r < rep; ++r) {  // a precise softmax over the visible keys
             float* pr = &p[r * Lk];
             const bool* mr = m ? m->data<bool>() + b * M[0] + (hk * rep + r) * M[1] + i * M[2]
                                : nullptr;
-            const float sink = sinks ? sinks[hk * rep + r] : 0.0f;
+            const float sink = sinks ? sinks[(hk * rep + r) * sink_step] : 0.0f;
             float top = sinks ? sink : -std::numeric_limits<float>::infinity();
             for (int64_t j = 0; j < n; ++j)
               if (!mr || mr[j * M[3]]) top = std::max(top, pr[j]);
@@ -214,7 +215,7 @@ mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float
   if (sinks) {
     if (sinks->dtype() != mx::float32 || sinks->ndim() != 1 || sinks->shape(0) != q.shape(1))
       throw std::invalid_argument("edge0 sdpa: sinks must be float32 with one value per query head");
-    inputs.push_back(mx::contiguous(*sinks, false, s));
+    inputs.push_back(*sinks);  // no copy node: the kernel reads its stride
   }
   return mx::array({q.shape(0), q.shape(1), q.shape(2), v.shape(3)}, mx::float32,
                    std::make_shared<SDPA>(mx::to_stream(s), scale, causal, mask.has_value(),
