@@ -2,10 +2,12 @@
 //
 // Built by tools/bench/row_kernel_ab.py, which compiles the unit twice (a base revision and
 // the working tree) with its entry renamed to edge0_ab_base / edge0_ab_new. Arguments:
-//   KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB    (KIND: a4, a8 or mxfp4)
+//   KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB BASE_HAS_FP4_PERM
+// (KIND: a4, a8 or mxfp4; the last is 1 when the base's Kernels table has `fp4_perm`, so
+// that an older table is never read past its end). Each build gets x in its own layout.
 // Prints one JSON object: GB of quantized weights per CPU-second (this thread) for each
 // build, the median and range of the per-round ratio new/base, and the largest relative
-// difference between the two builds' outputs.
+// difference between the two builds' outputs (over the largest output's magnitude).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -39,6 +41,29 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// x (M rows of `cols`) in the layout build `k` reads (kernel.h); `perm`: its fp4_perm, if any
+std::vector<float> layout(const std::vector<float>& x, int M, int cols, int bits, int lanes,
+                          const uint8_t* perm) {
+  std::vector<float> xp(x.size());
+  for (int m = 0; m < M; ++m) {
+    const float* xm = x.data() + size_t(m) * cols;
+    float* pm = xp.data() + size_t(m) * cols;
+    if (perm != nullptr) {
+      for (int c0 = 0; c0 < cols; c0 += 32)
+        for (int i = 0; i < 32; ++i) pm[c0 + i] = xm[c0 + perm[i]];
+    } else if (bits == 4) {
+      for (int c0 = 0; c0 < cols; c0 += 2 * lanes)
+        for (int j = 0; j < lanes; ++j) {
+          pm[c0 + j] = xm[c0 + 2 * j];
+          pm[c0 + lanes + j] = xm[c0 + 2 * j + 1];
+        }
+    } else {
+      std::copy(xm, xm + cols, pm);
+    }
+  }
+  return xp;
+}
+
 struct Copy {
   std::vector<uint8_t> w, scales, biases;  // scales/biases: bf16 (affine) or e8m0 (mxfp4)
 };
@@ -46,8 +71,10 @@ struct Copy {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
-    std::fprintf(stderr, "usage: %s KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB\n",
+  if (argc != 10) {
+    std::fprintf(stderr,
+                 "usage: %s KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB "
+                 "BASE_HAS_FP4_PERM\n",
                  argv[0]);
     return 2;
   }
@@ -56,6 +83,7 @@ int main(int argc, char** argv) {
   const int M = std::atoi(argv[5]), rounds = std::atoi(argv[7]);
   const int64_t footprint = std::atoll(argv[6]) << 20;
   const int64_t stretch = std::atoll(argv[8]) << 20;
+  const bool base_perm = std::atoi(argv[9]) != 0;
   const bool fp4 = kind == "mxfp4";
   const int bits = kind == "a8" ? 8 : 4;
   const int G = cols / group;
@@ -75,18 +103,22 @@ int main(int argc, char** argv) {
       c.scales[i] = fp4 ? uint8_t(118 + rng() % 8) : uint8_t(i % 2 ? 0x3c : rng());
     for (size_t i = 0; i < c.biases.size(); ++i) c.biases[i] = uint8_t(i % 2 ? 0xbc : rng());
   }
-  // inputs in the layout the kernels read, and their group sums
-  std::vector<float> xp(size_t(M) * cols), xs(size_t(M) * G);
+  // inputs, their group sums (the same in every layout: a layout permutes within a group)
+  std::vector<float> x(size_t(M) * cols), xs(size_t(M) * G);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  for (float& v : xp) v = unit(rng);
+  for (float& v : x) v = unit(rng);
   for (int m = 0; m < M; ++m)
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
-      for (int c = 0; c < group; ++c) s += xp[size_t(m) * cols + g * group + c];
+      for (int c = 0; c < group; ++c) s += x[size_t(m) * cols + g * group + c];
       xs[size_t(m) * G + g] = s;
     }
 
   const Kernels* ks[2] = {edge0_ab_base(), edge0_ab_new()};
+  const uint8_t* perms[2] = {fp4 && base_perm ? ks[0]->fp4_perm : nullptr,
+                             fp4 ? ks[1]->fp4_perm : nullptr};
+  const std::vector<float> xp[2] = {layout(x, M, cols, bits, ks[0]->lanes, perms[0]),
+                                    layout(x, M, cols, bits, ks[1]->lanes, perms[1])};
   std::vector<float> out[2] = {std::vector<float>(size_t(M) * rows),
                                std::vector<float>(size_t(M) * rows)};
   auto call = [&](int v, const Copy& c) {
@@ -107,15 +139,16 @@ int main(int argc, char** argv) {
       q.biases = c.biases.data();
       q.b_row = G;
     }
-    ks[v]->rows(q, xp.data(), xs.data(), M, 0, rows, out[v].data(), rows);
+    ks[v]->rows(q, xp[v].data(), xs.data(), M, 0, rows, out[v].data(), rows);
   };
   call(0, mats[0]);
   call(1, mats[0]);
-  double diff = 0.0;
+  double diff = 0.0, mag = 0.0;  // relative to the largest output, as the kernels' tests
   for (size_t i = 0; i < out[0].size(); ++i) {
-    const double a = out[0][i], b = out[1][i];
-    diff = std::fmax(diff, std::fabs(a - b) / std::fmax(std::fabs(a), 1e-30));
+    diff = std::fmax(diff, std::fabs(double(out[0][i]) - double(out[1][i])));
+    mag = std::fmax(mag, std::fabs(double(out[0][i])));
   }
+  diff /= std::fmax(mag, 1e-30);
 
   // STRETCH_MIB of weights per timed stretch; the order of the two builds alternates by round
   const int passes = int(std::max<int64_t>(1, stretch / (per * copies)));

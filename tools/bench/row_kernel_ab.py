@@ -86,8 +86,9 @@ def _compile(kernels: Path, isa: str, entry: str, out: Path, opt: int) -> Path:
     return obj
 
 
-def build(base: str, isa: str, work: Path, opt: int = 3) -> Path:
-    """The driver linked with `isa`'s unit at `base` and in the working tree."""
+def build(base: str, isa: str, work: Path, opt: int = 3) -> tuple[Path, bool]:
+    """The driver linked with `isa`'s unit at `base` and in the working tree, and whether
+    the base's Kernels table has `fp4_perm` (the driver must not read it otherwise)."""
     old = _tree_at(base, work / "base") / "edge0" / "kernels"
     new = ROOT / "edge0" / "kernels"
     objs = [
@@ -98,6 +99,7 @@ def build(base: str, isa: str, work: Path, opt: int = 3) -> Path:
         click.echo(
             "note: kernel.h differs at the base; the driver uses the working tree's", err=True
         )
+    base_perm = "fp4_perm" in (old / "src" / "kernel.h").read_text()
     exe = work / "row_kernel_ab"
     subprocess.run(
         [
@@ -112,7 +114,7 @@ def build(base: str, isa: str, work: Path, opt: int = 3) -> Path:
         ],
         check=True,
     )
-    return exe
+    return exe, base_perm
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -158,12 +160,12 @@ def main(
     f_list = [int(v) for v in footprints.split(",")]
     results = []
     with tempfile.TemporaryDirectory(prefix="edge0-row-ab-") as tmp:
-        exe = build(base, isa, Path(tmp), opt)
+        exe, base_perm = build(base, isa, Path(tmp), opt)
         for kind, rows, cols, group in parsed:
             for m in m_list:
                 for mib in f_list:
                     load0 = os.getloadavg()[0]
-                    args = [kind, rows, cols, group, m, mib, rounds, stretch]
+                    args = [kind, rows, cols, group, m, mib, rounds, stretch, int(base_perm)]
                     got = subprocess.run(
                         [str(exe), *map(str, args)], capture_output=True, text=True, check=True
                     )

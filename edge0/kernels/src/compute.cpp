@@ -67,7 +67,10 @@ void prep(const Kernels& k, const QMat& q, const float* x, int M, std::vector<fl
   for (int m = 0; m < M; ++m) {
     const float* xm = x + int64_t(m) * cols;
     float* pm = xp.data() + int64_t(m) * cols;
-    if (nib) {
+    if (q.mode == Mode::Mxfp4 && k.fp4_perm != nullptr) {
+      for (int c0 = 0; c0 < cols; c0 += 32)
+        for (int i = 0; i < 32; ++i) pm[c0 + i] = xm[c0 + k.fp4_perm[i]];
+    } else if (nib) {
       for (int c0 = 0; c0 < cols; c0 += 2 * L)
         for (int j = 0; j < L; ++j) {
           pm[c0 + j] = xm[c0 + 2 * j];

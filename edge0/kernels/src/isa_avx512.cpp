@@ -48,7 +48,7 @@ struct V {
 }  // namespace
 
 const Kernels* kernels_avx512() {
-  static const Kernels k{"avx512", V::W, &rows_entry};
+  static const Kernels k{"avx512", V::W, &rows_entry, nullptr};
   return &k;
 }
 

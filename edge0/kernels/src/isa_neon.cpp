@@ -62,7 +62,7 @@ struct V {
 }  // namespace
 
 const Kernels* kernels_neon() {
-  static const Kernels k{"neon", V::W, &rows_entry};
+  static const Kernels k{"neon", V::W, &rows_entry, nullptr};
   return &k;
 }
 

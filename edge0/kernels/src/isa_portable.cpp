@@ -64,7 +64,7 @@ struct V {
 }  // namespace
 
 const Kernels* kernels_portable() {
-  static const Kernels k{"portable", V::W, &rows_entry};
+  static const Kernels k{"portable", V::W, &rows_entry, nullptr};
   return &k;
 }
 

@@ -28,13 +28,16 @@ struct QMat {
 
 // x prepared for one matrix layout: `xp` holds cols floats per input row (for 4-bit
 // codes each chunk of 2*lanes elements is stored evens first, then odds, so the low and
-// high nibbles of `lanes` bytes meet their inputs), `xs` the per-group sums of x.
+// high nibbles of `lanes` bytes meet their inputs), `xs` the per-group sums of x. A
+// table with `fp4_perm` reads MXFP4's x in its own order instead: each chunk of 32
+// inputs stored as xp[c0 + i] = x[c0 + fp4_perm[i]].
 struct Kernels {
   const char* name;
   int lanes;
   // out[m * ldo + r] = sum_c x[m][c] * W[r][c], rows r in [r0, r1), inputs m in [0, M)
   void (*rows)(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
                float* out, int64_t ldo);
+  const uint8_t* fp4_perm;  // nullptr: MXFP4 uses the 4-bit layout above
 };
 
 const Kernels* kernels_portable();

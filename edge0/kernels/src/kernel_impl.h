@@ -65,11 +65,15 @@ inline float scalar_of(const void* p, int64_t i) {
 
 enum Kind { A4, A8, FP4 };
 
-// V::fp4x2 for the units that have it (FP4_WIDE): named through a template parameter
-// so that the others never look it up
+// V::fp4x2 for the units that have it (FP4_WIDE), V::fp4 for the others: named through a
+// template parameter so that each unit defines only the one it uses
 template <class VV>
 void fp4_wide(const uint8_t* p, typename VV::f* w) {
   VV::fp4x2(p, w);
+}
+template <class VV>
+void fp4_narrow(const uint8_t* p, typename VV::f& lo, typename VV::f& hi) {
+  VV::fp4(p, lo, hi);
 }
 
 // R output rows from `r` for MT input rows: out[m * ldo + r + i]. The group size GS is a
@@ -127,7 +131,7 @@ void tile(const QMat& q, const float* xp, const float* xs, int r, float* out, in
           if ((b & 63) == 0) V::prefetch(wp[i] + b + PREFETCH_BYTES);
           typename V::f lo, hi;
           if constexpr (K == FP4) {
-            V::fp4(wp[i] + b, lo, hi);
+            fp4_narrow<V>(wp[i] + b, lo, hi);
           } else {
             V::nibbles(wp[i] + b, lo, hi);
           }
