@@ -124,6 +124,9 @@ int main() {
       worst = std::fmax(worst, run_case(*k, rng, 9, 128, 4, 32, Mode::Mxfp4, DType::U8, M, 1));
       ++cases;
     }
+    // two threads over rows: each reads the one permuted copy of x
+    worst = std::fmax(worst, run_case(*k, rng, 40, 128, 4, 32, Mode::Mxfp4, DType::U8, 4, 2));
+    ++cases;
     std::printf("%s: %d cases, max relative error %.3g\n", name, cases, worst);
     if (!(worst <= 1e-5)) return 1;
     ++checked;
