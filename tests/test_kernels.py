@@ -102,6 +102,31 @@ def test_qmm_mxfp4_and_leading_dims(isa: str, m: int) -> None:
     assert rel_err(got, ref) <= TOL
 
 
+@pytest.mark.parametrize(
+    ("bits", "group", "mode", "sdt"),
+    [(4, 64, "affine", mx.bfloat16), (8, 32, "affine", mx.float16), (4, 128, "affine", mx.float32),
+     (4, 32, "mxfp4", None)],
+)  # fmt: skip
+def test_a_row_gives_the_same_bits_in_any_batch(
+    isa: str, bits: int, group: int, mode: str, sdt: Any
+) -> None:
+    """Each input row's outputs are bit-identical whether it runs alone or among M rows
+    (every tile shape): batched decode and chunked prefill then equal single decode."""
+    mx.random.seed(bits + group)
+    cols = group * 13  # 13 groups: the bias sums' 8-wide blocks and their tail
+    q = mx.quantize(mx.random.normal((37, cols)), group_size=group, bits=bits, mode=mode)
+    w, s = q[0], q[1]
+    b = q[2] if mode == "affine" else None
+    if sdt is not None:
+        s, b = s.astype(sdt), (b.astype(sdt) if b is not None else None)
+    x = mx.random.normal((9, cols))
+    alone = [np.array(ops.qmm(x[i : i + 1], w, s, b, group, bits, mode)) for i in range(9)]
+    for m in range(1, 10):
+        got = np.array(ops.qmm(x[:m], w, s, b, group, bits, mode))
+        for i in range(m):
+            assert np.array_equal(got[i], alone[i][0]), (m, i)
+
+
 Proj = tuple[mx.array, mx.array, "mx.array | None", "mx.array | None", int, int, str]
 
 

@@ -174,8 +174,12 @@ def main(
                     results.append(row)
                     click.echo(_line(row))
     if json_out is not None:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", base], capture_output=True, text=True
+        )
         doc = {
             "base": base,
+            "base_commit": commit.stdout.strip(),
             "isa": isa,
             "rounds": rounds,
             "stretch_mib": stretch,

@@ -65,6 +65,28 @@ inline float scalar_of(const void* p, int64_t i) {
 
 enum Kind { A4, A8, FP4 };
 
+// sum_g bias_g * xsum_g of one row for MT inputs, after the row's groups instead of inside
+// their loop (a scalar load, conversion and FMA per group there): eight independent
+// partial sums per input, which the compiler turns into vector lanes (not inlined: it runs
+// once per row, away from the group loop's registers)
+template <DType D, int MT>
+__attribute__((noinline)) void bias_dots(const void* biases, int64_t base, const float* xs, int G,
+                                         float* dot) {
+  float part[MT][8] = {};
+  int g = 0;
+  for (; g + 8 <= G; g += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float b = scalar_of<D>(biases, base + g + j);
+      for (int m = 0; m < MT; ++m) part[m][j] += b * xs[m * G + g + j];
+    }
+  for (int m = 0; m < MT; ++m) {
+    float tail = 0.0f;
+    for (int t = g; t < G; ++t) tail += scalar_of<D>(biases, base + t) * xs[m * G + t];
+    const float* p = part[m];
+    dot[m] = (((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]))) + tail;
+  }
+}
+
 // V::fp4x2 for the units that have it (FP4_WIDE), V::fp4 for the others: named through a
 // template parameter so that each unit defines only the one it uses
 template <class VV>
@@ -147,13 +169,11 @@ void tile(const QMat& q, const float* xp, const float* xs, int r, float* out, in
       const float s = scalar_of<D>(q.scales, int64_t(r + i) * q.s_row + g);
       const typename V::f sv = V::set1(s);
       for (int m = 0; m < MT; ++m) acc[i][m] = V::fma(ga[i][m], sv, acc[i][m]);
-      if constexpr (K != FP4) {
-        if (q.biases != nullptr) {
-          const float bb = scalar_of<D>(q.biases, int64_t(r + i) * q.b_row + g);
-          for (int m = 0; m < MT; ++m) bsum[i][m] += bb * xs[m * G + g];
-        }
-      }
     }
+  }
+  if constexpr (K != FP4) {
+    if (q.biases != nullptr)
+      for (int i = 0; i < R; ++i) bias_dots<D, MT>(q.biases, int64_t(r + i) * q.b_row, xs, G, bsum[i]);
   }
   for (int i = 0; i < R; ++i)
     for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = V::sum(acc[i][m]) + bsum[i][m];
