@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "edge0" / "kernels" / "src"
 TEST = ROOT / "tests" / "native" / "kernel_selftest.cpp"
-COMMON = ["compute.cpp", "pool.cpp", "dispatch.cpp", "isa_portable.cpp"]
+COMMON = ["compute.cpp", "inputs.cpp", "pool.cpp", "dispatch.cpp", "isa_portable.cpp"]
 
 
 def _isa_flags() -> dict[str, list[str]]:

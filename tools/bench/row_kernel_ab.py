@@ -108,6 +108,7 @@ def build(base: str, isa: str, work: Path, opt: int = 3) -> tuple[Path, bool]:
             "-std=c++20",
             f"-I{ROOT / SRC}",
             str(DRIVER),
+            str(ROOT / SRC / "inputs.cpp"),  # the layout of x, as the extension builds it
             *map(str, objs),
             "-o",
             str(exe),

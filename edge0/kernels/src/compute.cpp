@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <new>
 #include <vector>
 
 #include "pool.h"
@@ -57,28 +58,32 @@ float to_float(const void* p, DType dt, int64_t i) {
   return 0.0f;
 }
 
+// Cache-line-aligned floats for the row kernel's x: its vector loads then never straddle
+// two lines (the same kernel on an x that was not 64-byte aligned measured 0.80-0.88x at
+// four input rows, tools/bench/row_kernel_ab.py; a row of x is a multiple of 128 bytes)
+template <class T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <class U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+};
+using Inputs = std::vector<float, LineAligned<float>>;
+
 // x rows (M, cols) -> the layout the row kernel reads (kernel.h) and per-group sums
-void prep(const Kernels& k, const QMat& q, const float* x, int M, std::vector<float>& xp,
+void prep(const Kernels& k, const QMat& q, const float* x, int M, Inputs& xp,
           std::vector<float>& xs) {
-  const int cols = q.cols, G = q.cols / q.group, L = k.lanes;
+  const int cols = q.cols, G = q.cols / q.group;
   xp.resize(size_t(M) * cols);
   xs.resize(size_t(M) * G);
-  const bool nib = q.bits == 4;
+  lay_out_inputs(x, M, cols, q.bits, k.lanes, q.mode == Mode::Mxfp4 ? k.fp4_perm : nullptr,
+                 xp.data());
   for (int m = 0; m < M; ++m) {
     const float* xm = x + int64_t(m) * cols;
-    float* pm = xp.data() + int64_t(m) * cols;
-    if (q.mode == Mode::Mxfp4 && k.fp4_perm != nullptr) {
-      for (int c0 = 0; c0 < cols; c0 += 32)
-        for (int i = 0; i < 32; ++i) pm[c0 + i] = xm[c0 + k.fp4_perm[i]];
-    } else if (nib) {
-      for (int c0 = 0; c0 < cols; c0 += 2 * L)
-        for (int j = 0; j < L; ++j) {
-          pm[c0 + j] = xm[c0 + 2 * j];
-          pm[c0 + L + j] = xm[c0 + 2 * j + 1];
-        }
-    } else {
-      std::memcpy(pm, xm, sizeof(float) * cols);
-    }
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
       for (int c = 0; c < q.group; ++c) s += xm[g * q.group + c];
@@ -121,7 +126,8 @@ void activate(Act act, float alpha, float limit, const float* gate, const float*
 }
 
 struct Scratch {
-  std::vector<float> xp, xs, x, g, u, a, y;
+  Inputs xp;
+  std::vector<float> xs, x, g, u, a, y;
 };
 
 Scratch& scratch() {
@@ -167,7 +173,7 @@ void one_slot(const Kernels& k, const QStack& gate, const QStack& up, const QSta
 
 void qmm(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M, float* out) {
   Scratch& sc = scratch();  // reused per thread: no allocation per call
-  std::vector<float>& xp = sc.xp;
+  Inputs& xp = sc.xp;
   std::vector<float>& xs = sc.xs;
   prep(k, q, x, M, xp, xs);
   const int64_t bytes = matrix_bytes(q);

@@ -8,9 +8,8 @@ namespace edge0k {
 namespace {
 
 #if defined(__x86_64__) || defined(_M_X64)
-bool avx2_ok() {  // the avx2 unit's flags: -mavx2 -mfma -mf16c
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+bool avx2_ok() {  // the avx2 unit's flags: -mavx2 -mfma
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 

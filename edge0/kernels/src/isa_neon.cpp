@@ -33,14 +33,6 @@ struct V {
     lo = vcvtq_f32_u32(vandq_u32(v, vdupq_n_u32(15)));
     hi = vcvtq_f32_u32(vshrq_n_u32(v, 4));
   }
-  static void fp4(const uint8_t* p, f& lo, f& hi) {
-    uint32_t word;
-    __builtin_memcpy(&word, p, 4);
-    f w[4];
-    fp4_pair(vreinterpret_u8_u32(vdup_n_u32(word)), w);
-    lo = w[0];
-    hi = w[1];
-  }
   static void fp4x2(const uint8_t* p, f* w) { fp4_pair(vld1_u8(p), w); }  // 8 bytes: 2 chunks
   static void fp4_pair(uint8x8_t v, f* w) {
     const uint8x16_t lut = vld1q_u8(FP4_HALF_HIGH);

@@ -40,6 +40,12 @@ struct Kernels {
   const uint8_t* fp4_perm;  // nullptr: MXFP4 uses the 4-bit layout above
 };
 
+// x (M rows of `cols`) -> xp in the layout above, for a table of `lanes` lanes reading
+// `bits`-bit codes; `fp4_perm`: the table's, for an MXFP4 matrix, else nullptr
+// (inputs.cpp, compiled for the baseline: no ISA unit calls it)
+void lay_out_inputs(const float* x, int M, int cols, int bits, int lanes, const uint8_t* fp4_perm,
+                    float* xp);
+
 const Kernels* kernels_portable();
 #if defined(__x86_64__) || defined(_M_X64)
 const Kernels* kernels_avx2();
