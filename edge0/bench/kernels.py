@@ -6,6 +6,8 @@ interleaved round by round. The weights of one measurement are copies laid out t
 `footprint` bytes, larger than the caches, and visited once per round, so every byte
 comes from DRAM as in a decode step. The same run measures the machine's memory
 bandwidth: a STREAM-style triad and a read-only sum over arrays larger than the caches.
+With `int8`, the opt-in int8-activation path runs in the same rounds, and its outputs are
+compared with the float32 path's.
 """
 
 from __future__ import annotations
@@ -131,12 +133,15 @@ def _ffn_case(d: int, ff: int, k: int, quant: tuple[str, int, int], m: int,
 
 def run_bench(
     shapes: list[str], rows: list[int], rounds: int, threads: list[int], footprint_mib: int = 96,
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None, int8: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every case of `shapes` at `rows` (M), native at each thread count and MLX, interleaved."""
+    """Every case of `shapes` at `rows` (M), native at each thread count and MLX, interleaved
+    (with `int8`, also the opt-in int8-activation path on one thread, and its error)."""
     mod = native.module()
     if mod is None:
         raise RuntimeError(f"no native kernels to measure: {native.status()}")
+    if int8 and not mod.has_int8_inputs():
+        raise RuntimeError(f"the {mod.isa()} row kernel has no int8-activation path to measure")
     footprint = footprint_mib * 2**20
     result: dict[str, Any] = {"status": native.status(), "isa": mod.isa(), "rounds": rounds,
                               "footprint_mib": footprint_mib, "cases": [],
@@ -149,7 +154,7 @@ def run_bench(
             cases = [(f"expert ffn K={k}", _ffn_case(d, ff, k, quant, m, footprint))]
             cases += [(f"{n} {r}x{c}", _linear_case(r, c, m, footprint)) for n, r, c in linears]
             for name, case in cases:
-                rec = _measure(mod, case, rounds, threads)
+                rec = _measure(mod, case, rounds, threads, int8)
                 rec.update(shape=shape, kernel=name, m=m)
                 result["cases"].append(rec)
                 if progress is not None:
@@ -158,31 +163,54 @@ def run_bench(
     return result
 
 
+INT8 = "native int8 1t"
+
+
+def _int8_error(mod: Any, case: dict[str, Callable[[], Any]]) -> float:
+    """max |int8 - float32| / max |float32| over the case's native outputs."""
+    outs = {}
+    for on in (False, True):
+        mod.set_int8_inputs(on)
+        got = case["native"]()
+        mx.eval(got)
+        outs[on] = np.concatenate([np.array(a).reshape(-1) for a in got])
+    mod.set_int8_inputs(False)
+    return float(np.abs(outs[True] - outs[False]).max() / np.abs(outs[False]).max())
+
+
 def _measure(mod: Any, case: dict[str, Callable[[], Any]], rounds: int,
-             threads: list[int]) -> dict[str, Any]:  # fmt: skip
+             threads: list[int], int8: bool = False) -> dict[str, Any]:  # fmt: skip
     nbytes = case["bytes"]()
-    variants = [f"native {t}t" for t in threads] + ["mlx"]
+    variants = [f"native {t}t" for t in threads] + ([INT8] if int8 else []) + ["mlx"]
     wall: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
-    first = mod.threads()
+    first, first_int8 = mod.threads(), mod.int8_inputs()
+    rec: dict[str, Any] = {"bytes": nbytes}
     try:
+        mod.set_int8_inputs(False)
+        if int8:
+            rec["int8_rel_err"] = _int8_error(mod, case)
         _time(case["native"])  # warm-up: page in, first-call costs
         _time(case["mlx"])
         for _ in range(rounds):
             for v in variants:
                 if v != "mlx":
-                    mod.set_threads(int(v.split()[1][:-1]))
+                    mod.set_int8_inputs(v == INT8)
+                    mod.set_threads(1 if v == INT8 else int(v.split()[1][:-1]))
                 w, c = _time(case["mlx" if v == "mlx" else "native"])
                 wall[v].append(nbytes / w / 1e9)
                 cpu[v].append(nbytes / c / 1e9 if c > 0 else float("nan"))
     finally:
         mod.set_threads(first)
-    rec: dict[str, Any] = {"bytes": nbytes}
+        mod.set_int8_inputs(first_int8)
     # native / MLX within each round: both saw the same moment's load
     base = "native 1t" if "native 1t" in wall else variants[0]
     per_round = [n / m for n, m in zip(wall[base], wall["mlx"], strict=True)]
     rec["ratio_rounds"] = per_round
     rec["ratio_median"] = statistics.median(per_round)
+    if int8:
+        rec["int8_ratio_rounds"] = [n / m for n, m in zip(wall[INT8], wall["mlx"], strict=True)]
+        rec["int8_ratio_median"] = statistics.median(rec["int8_ratio_rounds"])
     for v in variants:
         rec[v] = {"gbs": statistics.median(wall[v]), "gbs_per_cpu_s": statistics.median(cpu[v]),
                   "rounds": wall[v]}  # fmt: skip
@@ -192,9 +220,13 @@ def _measure(mod: Any, case: dict[str, Callable[[], Any]], rounds: int,
 def markdown(result: dict[str, Any]) -> str:
     """The result as a markdown table (GB/s of weights, wall and per CPU-second)."""
     mem = result["memory"]
-    variants = [k for k in result["cases"][0] if k.startswith("native")] + ["mlx"]
+    first = result["cases"][0]
+    variants = [k for k in first if k.startswith("native")] + ["mlx"]
+    int8 = "int8_ratio_median" in first
     head = ["shape", "kernel", "M", *(f"{v} GB/s" for v in variants),
             "native 1t / mlx (median of per-round ratios)"]  # fmt: skip
+    if int8:
+        head += ["int8 / mlx", "int8 max rel. error"]
     lines = [f"memory: triad {mem['triad_gbs']:.1f} GB/s, read {mem['read_gbs']:.1f} GB/s "
              f"(one thread); {result['status']}; load {result['load_before'][0]:.1f} -> "
              f"{result['load_after'][0]:.1f}", "",
@@ -204,5 +236,9 @@ def markdown(result: dict[str, Any]) -> str:
         cells += [f"{c[v]['gbs']:.2f} ({c[v]['gbs_per_cpu_s']:.2f}/cpu-s)" for v in variants]
         lo, hi = min(c["ratio_rounds"]), max(c["ratio_rounds"])
         cells.append(f"{c['ratio_median']:.1f}x ({lo:.1f}-{hi:.1f})")
+        if int8:
+            lo, hi = min(c["int8_ratio_rounds"]), max(c["int8_ratio_rounds"])
+            cells += [f"{c['int8_ratio_median']:.1f}x ({lo:.1f}-{hi:.1f})",
+                      f"{c['int8_rel_err']:.1e}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -129,10 +129,12 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
 
 def use_kernels(which: str) -> None:
     """native (or native:N, N threads per call): the native CPU kernels where they run;
-    mlx: MLX's own ops (edge0.kernels)."""
+    native-int8: the same with int8 activations (EDGE0_INT8_ACTIVATIONS); mlx: MLX's own
+    ops (edge0.kernels)."""
     from edge0.kernels import native
 
     os.environ["EDGE0_NATIVE_KERNELS"] = "0" if which == "mlx" else "1"
+    os.environ["EDGE0_INT8_ACTIVATIONS"] = "1" if which == "native-int8" else "0"
     if which.startswith("native:"):
         os.environ["EDGE0_KERNEL_THREADS"] = which.split(":", 1)[1]
     else:

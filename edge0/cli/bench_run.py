@@ -176,8 +176,8 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
               help="--route-deadline-ms of the non-predicted policies [default: the engine's].")
 @click.option("--kernels", default="native", show_default=True,
               help="Matrix kernels to compare (comma-separated: native, native:N = N threads "
-              "per call, mlx = MLX's own ops, as with EDGE0_NATIVE_KERNELS=0); each variant "
-              "runs once per choice.")
+              "per call, native-int8 = with EDGE0_INT8_ACTIVATIONS=1, mlx = MLX's own ops, as "
+              "with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.")
 @click.option("--sync-every", "sync_every", default="", help="Route mode's --sync-every values "
               "to compare, e.g. 1,2,4,8 (layers per host sync); each route variant runs once "
               "per value, ratios over the first [default: the engine's].")  # fmt: skip
@@ -219,10 +219,10 @@ def run_cmd(**kw: Any) -> None:
     kernels = _csv(kw["kernels"])
     for name in kernels:
         threads = name.partition(":")[2]
-        if name not in ("native", "mlx") and not (name.startswith("native:") and threads.isdigit()
-                                                  and 1 <= int(threads) <= 64):  # fmt: skip
+        if name not in ("native", "native-int8", "mlx") and not (
+                name.startswith("native:") and threads.isdigit() and 1 <= int(threads) <= 64):
             raise click.BadParameter(f"unknown kernels {name!r}; choose from native, native:N "
-                                     "(N threads per call, 1-64), mlx")  # fmt: skip
+                                     "(N threads per call, 1-64), native-int8, mlx")  # fmt: skip
     sync_every = _sync_every(kw["sync_every"])
     variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks, policies,
                                        kw["deadline_ms"], kernels, sync_every)  # fmt: skip

@@ -3,6 +3,9 @@
 - `EDGE0_NATIVE_KERNELS=0`: never use the native kernels (MLX's own ops run).
 - `EDGE0_KERNEL_THREADS=N`: threads per kernel call (default `DEFAULT_THREADS`).
 - `EDGE0_KERNEL_ISA=avx512|avx2|neon|portable`: force one row-kernel variant.
+- `EDGE0_INT8_ACTIVATIONS=1`: opt-in, not exact: x quantized to int8 per block of 32 for
+  the 4-bit matrices (docs/kernels.md: its cost in KL against the teacher). Where the row
+  kernel in use has no int8 path (avx512, neon), float32 runs and the status line says so.
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ def _load() -> tuple[ModuleType | None, str]:
     if not 1 <= n <= 64:
         return None, f"EDGE0_KERNEL_THREADS={n} is outside 1..64"
     _native.set_threads(n)
+    _native.set_int8_inputs(int8_asked())
     return _native, ""
+
+
+def int8_asked() -> bool:
+    """Whether `EDGE0_INT8_ACTIVATIONS` asks for int8 inputs to the 4-bit matrices."""
+    value = os.environ.get("EDGE0_INT8_ACTIVATIONS", "0").strip().lower()
+    return value in ("1", "on", "true", "yes")
 
 
 def module() -> ModuleType | None:
@@ -52,7 +62,10 @@ def module() -> ModuleType | None:
             level = log.info if quiet else log.warning
             level("kernels.fallback", reason=why, ops="MLX's own")
         else:
-            log.info("kernels.native", isa=mod.isa(), threads=mod.threads())
+            log.info("kernels.native", isa=mod.isa(), threads=mod.threads(),
+                     int8_activations=mod.int8_inputs())  # fmt: skip
+            if int8_asked() and not mod.int8_inputs():
+                log.warning("kernels.int8_unavailable", isa=mod.isa(), runs="float32")
     got = _state["module"]
     return got if isinstance(got, ModuleType) else None
 
@@ -70,7 +83,12 @@ def status() -> str:
     if mod is None:
         return f"kernels: MLX's own ops ({_state['why']})"
     n = mod.threads()
-    return f"kernels: native {mod.isa()}, {n} thread{'s' if n != 1 else ''}"
+    line = f"kernels: native {mod.isa()}, {n} thread{'s' if n != 1 else ''}"
+    if mod.int8_inputs():
+        return line + ", int8 activations (EDGE0_INT8_ACTIVATIONS)"
+    if int8_asked():
+        return line + f" (int8 activations asked for: not built for {mod.isa()}, float32 runs)"
+    return line
 
 
 def reset() -> None:

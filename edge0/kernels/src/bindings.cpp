@@ -33,6 +33,12 @@ NB_MODULE(_native, m) {
   m.def("isa", &edge0::isa, "The row kernel in use (avx512, avx2, neon, portable)");
   m.def("use_isa", &edge0::use_isa, "name"_a,
         "Switch to another built row kernel; False when this CPU cannot run it");
+  m.def("int8_inputs", &edge0::int8_inputs,
+        "Whether 4-bit matrices now meet x quantized to int8 (asked for and built here)");
+  m.def("set_int8_inputs", &edge0::set_int8_inputs, "on"_a,
+        "Quantize x to int8 per block of 32 for 4-bit matrices (opt-in: not exact)");
+  m.def("has_int8_inputs", &edge0::has_int8_inputs,
+        "Whether the row kernel in use has the int8-input path");
   m.def("threads", &edge0::threads);
   m.def("set_threads", &edge0::set_threads, "n"_a);
 }

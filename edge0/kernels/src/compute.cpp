@@ -74,21 +74,52 @@ struct LineAligned {
 };
 using Inputs = std::vector<float, LineAligned<float>>;
 
-// x rows (M, cols) -> the layout the row kernel reads (kernel.h) and per-group sums
-void prep(const Kernels& k, const QMat& q, const float* x, int M, Inputs& xp,
-          std::vector<float>& xs) {
+// x prepared for one matrix layout: float32 in the table's order, or int8 (XQ8) where the
+// int8-input path is on, the table has it and the codes are 4-bit; the group sums always
+struct Prepared {
+  Inputs xp;
+  std::vector<float> xs;
+  std::vector<int8_t, LineAligned<int8_t>> q;
+  std::vector<float, LineAligned<float>> scale;
+  std::vector<int16_t, LineAligned<int16_t>> fix;
+  bool int8 = false;
+};
+
+void prep(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M,
+          Prepared& p) {
   const int cols = q.cols, G = q.cols / q.group;
-  xp.resize(size_t(M) * cols);
-  xs.resize(size_t(M) * G);
-  lay_out_inputs(x, M, cols, q.bits, k.lanes, q.mode == Mode::Mxfp4 ? k.fp4_perm : nullptr,
-                 xp.data());
+  p.xs.resize(size_t(M) * G);
   for (int m = 0; m < M; ++m) {
     const float* xm = x + int64_t(m) * cols;
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;
       for (int c = 0; c < q.group; ++c) s += xm[g * q.group + c];
-      xs[size_t(m) * G + g] = s;
+      p.xs[size_t(m) * G + g] = s;
     }
+  }
+  p.int8 = st.int8_inputs && k.rows_q8 != nullptr && q.bits == 4;
+  if (p.int8) {
+    const bool fp4 = q.mode == Mode::Mxfp4;
+    const size_t np = size_t(M) * q8_pairs(cols);
+    p.q.resize(np * 2 * Q8_BLOCK);
+    p.scale.resize(np * 8);
+    p.fix.resize(np * 16);
+    quantize_inputs(x, M, cols, fp4, p.q.data(), p.scale.data(), p.fix.data());
+    return;
+  }
+  p.xp.resize(size_t(M) * cols);
+  lay_out_inputs(x, M, cols, q.bits, k.lanes, q.mode == Mode::Mxfp4 ? k.fp4_perm : nullptr,
+                 p.xp.data());
+}
+
+// rows [r0, r1) of `q` against every prepared input row
+void run_rows(const Kernels& k, const QMat& q, const Prepared& p, int M, int r0, int r1,
+              float* out, int64_t ldo) {
+  if (p.int8) {
+    const XQ8 x{p.q.data(), p.scale.data(), p.fix.data(), p.xs.data()};
+    k.rows_q8(q, x, M, r0, r1, out, ldo);
+  } else {
+    k.rows(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo);
   }
 }
 
@@ -126,8 +157,8 @@ void activate(Act act, float alpha, float limit, const float* gate, const float*
 }
 
 struct Scratch {
-  Inputs xp;
-  std::vector<float> xs, x, g, u, a, y;
+  Prepared in;
+  std::vector<float> x, g, u, a, y;
 };
 
 Scratch& scratch() {
@@ -137,7 +168,7 @@ Scratch& scratch() {
 
 constexpr int ROW_BLOCK = 8;  // input rows of one slot computed together
 
-void one_slot(const Kernels& k, const QStack& gate, const QStack& up, const QStack& down,
+void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up, const QStack& down,
               const float* x, const std::vector<int>& pairs, uint32_t s, Act act, float alpha,
               float limit, float* out) {
   Scratch& sc = scratch();
@@ -151,17 +182,17 @@ void one_slot(const Kernels& k, const QStack& gate, const QStack& up, const QSta
     sc.g.resize(size_t(M) * ff);
     sc.u.resize(size_t(M) * ff);
     sc.a.resize(size_t(M) * ff);
-    prep(k, gq, sc.x.data(), M, sc.xp, sc.xs);
-    k.rows(gq, sc.xp.data(), sc.xs.data(), M, 0, ff, sc.g.data(), ff);
+    prep(k, st, gq, sc.x.data(), M, sc.in);
+    run_rows(k, gq, sc.in, M, 0, ff, sc.g.data(), ff);
     if (uq.bits != gq.bits || uq.group != gq.group || uq.mode != gq.mode)
-      prep(k, uq, sc.x.data(), M, sc.xp, sc.xs);
-    k.rows(uq, sc.xp.data(), sc.xs.data(), M, 0, ff, sc.u.data(), ff);
+      prep(k, st, uq, sc.x.data(), M, sc.in);
+    run_rows(k, uq, sc.in, M, 0, ff, sc.u.data(), ff);
     add_bias(gate, s, sc.g.data(), M, ff);
     add_bias(up, s, sc.u.data(), M, ff);
     activate(act, alpha, limit, sc.g.data(), sc.u.data(), sc.a.data(), int64_t(M) * ff);
-    prep(k, dq, sc.a.data(), M, sc.xp, sc.xs);
+    prep(k, st, dq, sc.a.data(), M, sc.in);
     sc.y.resize(size_t(M) * dout);
-    k.rows(dq, sc.xp.data(), sc.xs.data(), M, 0, dout, sc.y.data(), dout);
+    run_rows(k, dq, sc.in, M, 0, dout, sc.y.data(), dout);
     add_bias(down, s, sc.y.data(), M, dout);
     for (int m = 0; m < M; ++m)
       std::memcpy(out + int64_t(pairs[b0 + m]) * dout, sc.y.data() + int64_t(m) * dout,
@@ -172,22 +203,20 @@ void one_slot(const Kernels& k, const QStack& gate, const QStack& up, const QSta
 }  // namespace
 
 void qmm(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M, float* out) {
-  Scratch& sc = scratch();  // reused per thread: no allocation per call
-  Inputs& xp = sc.xp;
-  std::vector<float>& xs = sc.xs;
-  prep(k, q, x, M, xp, xs);
+  Prepared& in = scratch().in;  // reused per thread: no allocation per call
+  prep(k, st, q, x, M, in);
   const int64_t bytes = matrix_bytes(q);
   int tasks = st.threads;
   if (bytes < st.min_bytes_per_thread * 2 || q.rows < 8 * tasks) tasks = 1;
   if (tasks <= 1) {
-    k.rows(q, xp.data(), xs.data(), M, 0, q.rows, out, q.rows);
+    run_rows(k, q, in, M, 0, q.rows, out, q.rows);
     return;
   }
   // row ranges in multiples of 4 (the kernel's row block)
   const int per = ((q.rows + tasks - 1) / tasks + 3) / 4 * 4;
   Pool::get().run(tasks, [&](int t) {
     const int r0 = t * per, r1 = std::min(q.rows, r0 + per);
-    if (r0 < r1) k.rows(q, xp.data(), xs.data(), M, r0, r1, out, q.rows);
+    if (r0 < r1) run_rows(k, q, in, M, r0, r1, out, q.rows);
   });
 }
 
@@ -204,7 +233,7 @@ void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const 
   const bool spread = st.threads > 1 && work.size() > 1 &&
                       per_slot * int64_t(work.size()) >= st.min_bytes_per_thread * 2;
   auto task = [&](int i) {
-    one_slot(k, gate, up, down, x, *work[i].second, work[i].first, act, alpha, limit, out);
+    one_slot(k, st, gate, up, down, x, *work[i].second, work[i].first, act, alpha, limit, out);
   };
   if (!spread) {
     for (size_t i = 0; i < work.size(); ++i) task(int(i));

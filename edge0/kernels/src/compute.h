@@ -24,6 +24,8 @@ enum class Act : int { SwiGLU = 0, SwiGLU_OAI = 1 };
 
 struct Settings {
   int threads = 1;
+  // x quantized to int8 for 4-bit matrices where the table has rows_q8 (opt-in: not exact)
+  bool int8_inputs = false;
   int64_t min_bytes_per_thread = 256 * 1024;  // smaller calls stay on one thread
 };
 

@@ -1,5 +1,8 @@
-// x in the order a row-kernel table reads it (kernel.h): the one place that layout is built.
+// x in the order a row-kernel table reads it (kernel.h): the one place that layout is built,
+// in float32 and in int8 (XQ8).
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "kernel.h"
 
@@ -23,6 +26,47 @@ void lay_out_inputs(const float* x, int M, int cols, int bits, int lanes, const 
       std::copy(xm, xm + cols, pm);
     }
   }
+}
+
+void quantize_inputs(const float* x, int M, int cols, bool fp4, int8_t* q, float* scale,
+                     int16_t* fix) {
+  const int nb = cols / Q8_BLOCK, np = q8_pairs(cols);
+  const int off = fp4 ? 12 : Q8_AFFINE_OFFSET;
+  constexpr int H = Q8_BLOCK / 2;
+  for (int m = 0; m < M; ++m)
+    for (int p = 0; p < np; ++p) {
+      const int64_t i = int64_t(m) * np + p;
+      int8_t* qp = q + i * 2 * Q8_BLOCK;
+      int8_t v[2 * Q8_BLOCK] = {};  // the pair's inputs in their own order
+      for (int h = 0; h < 2; ++h) {
+        const int b = 2 * p + h;
+        float s = 0.0f;
+        if (b < nb) {
+          const float* xb = x + int64_t(m) * cols + int64_t(b) * Q8_BLOCK;
+          float amax = 0.0f, nonfinite = 0.0f;  // loops the compiler vectorises
+          for (int c = 0; c < Q8_BLOCK; ++c) {
+            amax = std::max(amax, std::fabs(xb[c]));
+            nonfinite += xb[c] * 0.0f;  // NaN if any input is infinite or NaN
+          }
+          if (nonfinite != 0.0f) {  // NaN != 0: the block's products are NaN
+            s = std::numeric_limits<float>::quiet_NaN();
+          } else if (amax > 0.0f) {
+            const float inv = 127.0f / amax;
+            constexpr float ROUND = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+            for (int c = 0; c < Q8_BLOCK; ++c)  // to nearest even, as nearbyint (|x * inv| <= 127)
+              v[h * Q8_BLOCK + c] = int8_t(int((xb[c] * inv + ROUND) - ROUND));
+            s = (amax / 127.0f) * (fp4 ? 0.5f : 1.0f);
+          }
+        }
+        for (int j = 0; j < 4; ++j) scale[i * 8 + h * 4 + j] = s;
+        for (int j = 0; j < H; ++j) {
+          qp[h * H + j] = v[h * Q8_BLOCK + 2 * j];  // evens of both blocks, then odds
+          qp[2 * H + h * H + j] = v[h * Q8_BLOCK + 2 * j + 1];
+        }
+      }
+      for (int t = 0; t < 2 * Q8_BLOCK / 4; ++t)
+        fix[i * 16 + t] = int16_t(off * (int(v[4 * t]) + v[4 * t + 1] + v[4 * t + 2] + v[4 * t + 3]));
+    }
 }
 
 }  // namespace edge0k

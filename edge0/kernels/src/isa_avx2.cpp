@@ -54,6 +54,42 @@ struct V {
     w[2] = _mm256_castsi256_ps(_mm256_and_si256(t1, odd));
     w[3] = _mm256_castsi256_ps(_mm256_slli_epi32(t1, 16));
   }
+  // int8 inputs (kernel.h: XQ8): 64 codes in two registers, the low nibbles of 32 bytes
+  // and the high ones (the order XQ8 stores a pair of blocks in), read unsigned (affine q,
+  // MXFP4 2v + 12); pmaddubsw multiplies them with x, signed (products of at most 24 * 127:
+  // no saturation), the two are added and the fix takes the offset back (|sum| < 2^14),
+  // pmaddwd adds pairs again
+  static constexpr bool Q8 = true;
+  struct q8w {
+    __m256i lo, hi;
+  };
+  static q8w q8_split(__m256i raw) {
+    const __m256i m = _mm256_set1_epi8(15);
+    return {_mm256_and_si256(raw, m), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m)};
+  }
+  static q8w q8_codes(const uint8_t* p) {
+    return q8_split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static q8w q8_codes_half(const uint8_t* p) {  // a lone last block: its partner's codes 0
+    return q8_split(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static q8w q8_lut(q8w c) {  // e2m1 code -> 2 * value + 12, in 0..24
+    const __m256i lut = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    return {_mm256_shuffle_epi8(lut, c.lo), _mm256_shuffle_epi8(lut, c.hi)};
+  }
+  static q8w q8_fp4(const uint8_t* p) { return q8_lut(q8_codes(p)); }
+  static q8w q8_fp4_half(const uint8_t* p) { return q8_lut(q8_codes_half(p)); }
+  static f q8_dot(const q8w& w, const int8_t* x, const int16_t* fix) {
+    const __m256i lo = _mm256_maddubs_epi16(w.lo, _mm256_load_si256(reinterpret_cast<const __m256i*>(x)));
+    const __m256i hi = _mm256_maddubs_epi16(w.hi, _mm256_load_si256(reinterpret_cast<const __m256i*>(x + 32)));
+    const __m256i c = _mm256_sub_epi16(_mm256_add_epi16(lo, hi),
+                                       _mm256_load_si256(reinterpret_cast<const __m256i*>(fix)));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(c, _mm256_set1_epi16(1)));
+  }
+  static f q8_halves(float a, float b) { return _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a)); }
+  static f q8_mul(f a, const float* b) { return _mm256_mul_ps(a, _mm256_load_ps(b)); }
+  static f q8_fma(f a, f b, f c) { return _mm256_fmadd_ps(a, b, c); }
   static f bytes(const uint8_t* p) { return _mm256_cvtepi32_ps(widen(p)); }
   static void prefetch(const void* p) {
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
@@ -70,7 +106,7 @@ constexpr uint8_t FP4_PERM[32] = {2,  6,  10, 14, 3,  7,  11, 15, 0,  4,  8,  12
 }  // namespace
 
 const Kernels* kernels_avx2() {
-  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM};
+  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM, q8_rows<V>()};
   return &k;
 }
 

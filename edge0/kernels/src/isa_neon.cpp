@@ -45,6 +45,7 @@ struct V {
     w[3] = vcvt_f32_f16(vreinterpret_f16_u8(vzip2_u8(z, h)));
   }
   static constexpr bool FP4_WIDE = true;
+  static constexpr bool Q8 = false;  // no int8-input path (kernel.h: rows_q8)
   static f bytes(const uint8_t* p) { return vcvtq_f32_u32(widen(p)); }
   static void prefetch(const void* p) { __builtin_prefetch(p); }
 };
@@ -54,7 +55,7 @@ struct V {
 }  // namespace
 
 const Kernels* kernels_neon() {
-  static const Kernels k{"neon", V::W, &rows_entry, nullptr};
+  static const Kernels k{"neon", V::W, &rows_entry, nullptr, q8_rows<V>()};
   return &k;
 }
 

@@ -55,5 +55,9 @@ std::string isa();
 bool use_isa(const std::string& name);  // false: not built or not supported here
 int threads();
 void set_threads(int n);
+// the opt-in int8-input path (compute.h: Settings::int8_inputs) for 4-bit matrices
+bool int8_inputs();  // asked for and built for the row kernel in use
+void set_int8_inputs(bool on);
+bool has_int8_inputs();  // built for the row kernel in use
 
 }  // namespace edge0
