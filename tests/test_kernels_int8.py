@@ -1,10 +1,10 @@
 """The opt-in int8-activation path of the native kernels (EDGE0_INT8_ACTIVATIONS).
 
 Not exact, so not held to MLX's outputs: every output must lie within the bound its
-rounding allows (half a quantization step of each input times the weights it meets), the
-variants that have the path (AVX2 and the portable C++) must give the same bits, a row the
-same bits alone or in a batch, 8-bit matrices must keep the float32 path, and the setting
-must be said in the status line.
+rounding allows (half a quantization step of each input times the weights it meets), each
+input must be rounded exactly as specified, the variant in use (AVX2's path, which AVX-512
+shares) must give the portable C++'s bits, a row the same bits alone or in a batch, 8-bit
+matrices must keep the float32 path, and the setting must be said in the status line.
 """
 
 from __future__ import annotations

@@ -11,6 +11,18 @@ namespace {
 bool avx2_ok() {  // the avx2 unit's flags: -mavx2 -mfma
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+
+// AVX-512's table with the avx2 unit's int8-input path (kernel.h: rows_q8, 256-bit
+// registers): every CPU that reports AVX-512F has AVX2 and FMA, and it is checked. The
+// int8 path gives the same bits on every variant that has it.
+const Kernels* avx512() {
+  static const Kernels k = [] {
+    Kernels t = *kernels_avx512();
+    if (avx2_ok()) t.rows_q8 = kernels_avx2()->rows_q8;
+    return t;
+  }();
+  return &k;
+}
 #endif
 
 const Kernels* by_name(const char* name) {
@@ -19,7 +31,7 @@ const Kernels* by_name(const char* name) {
   if (std::strcmp(name, "avx2") == 0 && avx2_ok())
     return kernels_avx2();
   if (std::strcmp(name, "avx512") == 0 && __builtin_cpu_supports("avx512f"))
-    return kernels_avx512();
+    return avx512();
 #endif
 #if defined(__aarch64__)
   if (std::strcmp(name, "neon") == 0) return kernels_neon();
@@ -30,7 +42,7 @@ const Kernels* by_name(const char* name) {
 const Kernels* best() {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return kernels_avx512();
+  if (__builtin_cpu_supports("avx512f")) return avx512();
   if (avx2_ok()) return kernels_avx2();
 #endif
 #if defined(__aarch64__)

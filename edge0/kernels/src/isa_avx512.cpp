@@ -37,7 +37,7 @@ struct V {
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
   }
   static constexpr bool FP4_WIDE = false;
-  static constexpr bool Q8 = false;  // no int8-input path (kernel.h: rows_q8)
+  static constexpr bool Q8 = false;  // int8 inputs: the avx2 unit's (dispatch.cpp)
   static f bytes(const uint8_t* p) { return _mm512_cvtepi32_ps(widen(p)); }
   static void prefetch(const void* p) {
     _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
