@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -181,3 +182,24 @@ def test_sync_every_cli_rejects_bad_values(store: Path) -> None:
     for bad in ("0", "fast", "2,2"):
         res = CliRunner().invoke(main, ["bench", "run", str(store), "--sync-every", bad])
         assert res.exit_code != 0 and "--sync-every" in res.output
+
+
+def test_kernel_choices_set_the_environment_and_unknown_ones_are_refused(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge0.bench.worker import use_kernels
+    from edge0.kernels import native
+
+    res = CliRunner().invoke(main, ["bench", "run", str(store), "--kernels", "native,fast"])
+    assert res.exit_code == 2
+    assert "unknown kernels 'fast'" in res.output and "native-int8" in res.output
+    want = {"native-int8": ("1", "1"), "native": ("1", "0"), "mlx": ("0", "0")}
+    for name, (on, int8) in want.items():
+        monkeypatch.setenv("EDGE0_INT8_ACTIVATIONS", "1")  # the variant's choice wins
+        monkeypatch.setenv("EDGE0_NATIVE_KERNELS", "1")
+        use_kernels(name)
+        got = (os.environ["EDGE0_NATIVE_KERNELS"], os.environ["EDGE0_INT8_ACTIVATIONS"])
+        assert got == (on, int8), name
+    monkeypatch.delenv("EDGE0_INT8_ACTIVATIONS")
+    monkeypatch.delenv("EDGE0_NATIVE_KERNELS")
+    native.reset()  # loaded again, from the session's own environment, at the next use
