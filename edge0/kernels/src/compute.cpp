@@ -75,7 +75,7 @@ struct LineAligned {
 using Inputs = std::vector<float, LineAligned<float>>;
 
 // x prepared for one matrix layout: float32 in the table's order, or int8 (XQ8) where the
-// int8-input path is on, the table has it and the codes are 4-bit; the group sums always
+// int8-input path is on, the table has it and the codes are 4-bit; the group sums for affine
 struct Prepared {
   Inputs xp;
   std::vector<float> xs;
@@ -89,7 +89,7 @@ void prep(const Kernels& k, const Settings& st, const QMat& q, const float* x, i
           Prepared& p) {
   const int cols = q.cols, G = q.cols / q.group;
   p.xs.resize(size_t(M) * G);
-  for (int m = 0; m < M; ++m) {
+  for (int m = 0; m < M && q.mode == Mode::Affine; ++m) {  // MXFP4 has no bias term
     const float* xm = x + int64_t(m) * cols;
     for (int g = 0; g < G; ++g) {
       float s = 0.0f;

@@ -2,6 +2,7 @@
 // in float32 and in int8 (XQ8).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "kernel.h"
@@ -43,12 +44,17 @@ void quantize_inputs(const float* x, int M, int cols, bool fp4, int8_t* q, float
         float s = 0.0f;
         if (b < nb) {
           const float* xb = x + int64_t(m) * cols + int64_t(b) * Q8_BLOCK;
-          float amax = 0.0f, nonfinite = 0.0f;  // loops the compiler vectorises
+          // max |x| as bits: for |x| the order of the bits is the order of the floats, and
+          // an inf or NaN is at or above 0x7f800000 (an integer loop that vectorises)
+          uint32_t top = 0;
           for (int c = 0; c < Q8_BLOCK; ++c) {
-            amax = std::max(amax, std::fabs(xb[c]));
-            nonfinite += xb[c] * 0.0f;  // NaN if any input is infinite or NaN
+            uint32_t bits;
+            std::memcpy(&bits, xb + c, 4);
+            top = std::max(top, bits & 0x7fffffffu);
           }
-          if (nonfinite != 0.0f) {  // NaN != 0: the block's products are NaN
+          float amax;
+          std::memcpy(&amax, &top, 4);
+          if (top >= 0x7f800000u) {  // an inf or NaN input: the block's products are NaN
             s = std::numeric_limits<float>::quiet_NaN();
           } else if (amax > 0.0f) {
             const float inv = 127.0f / amax;
@@ -59,10 +65,9 @@ void quantize_inputs(const float* x, int M, int cols, bool fp4, int8_t* q, float
           }
         }
         for (int j = 0; j < 4; ++j) scale[i * 8 + h * 4 + j] = s;
-        for (int j = 0; j < H; ++j) {
-          qp[h * H + j] = v[h * Q8_BLOCK + 2 * j];  // evens of both blocks, then odds
-          qp[2 * H + h * H + j] = v[h * Q8_BLOCK + 2 * j + 1];
-        }
+        const int8_t* vh = v + h * Q8_BLOCK;
+        for (int j = 0; j < H; ++j) qp[h * H + j] = vh[2 * j];  // evens of both blocks,
+        for (int j = 0; j < H; ++j) qp[2 * H + h * H + j] = vh[2 * j + 1];  // then odds
       }
       for (int t = 0; t < 2 * Q8_BLOCK / 4; ++t)
         fix[i * 16 + t] = int16_t(off * (int(v[4 * t]) + v[4 * t + 1] + v[4 * t + 2] + v[4 * t + 3]));
