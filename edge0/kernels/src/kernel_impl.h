@@ -71,46 +71,32 @@ enum Kind { A4, A8, FP4 };
 // sum_g bias_g * xsum_g of one row for MT inputs, after the row's groups instead of inside
 // their loop (a scalar load, conversion and FMA per group there): eight independent
 // partial sums per input, which the compiler turns into vector lanes (not inlined: it runs
-// once per row, away from the group loop's registers)
-template <DType D, int MT>
-__attribute__((noinline)) void bias_dots(const void* biases, int64_t base, const float* xs, int G,
+// once per row, away from the group loop's registers). CENTRED, for int8 inputs, whose
+// affine codes meet x as q - 8: bias_g + 8 scale_g instead of bias_g (8 * scale_g is
+// exact), each product rounded once (fmaf) so that every unit gives the same bits.
+template <DType D, int MT, bool CENTRED>
+__attribute__((noinline)) void bias_dots(const QMat& q, int row, const float* xs, int G,
                                          float* dot) {
-  float part[MT][8] = {};
-  int g = 0;
-  for (; g + 8 <= G; g += 8)
-    for (int j = 0; j < 8; ++j) {
-      const float b = scalar_of<D>(biases, base + g + j);
-      for (int m = 0; m < MT; ++m) part[m][j] += b * xs[m * G + g + j];
-    }
-  for (int m = 0; m < MT; ++m) {
-    float tail = 0.0f;
-    for (int t = g; t < G; ++t) tail += scalar_of<D>(biases, base + t) * xs[m * G + t];
-    const float* p = part[m];
-    dot[m] = (((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]))) + tail;
-  }
-}
-
-// The same for int8 inputs, whose affine codes meet x centred (q - 8): sum_g (bias_g +
-// 8 scale_g) * xsum_g, each product rounded once (fmaf) so that every unit gives the same
-// bits (8 * scale_g is exact)
-template <DType D, int MT>
-__attribute__((noinline)) void centred_bias_dots(const QMat& q, int row, const float* xs, int G,
-                                                 float* dot) {
   const int64_t sb = int64_t(row) * q.s_row, bb = int64_t(row) * q.b_row;
   auto bias = [&](int g) {
     const float b = q.biases != nullptr ? scalar_of<D>(q.biases, bb + g) : 0.0f;
-    return b + float(Q8_AFFINE_OFFSET) * scalar_of<D>(q.scales, sb + g);
+    if constexpr (CENTRED) return b + float(Q8_AFFINE_OFFSET) * scalar_of<D>(q.scales, sb + g);
+    return b;
+  };
+  auto add = [](float acc, float b, float x) {
+    if constexpr (CENTRED) return __builtin_fmaf(b, x, acc);
+    return acc + b * x;
   };
   float part[MT][8] = {};
   int g = 0;
   for (; g + 8 <= G; g += 8)
     for (int j = 0; j < 8; ++j) {
       const float b = bias(g + j);
-      for (int m = 0; m < MT; ++m) part[m][j] = __builtin_fmaf(b, xs[m * G + g + j], part[m][j]);
+      for (int m = 0; m < MT; ++m) part[m][j] = add(part[m][j], b, xs[m * G + g + j]);
     }
   for (int m = 0; m < MT; ++m) {
     float tail = 0.0f;
-    for (int t = g; t < G; ++t) tail = __builtin_fmaf(bias(t), xs[m * G + t], tail);
+    for (int t = g; t < G; ++t) tail = add(tail, bias(t), xs[m * G + t]);
     const float* p = part[m];
     dot[m] = (((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]))) + tail;
   }
@@ -229,7 +215,7 @@ void tile(const QMat& q, const InF& in, int r, float* out, int64_t ldo) {
   }
   if constexpr (K != FP4) {
     if (q.biases != nullptr)
-      for (int i = 0; i < R; ++i) bias_dots<D, MT>(q.biases, int64_t(r + i) * q.b_row, xs, G, bsum[i]);
+      for (int i = 0; i < R; ++i) bias_dots<D, MT, false>(q, r + i, xs, G, bsum[i]);
   }
   for (int i = 0; i < R; ++i)
     for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = V::sum(acc[i][m]) + bsum[i][m];
@@ -289,7 +275,7 @@ void tile(const QMat& q, const InQ& in, int r, float* out, int64_t ldo) {
     }
   }
   if constexpr (K != FP4) {
-    for (int i = 0; i < R; ++i) centred_bias_dots<D, MT>(q, r + i, in.x.xs, G, bsum[i]);
+    for (int i = 0; i < R; ++i) bias_dots<D, MT, true>(q, r + i, in.x.xs, G, bsum[i]);
   }
   for (int i = 0; i < R; ++i)
     for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = VV::sum(acc[i][m]) + bsum[i][m];
