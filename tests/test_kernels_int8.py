@@ -211,6 +211,25 @@ def test_the_setting_is_read_from_the_environment_and_said(
     assert "int8" not in native.status()
 
 
+def test_an_unknown_value_is_refused_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _native()
+    monkeypatch.setenv("EDGE0_INT8_ACTIVATIONS", "maybe")
+    native.reset()
+    try:
+        assert native.module() is mod
+        assert not mod.int8_inputs()
+        assert native.status().endswith(
+            "(EDGE0_INT8_ACTIVATIONS='maybe' is neither 1 nor 0: float32 runs)"
+        )
+        monkeypatch.setenv("EDGE0_INT8_ACTIVATIONS", " Off ")
+        native.reset()
+        assert "int8" not in native.status()
+    finally:
+        monkeypatch.delenv("EDGE0_INT8_ACTIVATIONS")
+        native.reset()
+        native.module()
+
+
 @pytest.mark.parametrize("cols", [96, 256])  # 96: three blocks, one without a partner
 def test_each_input_is_rounded_to_the_nearest_step_of_its_block(int8: Any, cols: int) -> None:
     """Through a diagonal matrix (exact in MXFP4) each output is its input as the int8 path

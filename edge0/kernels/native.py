@@ -46,10 +46,21 @@ def _load() -> tuple[ModuleType | None, str]:
     return _native, ""
 
 
+_INT8_ON = ("1", "on", "true", "yes")
+_INT8_OFF = ("", "0", "off", "false", "no")
+
+
 def int8_asked() -> bool:
     """Whether `EDGE0_INT8_ACTIVATIONS` asks for int8 inputs to the 4-bit matrices."""
-    value = os.environ.get("EDGE0_INT8_ACTIVATIONS", "0").strip().lower()
-    return value in ("1", "on", "true", "yes")
+    return os.environ.get("EDGE0_INT8_ACTIVATIONS", "0").strip().lower() in _INT8_ON
+
+
+def int8_refused() -> str:
+    """Empty, or why the value of `EDGE0_INT8_ACTIVATIONS` is refused (it then means off)."""
+    raw = os.environ.get("EDGE0_INT8_ACTIVATIONS", "0")
+    if raw.strip().lower() in _INT8_ON + _INT8_OFF:
+        return ""
+    return f"EDGE0_INT8_ACTIVATIONS={raw!r} is neither 1 nor 0: float32 runs"
 
 
 def module() -> ModuleType | None:
@@ -66,6 +77,8 @@ def module() -> ModuleType | None:
                      int8_activations=mod.int8_inputs())  # fmt: skip
             if int8_asked() and not mod.int8_inputs():
                 log.warning("kernels.int8_unavailable", isa=mod.isa(), runs="float32")
+            if int8_refused():
+                log.warning("kernels.int8_refused", reason=int8_refused())
     got = _state["module"]
     return got if isinstance(got, ModuleType) else None
 
@@ -88,6 +101,8 @@ def status() -> str:
         return line + ", int8 activations (EDGE0_INT8_ACTIVATIONS)"
     if int8_asked():
         return line + f" (int8 activations asked for: not built for {mod.isa()}, float32 runs)"
+    if int8_refused():
+        return line + f" ({int8_refused()})"
     return line
 
 
