@@ -2,9 +2,11 @@
 //
 // Built by tools/bench/row_kernel_ab.py, which compiles the unit twice (a base revision and
 // the working tree) with its entry renamed to edge0_ab_base / edge0_ab_new. Arguments:
-//   KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB BASE_HAS_FP4_PERM
-// (KIND: a4, a8 or mxfp4; the last is 1 when the base's Kernels table has `fp4_perm`, so
-// that an older table is never read past its end). Each build gets x in its own layout.
+//   KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB BASE_HAS_FP4_PERM INT8
+// (KIND: a4, a8 or mxfp4; BASE_HAS_FP4_PERM is 1 when the base's Kernels table has
+// `fp4_perm`, so that an older table is never read past its end; INT8 1 times both builds'
+// int8-input path, rows_q8, with x quantized once by the working tree's inputs.cpp). Each
+// build gets x in its own layout.
 // Prints one JSON object: GB of quantized weights per CPU-second (this thread) for each
 // build, the median and range of the per-round ratio new/base, and the largest relative
 // difference between the two builds' outputs (over the largest output's magnitude).
@@ -49,10 +51,10 @@ struct Copy {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 10) {
+  if (argc != 11) {
     std::fprintf(stderr,
                  "usage: %s KIND ROWS COLS GROUP M FOOTPRINT_MIB ROUNDS STRETCH_MIB "
-                 "BASE_HAS_FP4_PERM\n",
+                 "BASE_HAS_FP4_PERM INT8\n",
                  argv[0]);
     return 2;
   }
@@ -62,8 +64,13 @@ int main(int argc, char** argv) {
   const int64_t footprint = std::atoll(argv[6]) << 20;
   const int64_t stretch = std::atoll(argv[8]) << 20;
   const bool base_perm = std::atoi(argv[9]) != 0;
+  const bool int8 = std::atoi(argv[10]) != 0;
   const bool fp4 = kind == "mxfp4";
   const int bits = kind == "a8" ? 8 : 4;
+  if (int8 && bits != 4) {
+    std::fprintf(stderr, "int8 inputs meet 4-bit matrices only (a4, mxfp4)\n");
+    return 2;
+  }
   const int G = cols / group;
   const int64_t w_row = int64_t(cols) * bits / 8;
   const int64_t s_bytes = int64_t(rows) * G * (fp4 ? 1 : 2);
@@ -93,6 +100,26 @@ int main(int argc, char** argv) {
     }
 
   const Kernels* ks[2] = {edge0_ab_base(), edge0_ab_new()};
+  if (int8 && (ks[0]->rows_q8 == nullptr || ks[1]->rows_q8 == nullptr)) {
+    std::fprintf(stderr, "a build has no int8 path for %s\n", ks[1]->name);
+    return 2;
+  }
+  // int8 x: one quantization serves both builds (kernel.h: XQ8), 32-byte aligned as the
+  // extension allocates it (the kernels load it aligned)
+  auto aligned = [](size_t bytes) {
+    return std::unique_ptr<void, void (*)(void*)>(std::aligned_alloc(64, (bytes + 63) / 64 * 64),
+                                                  std::free);
+  };
+  const int64_t np = q8_pairs(cols);
+  auto q8 = aligned(size_t(M * np) * 64), q8s = aligned(size_t(M * np) * 8 * sizeof(float)),
+       q8f = aligned(size_t(M * np) * 16 * sizeof(int16_t));
+  XQ8 xq;
+  if (int8) {
+    quantize_inputs(x.data(), M, cols, fp4, static_cast<int8_t*>(q8.get()),
+                    static_cast<float*>(q8s.get()), static_cast<int16_t*>(q8f.get()));
+    xq = {static_cast<const int8_t*>(q8.get()), static_cast<const float*>(q8s.get()),
+          static_cast<const int16_t*>(q8f.get()), xs.data()};
+  }
   const uint8_t* perms[2] = {fp4 && base_perm ? ks[0]->fp4_perm : nullptr,
                              fp4 ? ks[1]->fp4_perm : nullptr};
   // each build's x 64-byte aligned: two heap blocks of different alignment measured up to
@@ -123,7 +150,11 @@ int main(int argc, char** argv) {
       q.biases = c.biases.data();
       q.b_row = G;
     }
-    ks[v]->rows(q, xp[v].get(), xs.data(), M, 0, rows, out[v].data(), rows);
+    if (int8) {
+      ks[v]->rows_q8(q, xq, M, 0, rows, out[v].data(), rows);
+    } else {
+      ks[v]->rows(q, xp[v].get(), xs.data(), M, 0, rows, out[v].data(), rows);
+    }
   };
   call(0, mats[0]);
   call(1, mats[0]);
@@ -153,9 +184,9 @@ int main(int argc, char** argv) {
       "{\"kind\": \"%s\", \"rows\": %d, \"cols\": %d, \"group\": %d, \"m\": %d, "
       "\"copies\": %d, \"base_gb_per_cpu_s\": %.3f, \"new_gb_per_cpu_s\": %.3f, "
       "\"ratio_median\": %.3f, \"ratio_min\": %.3f, \"ratio_max\": %.3f, "
-      "\"max_rel_diff\": %.3g, \"isa\": \"%s\"}\n",
+      "\"max_rel_diff\": %.3g, \"isa\": \"%s\", \"int8\": %s}\n",
       kind.c_str(), rows, cols, group, M, copies, median(rate[0]), median(rate[1]),
       median(ratio), *std::min_element(ratio.begin(), ratio.end()),
-      *std::max_element(ratio.begin(), ratio.end()), diff, ks[1]->name);
+      *std::max_element(ratio.begin(), ratio.end()), diff, ks[1]->name, int8 ? "true" : "false");
   return 0;
 }

@@ -2,7 +2,7 @@
 
     python tools/bench/row_kernel_ab.py --base REV [--isa avx2] [--case mxfp4:2880x2880:32]
         [--m 1,4] [--footprint 1,256] [--rounds 11] [--stretch 256] [--opt 3]
-        [--json OUT]
+        [--int8] [--json OUT]
 
 Compiles `edge0/kernels/src/isa_ISA.cpp` from git revision REV and from the working tree
 (each with the flags its own CMakeLists.txt gives that unit), links both into
@@ -12,11 +12,15 @@ kernel's compute); 256 MiB of copies makes every call read DRAM, as a decode ste
 For each case it prints both builds' GB of weights per CPU-second of the calling thread
 (medians over rounds, the two builds alternating first), the per-round ratio new/base
 (median and range), the largest relative difference between their outputs, and the load
-average. No MLX involved: this is the kernel alone.
+average. `--int8` times the int8-input path (EDGE0_INT8_ACTIVATIONS) of both builds
+instead, x quantized once for both (4-bit cases only). The JSON names the sources each
+side was built from (a digest of the unit, kernel_impl.h and kernel.h). No MLX involved:
+this is the kernel alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -54,6 +58,14 @@ def parse_case(text: str) -> tuple[str, int, int, int]:
     return kind, rows, cols, group
 
 
+def source_digest(kernels: Path, isa: str) -> str:
+    """sha256 of what one side is compiled from: the unit, kernel_impl.h and kernel.h."""
+    h = hashlib.sha256()
+    for name in (f"isa_{isa}.cpp", "kernel_impl.h", "kernel.h"):
+        h.update(name.encode() + b"\0" + (kernels / "src" / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def _tree_at(rev: str, dest: Path) -> Path:
     """edge0/kernels at `rev`, extracted under dest."""
     archive = subprocess.run(
@@ -86,9 +98,18 @@ def _compile(kernels: Path, isa: str, entry: str, out: Path, opt: int) -> Path:
     return obj
 
 
-def build(base: str, isa: str, work: Path, opt: int = 3) -> tuple[Path, bool]:
-    """The driver linked with `isa`'s unit at `base` and in the working tree, and whether
-    the base's Kernels table has `fp4_perm` (the driver must not read it otherwise)."""
+class Build:
+    """The driver, and what it was built from."""
+
+    def __init__(self, exe: Path, base_perm: bool, base_q8: bool, digests: tuple[str, str]):
+        self.exe = exe
+        self.base_perm = base_perm  # the base's Kernels table has fp4_perm
+        self.base_q8 = base_q8  # ... and rows_q8 (the driver must not read them otherwise)
+        self.digests = digests  # source_digest of the base and of the working tree
+
+
+def build(base: str, isa: str, work: Path, opt: int = 3) -> Build:
+    """The driver linked with `isa`'s unit at `base` and in the working tree."""
     old = _tree_at(base, work / "base") / "edge0" / "kernels"
     new = ROOT / "edge0" / "kernels"
     objs = [
@@ -99,7 +120,7 @@ def build(base: str, isa: str, work: Path, opt: int = 3) -> tuple[Path, bool]:
         click.echo(
             "note: kernel.h differs at the base; the driver uses the working tree's", err=True
         )
-    base_perm = "fp4_perm" in (old / "src" / "kernel.h").read_text()
+    base_h = (old / "src" / "kernel.h").read_text()
     exe = work / "row_kernel_ab"
     subprocess.run(
         [
@@ -115,12 +136,14 @@ def build(base: str, isa: str, work: Path, opt: int = 3) -> tuple[Path, bool]:
         ],
         check=True,
     )
-    return exe, base_perm
+    digests = (source_digest(old, isa), source_digest(new, isa))
+    return Build(exe, "fp4_perm" in base_h, "rows_q8" in base_h, digests)
 
 
 def _line(r: dict[str, Any]) -> str:
     return (
-        f"{r['kind']} {r['rows']}x{r['cols']} g{r['group']} M={r['m']} {r['footprint_mib']} MiB: "
+        f"{r['kind']}{' int8' if r['int8'] else ''} {r['rows']}x{r['cols']} g{r['group']} "
+        f"M={r['m']} {r['footprint_mib']} MiB: "
         f"base {r['base_gb_per_cpu_s']:.2f}, new {r['new_gb_per_cpu_s']:.2f} GB/cpu-s; "
         f"new/base {r['ratio_median']:.3f} [{r['ratio_min']:.3f}..{r['ratio_max']:.3f}], "
         f"max rel diff {r['max_rel_diff']:.2g}, load {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
@@ -144,6 +167,7 @@ def _line(r: dict[str, Any]) -> str:
 @click.option(
     "--opt", default=3, show_default=True, help="-O level of both units (3: as installed)"
 )
+@click.option("--int8", is_flag=True, help="time the int8-input path (4-bit cases only)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def main(
     base: str,
@@ -154,22 +178,30 @@ def main(
     rounds: int,
     stretch: int,
     opt: int,
+    int8: bool,
     json_out: Path | None,
 ) -> None:
     parsed = [parse_case(c) for c in (cases or DEFAULT_CASES)]
+    if int8 and any(kind == "a8" for kind, *_ in parsed):
+        raise click.BadParameter("int8 inputs meet 4-bit matrices only: drop the a8 cases")
     m_list = [int(v) for v in ms.split(",")]
     f_list = [int(v) for v in footprints.split(",")]
     results = []
     with tempfile.TemporaryDirectory(prefix="edge0-row-ab-") as tmp:
-        exe, base_perm = build(base, isa, Path(tmp), opt)
+        b = build(base, isa, Path(tmp), opt)
+        if int8 and not b.base_q8:
+            raise click.ClickException(f"{base} has no int8-input path to compare with")
         for kind, rows, cols, group in parsed:
             for m in m_list:
                 for mib in f_list:
                     load0 = os.getloadavg()[0]
-                    args = [kind, rows, cols, group, m, mib, rounds, stretch, int(base_perm)]
+                    args = [kind, rows, cols, group, m, mib, rounds, stretch]
+                    args += [int(b.base_perm), int(int8)]
                     got = subprocess.run(
-                        [str(exe), *map(str, args)], capture_output=True, text=True, check=True
+                        [str(b.exe), *map(str, args)], capture_output=True, text=True
                     )
+                    if got.returncode:
+                        raise click.ClickException(f"the driver: {got.stderr.strip()}")
                     row = json.loads(got.stdout)
                     row |= {"footprint_mib": mib, "load": [load0, os.getloadavg()[0]]}
                     results.append(row)
@@ -182,6 +214,9 @@ def main(
             "base": base,
             "base_commit": commit.stdout.strip(),
             "isa": isa,
+            "int8": int8,
+            "base_sources": b.digests[0],
+            "new_sources": b.digests[1],
             "rounds": rounds,
             "stretch_mib": stretch,
             "results": results,
