@@ -2,7 +2,9 @@
 
 Compiles tests/native/kernel_selftest.cpp with the kernels' sources for this machine (the
 x86 variants it can run) and, where an AArch64 cross compiler and qemu are installed,
-for AArch64 to run the NEON variant under emulation.
+for AArch64 to run the NEON variant under emulation. The AVX-512 variant runs on a CPU
+without AVX-512 too: its unit compiled over SIMDe's emulation of the intrinsics (the
+`simde-py` package of the test extra), on AVX2.
 """
 
 from __future__ import annotations
@@ -83,3 +85,38 @@ def _cpu_flags() -> str:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
+
+
+def _simde() -> str | None:
+    """The directory holding SIMDe's `simde/` headers, if the test extra installed them."""
+    try:
+        import simde_py
+    except ImportError:
+        return None
+    got = Path(simde_py.get_include())
+    return str(got) if (got / "simde" / "x86" / "avx512.h").is_file() else None
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or shutil.which("g++") is None,
+    reason="an x86-64 machine with a C++ compiler",
+)
+def test_avx512_variant_matches_the_reference_over_an_emulation(tmp_path: Path) -> None:
+    """The AVX-512 unit's own source, each _mm512 intrinsic emulated by SIMDe on AVX2: the
+    lanes, permutes and widenings it does run here even where the CPU has no AVX-512 (the
+    real instructions then run only on such a CPU)."""
+    include = _simde()
+    if include is None:
+        pytest.skip("SIMDe's headers are not installed (pip install simde-py: the test extra)")
+    if "avx2" not in _cpu_flags():
+        pytest.skip("SIMDe's AVX-512 emulation is built on AVX2 here; this CPU lacks it")
+    over_avx2 = ["-mavx2", "-mfma", f"-I{include}", f"-I{TEST.parent}",
+                 "-DSIMDE_ENABLE_NATIVE_ALIASES", "-include", "simde_avx512.h",
+                 "-Wno-psabi"]  # fmt: skip
+    _build("g++", tmp_path / "selftest", {**X86, "isa_avx512.cpp": over_avx2}, [])
+    if shutil.which("objdump"):  # no AVX-512 register was used: this CPU can run the unit
+        dump = subprocess.run(["objdump", "-d", str(tmp_path / "isa_avx512.cpp.o")],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        assert "%ymm" in dump.stdout and "%zmm" not in dump.stdout
+    out = _check([str(tmp_path / "selftest"), "--emulated-avx512"])
+    assert re.search(r"^avx512: \d+ cases", out, re.M), out

@@ -1,6 +1,8 @@
 // Checks every row-kernel variant built for this target against a plain double-precision
 // reference (dequantize, then dot), with no MLX involved: this is how the NEON variant
 // is tested on an x86 machine (cross-compiled, run under qemu; tests/test_kernels_native.py).
+// `--emulated-avx512`: the avx512 unit was compiled over an emulation of its intrinsics
+// (SIMDe, on AVX2): its table runs whatever the CPU reports.
 // Prints one line per variant and exits non-zero on the first mismatch.
 #include <cmath>
 #include <cstdio>
@@ -101,12 +103,16 @@ double run_case(const Kernels& k, std::mt19937& rng, int rows, int cols, int bit
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool emulated = argc > 1 && std::strcmp(argv[1], "--emulated-avx512") == 0;
   const char* names[] = {"avx512", "avx2", "neon", "portable"};
   std::mt19937 rng(7);
   int checked = 0;
   for (const char* name : names) {
     const Kernels* k = select_kernels(name);
+#if defined(__x86_64__) || defined(_M_X64)
+    if (emulated && std::strcmp(name, "avx512") == 0) k = kernels_avx512();
+#endif
     if (k == nullptr) continue;
     double worst = 0;
     int cases = 0;
