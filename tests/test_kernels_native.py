@@ -68,6 +68,7 @@ def test_host_variants_match_the_reference(tmp_path: Path) -> None:
     assert "portable:" in out
     if x86:
         assert "avx2:" in out or "avx2" not in _cpu_flags()
+        assert re.search(r"^avx2: \d+ int8-input cases", out, re.M) or "avx2" not in _cpu_flags()
 
 
 @pytest.mark.skipif(
@@ -78,6 +79,7 @@ def test_neon_variant_matches_the_reference_under_qemu(tmp_path: Path) -> None:
     _build("aarch64-linux-gnu-g++", tmp_path / "selftest", {"isa_neon.cpp": []}, ["-static"])
     out = _check(["qemu-aarch64", str(tmp_path / "selftest")])
     assert "neon:" in out and "portable:" in out
+    assert re.search(r"^neon: \d+ int8-input cases, the same bits as portable", out, re.M), out
 
 
 def _cpu_flags() -> str:

@@ -5,7 +5,7 @@
 - `EDGE0_KERNEL_ISA=avx512|avx2|neon|portable`: force one row-kernel variant.
 - `EDGE0_INT8_ACTIVATIONS=1`: opt-in, not exact: x quantized to int8 per block of 32 for
   the 4-bit matrices (docs/kernels.md: its cost in KL against the teacher). Where the row
-  kernel in use has no int8 path (neon), float32 runs and the status line says so.
+  kernel in use has no int8 path, float32 runs and the status line says so.
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ float from_bf16(uint16_t h) {
   return f;
 }
 
-// one case: returns the relative error of k's qmm against the reference
+// one case: returns the relative error of k's qmm against the reference; with `int8`,
+// x goes through the int8-input path instead and the outputs are copied to *int8
 double run_case(const Kernels& k, std::mt19937& rng, int rows, int cols, int bits, int group,
-                Mode mode, DType sdt, int M, int threads) {
+                Mode mode, DType sdt, int M, int threads, std::vector<float>* int8 = nullptr) {
   std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int G = cols / group;
@@ -81,7 +82,9 @@ double run_case(const Kernels& k, std::mt19937& rng, int rows, int cols, int bit
   Settings st;
   st.threads = threads;
   st.min_bytes_per_thread = 1024;
+  st.int8_inputs = int8 != nullptr;
   qmm(k, st, q, x.data(), M, out.data());
+  if (int8 != nullptr) *int8 = out;
   double err = 0, mag = 0;
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < rows; ++r) {
@@ -136,6 +139,33 @@ int main(int argc, char** argv) {
     std::printf("%s: %d cases, max relative error %.3g\n", name, cases, worst);
     if (!(worst <= 1e-5)) return 1;
     ++checked;
+    if (k->rows_q8 == nullptr) continue;
+    // int8 inputs: the same bits as the portable unit's, case by case (the same seed)
+    int q8_cases = 0;
+    double q8_worst = 0;  // against the reference: the quantization's error, not float's
+    for (Mode mode : {Mode::Affine, Mode::Mxfp4})
+      for (int group : {32, 64, 128})
+        for (DType sdt : {DType::F32, DType::BF16})
+          for (int M : {1, 2, 3, 4, 5, 9})
+            for (int cols : {group * 3, group * 5}) {  // an odd number of blocks at group 32
+              if (mode == Mode::Mxfp4 && (group != 32 || sdt != DType::F32)) continue;
+              std::vector<float> got, want;
+              std::mt19937 r1(unsigned(1000 + q8_cases)), r2(unsigned(1000 + q8_cases));
+              const int threads = M == 2 ? 2 : 1;
+              q8_worst = std::fmax(
+                  q8_worst, run_case(*k, r1, 12, cols, 4, group, mode, sdt, M, threads, &got));
+              run_case(*select_kernels("portable"), r2, 12, cols, 4, group, mode, sdt, M, 1,
+                       &want);
+              if (std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {
+                std::printf("%s: int8 inputs differ from portable's (mode %d, group %d, M %d, "
+                            "cols %d)\n", name, int(mode), group, M, cols);
+                return 1;
+              }
+              ++q8_cases;
+            }
+    std::printf("%s: %d int8-input cases, the same bits as portable, max relative error "
+                "%.3g\n", name, q8_cases, q8_worst);
+    if (!(q8_worst > 1e-5 && q8_worst < 0.05)) return 1;  // int8 ran, and within its bound
   }
   std::printf("variants checked: %d\n", checked);
   return checked > 0 ? 0 : 1;

@@ -45,7 +45,75 @@ struct V {
     w[3] = vcvt_f32_f16(vreinterpret_f16_u8(vzip2_u8(z, h)));
   }
   static constexpr bool FP4_WIDE = true;
-  static constexpr bool Q8 = false;  // no int8-input path (kernel.h: rows_q8)
+  // int8 inputs (kernel.h: XQ8), the same bits as AVX2's and the portable unit's: the
+  // eight lanes of a pair are two registers, each lane the exact integer sum of 8
+  // consecutive products, the codes centred as signed integers (affine q - 8, MXFP4 twice
+  // the e2m1 value: no fix to take back); products widened to 16 bits and added in pairs
+  // (any order: every sum is exact), then one rounding per product and per FMA
+  static constexpr bool Q8 = true;
+  struct q8f {
+    float32x4_t a, b;  // lanes 0-3 (the pair's first block), 4-7
+  };
+  static q8f q8_zero() { return {zero(), zero()}; }
+  static q8f q8_set1(float s) { return {set1(s), set1(s)}; }
+  static float q8_sum(q8f v) {  // AVX2's order: lanes i + (i + 4), then (0 + 2) + (1 + 3)
+    const float32x4_t q = vaddq_f32(v.a, v.b);
+    const float32x2_t d = vadd_f32(vget_low_f32(q), vget_high_f32(q));
+    return vget_lane_f32(d, 0) + vget_lane_f32(d, 1);
+  }
+  struct q8w {
+    int8x16_t lo[2], hi[2];  // the low nibbles of 32 code bytes (even codes), the high
+  };
+  static q8w q8_split(uint8x16_t b0, uint8x16_t b1) {
+    const uint8x16_t m = vdupq_n_u8(15);
+    return {{vreinterpretq_s8_u8(vandq_u8(b0, m)), vreinterpretq_s8_u8(vandq_u8(b1, m))},
+            {vreinterpretq_s8_u8(vshrq_n_u8(b0, 4)), vreinterpretq_s8_u8(vshrq_n_u8(b1, 4))}};
+  }
+  template <class Code>
+  static q8w q8_map(q8w w, bool whole, Code code) {
+    q8w r;
+    for (int h = 0; h < 2; ++h) {
+      r.lo[h] = code(w.lo[h]);
+      r.hi[h] = code(w.hi[h]);
+    }
+    if (!whole) r.lo[1] = r.hi[1] = vdupq_n_s8(0);  // a lone last block: no partner
+    return r;
+  }
+  static int8x16_t centred(int8x16_t c) { return vsubq_s8(c, vdupq_n_s8(Q8_AFFINE_OFFSET)); }
+  static int8x16_t twice_e2m1(int8x16_t c) {
+    static constexpr int8_t LUT[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return vqtbl1q_s8(vld1q_s8(LUT), vreinterpretq_u8_s8(c));
+  }
+  static q8w q8_load(const uint8_t* p, bool whole) {
+    return q8_split(vld1q_u8(p), whole ? vld1q_u8(p + 16) : vdupq_n_u8(0));
+  }
+  static q8w q8_codes(const uint8_t* p) { return q8_map(q8_load(p, true), true, centred); }
+  static q8w q8_codes_half(const uint8_t* p) { return q8_map(q8_load(p, false), false, centred); }
+  static q8w q8_fp4(const uint8_t* p) { return q8_map(q8_load(p, true), true, twice_e2m1); }
+  static q8w q8_fp4_half(const uint8_t* p) {
+    return q8_map(q8_load(p, false), false, twice_e2m1);
+  }
+  // four lanes: 16 code bytes (low nibbles `lo` against x's evens, high `hi` against its
+  // odds), lane j the 8 products of bytes 4j..4j+3
+  static float32x4_t q8_quad(int8x16_t lo, int8x16_t hi, const int8_t* xe, const int8_t* xo) {
+    const int8x16_t e = vld1q_s8(xe), o = vld1q_s8(xo);
+    int16x8_t p0 = vmull_s8(vget_low_s8(lo), vget_low_s8(e));
+    p0 = vmlal_s8(p0, vget_low_s8(hi), vget_low_s8(o));  // |.| <= 2 * 12 * 127
+    int16x8_t p1 = vmull_high_s8(lo, e);
+    p1 = vmlal_high_s8(p1, hi, o);
+    const int32x4_t s = vpaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1));
+    return vcvtq_f32_s32(s);
+  }
+  static q8f q8_dot(const q8w& w, const int8_t* x, const int16_t*) {
+    return {q8_quad(w.lo[0], w.hi[0], x, x + 32), q8_quad(w.lo[1], w.hi[1], x + 16, x + 48)};
+  }
+  static q8f q8_halves(float a, float b) { return {set1(a), set1(b)}; }
+  static q8f q8_mul(q8f a, const float* b) {
+    return {vmulq_f32(a.a, vld1q_f32(b)), vmulq_f32(a.b, vld1q_f32(b + 4))};
+  }
+  static q8f q8_fma(q8f a, q8f b, q8f c) {
+    return {vfmaq_f32(c.a, a.a, b.a), vfmaq_f32(c.b, a.b, b.b)};
+  }
   static f bytes(const uint8_t* p) { return vcvtq_f32_u32(widen(p)); }
   static void prefetch(const void* p) { __builtin_prefetch(p); }
 };
