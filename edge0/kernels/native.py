@@ -46,21 +46,20 @@ def _load() -> tuple[ModuleType | None, str]:
     return _native, ""
 
 
-_INT8_ON = ("1", "on", "true", "yes")
-_INT8_OFF = ("", "0", "off", "false", "no")
+def _int8_setting() -> tuple[bool, str]:
+    """`EDGE0_INT8_ACTIVATIONS` read once: (on, "") or (False, why a value is refused)."""
+    raw = os.environ.get("EDGE0_INT8_ACTIVATIONS", "0")
+    value = raw.strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return True, ""
+    if value in ("", "0", "off", "false", "no"):
+        return False, ""
+    return False, f"EDGE0_INT8_ACTIVATIONS={raw!r} is neither 1 nor 0: float32 runs"
 
 
 def int8_asked() -> bool:
     """Whether `EDGE0_INT8_ACTIVATIONS` asks for int8 inputs to the 4-bit matrices."""
-    return os.environ.get("EDGE0_INT8_ACTIVATIONS", "0").strip().lower() in _INT8_ON
-
-
-def int8_refused() -> str:
-    """Empty, or why the value of `EDGE0_INT8_ACTIVATIONS` is refused (it then means off)."""
-    raw = os.environ.get("EDGE0_INT8_ACTIVATIONS", "0")
-    if raw.strip().lower() in _INT8_ON + _INT8_OFF:
-        return ""
-    return f"EDGE0_INT8_ACTIVATIONS={raw!r} is neither 1 nor 0: float32 runs"
+    return _int8_setting()[0]
 
 
 def module() -> ModuleType | None:
@@ -77,8 +76,9 @@ def module() -> ModuleType | None:
                      int8_activations=mod.int8_inputs())  # fmt: skip
             if int8_asked() and not mod.int8_inputs():
                 log.warning("kernels.int8_unavailable", isa=mod.isa(), runs="float32")
-            if int8_refused():
-                log.warning("kernels.int8_refused", reason=int8_refused())
+            refused = _int8_setting()[1]
+            if refused:
+                log.warning("kernels.int8_refused", reason=refused)
     got = _state["module"]
     return got if isinstance(got, ModuleType) else None
 
@@ -99,11 +99,10 @@ def status() -> str:
     line = f"kernels: native {mod.isa()}, {n} thread{'s' if n != 1 else ''}"
     if mod.int8_inputs():
         return line + ", int8 activations (EDGE0_INT8_ACTIVATIONS)"
-    if int8_asked():
+    asked, refused = _int8_setting()
+    if asked:
         return line + f" (int8 activations asked for: not built for {mod.isa()}, float32 runs)"
-    if int8_refused():
-        return line + f" ({int8_refused()})"
-    return line
+    return line + (f" ({refused})" if refused else "")
 
 
 def reset() -> None:

@@ -168,9 +168,9 @@ Scratch& scratch() {
 
 constexpr int ROW_BLOCK = 8;  // input rows of one slot computed together
 
-void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up, const QStack& down,
-              const float* x, const std::vector<int>& pairs, uint32_t s, Act act, float alpha,
-              float limit, float* out) {
+void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up,
+              const QStack& down, const float* x, const std::vector<int>& pairs, uint32_t s,
+              Act act, float alpha, float limit, float* out) {
   Scratch& sc = scratch();
   const QMat gq = slot_matrix(gate, s), uq = slot_matrix(up, s), dq = slot_matrix(down, s);
   const int d = gq.cols, ff = gq.rows, dout = dq.rows;

@@ -60,10 +60,6 @@ struct V {
   // no saturation), the two are added and the fix takes the offset back (|sum| < 2^14),
   // pmaddwd adds pairs again
   static constexpr bool Q8 = true;
-  using q8f = f;  // eight lanes already
-  static f q8_zero() { return zero(); }
-  static f q8_set1(float a) { return set1(a); }
-  static float q8_sum(f a) { return sum(a); }
   struct q8w {
     __m256i lo, hi;
   };

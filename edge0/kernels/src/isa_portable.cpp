@@ -56,10 +56,6 @@ struct V {
   // integers (affine q - 8, MXFP4 twice the e2m1 value: no fix to take back), then one
   // rounding per product and per FMA
   static constexpr bool Q8 = true;
-  using q8f = f;  // eight lanes already
-  static f q8_zero() { return zero(); }
-  static f q8_set1(float a) { return set1(a); }
-  static float q8_sum(f a) { return sum(a); }
   struct q8w {
     int8_t v[64];  // the pair's codes in input order
   };

@@ -4,9 +4,9 @@
 // unit defines `V` (lanes W, a float vector `f`, zero/load/set1/fma/sum, the unpacking
 // of W packed bytes, prefetch; FP4_WIDE when it decodes 4W FP4 codes at once with
 // fp4x2; Q8 when it has the int8-input path: q8_codes/q8_fp4 decode 64 codes (_half: 32,
-// the rest zero), q8_dot gives eight lanes of exact integer sums as floats (q8f: eight
-// float lanes, with q8_zero, q8_set1 and q8_sum, which adds them in V::sum's order on
-// every unit), q8_halves and q8_mul make the lanes' scales, q8_fma rounds once).
+// the rest zero), q8_dot gives eight lanes of exact integer sums as floats, q8_halves and
+// q8_mul make the lanes' scales, q8_fma rounds once; a unit with fewer than eight lanes
+// also brings q8f, eight float lanes, with q8_zero, q8_set1 and q8_sum).
 // Nothing here may use a header's inline or template
 // code: every ISA unit is compiled with its own flags, and a shared inline symbol
 // could be linked from the widest one.
@@ -222,6 +222,23 @@ void tile(const QMat& q, const InF& in, int r, float* out, int64_t ldo) {
     for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = V::sum(acc[i][m]) + bsum[i][m];
 }
 
+// The int8 tile's eight float lanes: V's own vector where it has eight (avx2, portable),
+// else the unit's q8f (neon: two registers), summed in V::sum's eight-lane order
+template <class VV>
+auto lanes8_zero() {
+  if constexpr (VV::W == 8) return VV::zero(); else return VV::q8_zero();
+}
+template <class VV>
+using Lanes8 = decltype(lanes8_zero<VV>());
+template <class VV>
+Lanes8<VV> lanes8_set1(float a) {
+  if constexpr (VV::W == 8) return VV::set1(a); else return VV::q8_set1(a);
+}
+template <class VV>
+float lanes8_sum(Lanes8<VV> a) {
+  if constexpr (VV::W == 8) return VV::sum(a); else return VV::q8_sum(a);
+}
+
 // The same from int8 inputs, 4-bit codes only (kernel.h: XQ8), a pair of blocks (32 code
 // bytes) a step: eight lanes of exact integer sums (VV::q8_dot), times the weights' scale
 // of each block times its x scale, accumulated in float32 (one rounding, VV::q8_fma); the
@@ -231,18 +248,18 @@ template <Kind K, DType D, int R, int MT, int GS, class VV = V>
 void tile(const QMat& q, const InQ& in, int r, float* out, int64_t ldo) {
   static_assert(K != A8, "int8 inputs meet 4-bit codes only");
   const int G = q.cols / GS, nb = q.cols / Q8_BLOCK, np = q8_pairs(q.cols);
-  typename VV::q8f acc[R][MT];
+  Lanes8<VV> acc[R][MT];
   float bsum[R][MT];
   const uint8_t* wp[R];
   for (int i = 0; i < R; ++i) {
     wp[i] = q.w + int64_t(r + i) * q.w_row;
     for (int m = 0; m < MT; ++m) {
-      acc[i][m] = VV::q8_zero();
+      acc[i][m] = lanes8_zero<VV>();
       bsum[i][m] = 0.0f;
     }
   }
   auto sw_of = [&](int i, int g) { return scalar_of<D>(q.scales, int64_t(r + i) * q.s_row + g); };
-  auto step = [&](int p, const typename VV::q8f* sw) {
+  auto step = [&](int p, const Lanes8<VV>* sw) {
     const int64_t b = int64_t(p) * Q8_BLOCK;  // code bytes
     const bool whole = 2 * p + 1 < nb;
     for (int i = 0; i < R; ++i) {
@@ -255,14 +272,14 @@ void tile(const QMat& q, const InQ& in, int r, float* out, int64_t ldo) {
       }
       for (int m = 0; m < MT; ++m) {
         const int64_t xp = m * int64_t(np) + p;
-        const typename VV::q8f d = VV::q8_dot(w, in.x.q + xp * 2 * Q8_BLOCK, in.x.fix + xp * 16);
+        const Lanes8<VV> d = VV::q8_dot(w, in.x.q + xp * 2 * Q8_BLOCK, in.x.fix + xp * 16);
         acc[i][m] = VV::q8_fma(d, VV::q8_mul(sw[i], in.x.scale + xp * 8), acc[i][m]);
       }
     }
   };
   if constexpr (GS == Q8_BLOCK) {  // a pair spans two groups (the second absent at a lone end)
     for (int p = 0; p < np; ++p) {
-      typename VV::q8f sw[R];
+      Lanes8<VV> sw[R];
       for (int i = 0; i < R; ++i)
         sw[i] = VV::q8_halves(sw_of(i, 2 * p), 2 * p + 1 < nb ? sw_of(i, 2 * p + 1) : 0.0f);
       step(p, sw);
@@ -270,8 +287,8 @@ void tile(const QMat& q, const InQ& in, int r, float* out, int64_t ldo) {
   } else {  // a group holds whole pairs
     constexpr int PAIRS = GS / (2 * Q8_BLOCK);
     for (int g = 0; g < G; ++g) {
-      typename VV::q8f sw[R];
-      for (int i = 0; i < R; ++i) sw[i] = VV::q8_set1(sw_of(i, g));
+      Lanes8<VV> sw[R];
+      for (int i = 0; i < R; ++i) sw[i] = lanes8_set1<VV>(sw_of(i, g));
       for (int p = g * PAIRS; p < (g + 1) * PAIRS; ++p) step(p, sw);
     }
   }
@@ -279,7 +296,7 @@ void tile(const QMat& q, const InQ& in, int r, float* out, int64_t ldo) {
     for (int i = 0; i < R; ++i) bias_dots<D, MT, true>(q, r + i, in.x.xs, G, bsum[i]);
   }
   for (int i = 0; i < R; ++i)
-    for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = VV::q8_sum(acc[i][m]) + bsum[i][m];
+    for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = lanes8_sum<VV>(acc[i][m]) + bsum[i][m];
 }
 
 // every input row of `in` (M of them) against rows [r0, r1), four rows at a time

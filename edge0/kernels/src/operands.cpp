@@ -105,10 +105,10 @@ void set_threads(int n) {
   edge0k::Pool::get().set_threads(g_settings.threads);
 }
 
-bool int8_inputs() { return g_settings.int8_inputs && g_kernels->rows_q8 != nullptr; }
+bool has_int8_inputs() { return g_kernels->rows_q8 != nullptr; }
+
+bool int8_inputs() { return g_settings.int8_inputs && has_int8_inputs(); }
 
 void set_int8_inputs(bool on) { g_settings.int8_inputs = on; }
-
-bool has_int8_inputs() { return g_kernels->rows_q8 != nullptr; }
 
 }  // namespace edge0
