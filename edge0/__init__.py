@@ -15,7 +15,13 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "Edge0Error", "Engine", "LoadedModel", "SyncEngine", "__version__", "generate", "load",
+    "Edge0Error",
+    "Engine",
+    "LoadedModel",
+    "SyncEngine",
+    "__version__",
+    "generate",
+    "load",
 ]
 
 

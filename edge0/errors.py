@@ -38,9 +38,13 @@ class RequestError(Edge0Error):
     """
 
     def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None,
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
         code: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.status = status
         self.param = param
         self.code = code

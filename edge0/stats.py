@@ -69,14 +69,24 @@ class GenerationStats:
 
     def line(self) -> str:
         """The one-line summary `edge0 run` prints after the text."""
-        return speed_line(self.prompt_tokens, self.prompt_tps, self.decode_tokens,
-                          self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes)  # fmt: skip
+        return speed_line(
+            self.prompt_tokens,
+            self.prompt_tps,
+            self.decode_tokens,
+            self.decode_tps,
+            self.peak_mlx_bytes,
+            self.peak_rss_bytes,
+        )
 
 
 def speed_line(
-    prompt_tokens: int, prompt_tps: float, decode_tokens: int, decode_tps: float,
-    peak_mlx: int, peak_rss: int,
-) -> str:  # fmt: skip
+    prompt_tokens: int,
+    prompt_tps: float,
+    decode_tokens: int,
+    decode_tps: float,
+    peak_mlx: int,
+    peak_rss: int,
+) -> str:
     """The stats line every generation path prints first (resident and streamed alike)."""
     return (
         f"prompt: {prompt_tokens} tok, {prompt_tps:.1f} tok/s | "

@@ -38,8 +38,12 @@ def parser(doc: str | None, *, max_tokens: int | None = None) -> argparse.Argume
         help="an edge0-layout directory (edge0 convert output); default: the shipped demo model",
     )
     if max_tokens is not None:
-        p.add_argument("--max-tokens", type=positive, default=max_tokens,
-                       help=f"tokens to generate per request (default {max_tokens})")  # fmt: skip
+        p.add_argument(
+            "--max-tokens",
+            type=positive,
+            default=max_tokens,
+            help=f"tokens to generate per request (default {max_tokens})",
+        )
     return p
 
 
@@ -91,6 +95,9 @@ def need(module: str, extra: str) -> object:
         return importlib.import_module(module)
     except ImportError:
         prog = Path(sys.argv[0]).name
-        print(f"{prog}: error: needs the {module!r} package: pip install -e '.[{extra}]' "
-              f"(or pip install {module})", file=sys.stderr)  # fmt: skip
+        print(
+            f"{prog}: error: needs the {module!r} package: pip install -e '.[{extra}]' "
+            f"(or pip install {module})",
+            file=sys.stderr,
+        )
         sys.exit(2)

@@ -78,8 +78,12 @@ REPORT = {
 def get_weather(city: str, unit: str) -> dict[str, Any]:
     """The agent's tool (a stand-in for a real weather service)."""
     celsius = 18
-    return {"city": city, "temperature": celsius if unit == "celsius" else celsius * 9 // 5 + 32,
-            "unit": unit, "sky": "sunny"}  # fmt: skip
+    return {
+        "city": city,
+        "temperature": celsius if unit == "celsius" else celsius * 9 // 5 + 32,
+        "unit": unit,
+        "sky": "sunny",
+    }
 
 
 def agent(base_url: str, how: str) -> None:
@@ -94,24 +98,32 @@ def agent(base_url: str, how: str) -> None:
     message = first.choices[0].message
     call = (message.tool_calls or [])[0]
     args = json.loads(call.function.arguments)
-    print(f"tool call: {call.function.name}({json.dumps(args)}) "
-          f"[finish: {first.choices[0].finish_reason}]")  # fmt: skip
+    print(
+        f"tool call: {call.function.name}({json.dumps(args)}) "
+        f"[finish: {first.choices[0].finish_reason}]"
+    )
     # 2. the agent runs it and hands the result back
     result = get_weather(**args)
     print(f"tool result: {json.dumps(result)}")
     reply = {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
     history += [message.model_dump(exclude_none=True), reply]
     # 3. the model answers in text
-    final = client.chat.completions.create(model=model, messages=history, tools=TOOLS,
-                                           tool_choice="none", max_tokens=24, seed=0)  # fmt: skip
+    final = client.chat.completions.create(
+        model=model, messages=history, tools=TOOLS, tool_choice="none", max_tokens=24, seed=0
+    )
     print(f"answer: {final.choices[0].message.content!r}")
     # 4. an answer in a fixed JSON shape
     history.append({"role": "user", "content": "Sum it up as JSON."})
     shaped = client.chat.completions.create(
-        model=model, messages=history, max_tokens=60, seed=0,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "report", "schema": REPORT, "strict": True}},
-    )  # fmt: skip
+        model=model,
+        messages=history,
+        max_tokens=60,
+        seed=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "report", "schema": REPORT, "strict": True},
+        },
+    )
     report = json.loads(shaped.choices[0].message.content or "")
     valid = set(report) == set(REPORT["required"]) and isinstance(report["sunny"], bool)
     print(f"json: {json.dumps(report)} ({'valid' if valid else 'INVALID'})")

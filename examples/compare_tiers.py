@@ -70,16 +70,20 @@ async def main(path: Path, max_tokens: int, rounds: int) -> int:
             reference = reference or text
             same[tiers] = same[tiers] and text == reference
             runs[tiers].append(stats)
-    print(f"{'tier stack':40s} {'tok/s':>7s} {'spread':>11s} {'blocked ms/step':>16s} "
-          f"{'MiB/token':>10s} {'cache hit':>9s} {'same text':>9s}")  # fmt: skip
+    print(
+        f"{'tier stack':40s} {'tok/s':>7s} {'spread':>11s} {'blocked ms/step':>16s} "
+        f"{'MiB/token':>10s} {'cache hit':>9s} {'same text':>9s}"
+    )
     for tiers, got in runs.items():
         tps = [s.decode_tps for s in got]
         spread = f"{min(tps):.1f}-{max(tps):.1f}"
         blocked = statistics.median(s.blocked_ms_per_step for s in got)
         mib = statistics.median(s.bytes_per_token for s in got) / 2**20
         hit = statistics.median(s.cache_hit_rate for s in got)
-        print(f"{tiers:40s} {statistics.median(tps):7.1f} {spread:>11s} {blocked:16.2f} "
-              f"{mib:10.3f} {hit:9.2f} {'yes' if same[tiers] else 'NO':>9s}")  # fmt: skip
+        print(
+            f"{tiers:40s} {statistics.median(tps):7.1f} {spread:>11s} {blocked:16.2f} "
+            f"{mib:10.3f} {hit:9.2f} {'yes' if same[tiers] else 'NO':>9s}"
+        )
     if not all(same.values()):
         print("error: the stacks generated different tokens", file=sys.stderr)
         return 1
@@ -89,8 +93,9 @@ async def main(path: Path, max_tokens: int, rounds: int) -> int:
 
 if __name__ == "__main__":
     p = parser(__doc__, max_tokens=24)
-    p.add_argument("--rounds", type=positive, default=3,
-                   help="interleaved rounds over the stacks (default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds", type=positive, default=3, help="interleaved rounds over the stacks (default 3)"
+    )
     args = p.parse_args()
     model = resolve_model(p, args.model)
     from edge0.loop import run

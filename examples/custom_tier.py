@@ -68,8 +68,13 @@ class HistogramTier:
         took = info.finished - info.started
         if took > self.slow:
             self.slow_reads += 1
-            log.warning("histogram.slow_read", layer=key.layer, expert=key.expert,
-                        ms=round(took * 1e3, 2), tier=info.tier)  # fmt: skip
+            log.warning(
+                "histogram.slow_read",
+                layer=key.layer,
+                expert=key.expert,
+                ms=round(took * 1e3, 2),
+                tier=info.tier,
+            )
         return info
 
     async def aclose(self) -> None:

@@ -36,11 +36,14 @@ async def main(path: Path, max_tokens: int) -> None:
     from edge0.dist.pipeline import gather_stats, ping
     from edge0.runtime.engine.summary import RunStats
 
-    async with edge0.Engine.open(path, hosts=2, mode="route", tiers="pread",
-                                 memory_budget="1GiB") as eng:  # per rank
+    async with edge0.Engine.open(
+        path, hosts=2, mode="route", tiers="pread", memory_budget="1GiB"
+    ) as eng:  # per rank
         node = node_of(eng)
-        print(f"layers per rank: {node.split.text()} "
-              f"({', '.join(f'{r.start}-{r.stop - 1}' for r in node.split.ranges)})")
+        print(
+            f"layers per rank: {node.split.text()} "
+            f"({', '.join(f'{r.start}-{r.stop - 1}' for r in node.split.ranges)})"
+        )
         assert eng.setup.memory_plan is not None
         print(f"rank 0 memory plan: {eng.setup.memory_plan.line()}")
         async for piece in eng.generate("def parse(s):", max_tokens=max_tokens):
@@ -50,15 +53,19 @@ async def main(path: Path, max_tokens: int) -> None:
                 print(piece, end="", flush=True)
         for s in await eng._compute.run(lambda: gather_stats(node)):
             rng = node.split.ranges[int(s["rank"])]
-            print(f"rank {int(s['rank'])}: layers {rng.start}-{rng.stop - 1}, peak RSS "
-                  f"{s['peak_rss_mib']:.0f} MiB, compute {s['cpu_s'] * 1e3:.0f} ms CPU, "
-                  f"blocked on reads {s['wait_s'] * 1e3:.1f} ms, {int(s['reads'])} expert reads "
-                  f"({s['read_mib']:.2f} MiB, layers {int(s['read_layer_min'])}-"
-                  f"{int(s['read_layer_max'])}), read {s['load_read_mib']:.1f} MiB while "
-                  "loading")
+            print(
+                f"rank {int(s['rank'])}: layers {rng.start}-{rng.stop - 1}, peak RSS "
+                f"{s['peak_rss_mib']:.0f} MiB, compute {s['cpu_s'] * 1e3:.0f} ms CPU, "
+                f"blocked on reads {s['wait_s'] * 1e3:.1f} ms, {int(s['reads'])} expert reads "
+                f"({s['read_mib']:.2f} MiB, layers {int(s['read_layer_min'])}-"
+                f"{int(s['read_layer_max'])}), read {s['load_read_mib']:.1f} MiB while "
+                "loading"
+            )
         trips = await eng._compute.run(lambda: ping(node, 20))
-        print(f"ring: {node.size * node.link.codec.nbytes} bytes per token over {node.size} hops, "
-              f"empty trip {statistics.median(trips) * 1e3:.2f} ms (median of 20)")
+        print(
+            f"ring: {node.size * node.link.codec.nbytes} bytes per token over {node.size} hops, "
+            f"empty trip {statistics.median(trips) * 1e3:.2f} ms (median of 20)"
+        )
 
 
 if __name__ == "__main__":

@@ -55,15 +55,20 @@ async def main(path: str, options: dict[str, Any]) -> dict[str, Any]:
             toks: list[int] = []
             t0 = time.perf_counter()
             try:
-                async for tok in eng.tokens(ids, max_tokens=max_tokens, sampling=sampling,
-                                            stop=False):  # fmt: skip
+                async for tok in eng.tokens(
+                    ids, max_tokens=max_tokens, sampling=sampling, stop=False
+                ):
                     toks.append(tok)
                     if fault is not None and len(toks) == fault["after"]:
                         t0 = time.perf_counter()
                         os.kill(node.procs[0].pid, getattr(signal, "SIG" + fault["signal"]))
             except Edge0Error as exc:
-                out.update(error=str(exc), type=type(exc).__name__, partial=toks,
-                           seconds=time.perf_counter() - t0)  # fmt: skip
+                out.update(
+                    error=str(exc),
+                    type=type(exc).__name__,
+                    partial=toks,
+                    seconds=time.perf_counter() - t0,
+                )
                 t1 = time.perf_counter()
                 try:  # the next request fails at once with the same error
                     async for _ in eng.tokens(ids, max_tokens=2):

@@ -60,8 +60,9 @@ def blocks(root: Path, path: Path) -> list[Block]:
         if not m:
             i += 1
             continue
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(m[1])),
-                   len(lines))  # fmt: skip
+        end = next(
+            (j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(m[1])), len(lines)
+        )
         body = "\n".join(lines[i + 1 : end])
         lang = m[2].lower()
         if lang in SHELL_LANGS or (not lang and _looks_like_commands(body)):
@@ -102,8 +103,13 @@ def skip_rules(block: Block) -> list[tuple[str | None, str]]:
             raise ValueError(f"{block.file}:{block.line}: unknown marker <!-- ci: {marker} -->")
         rules.append((m["prefix"], m["reason"]))
     if block.file.startswith(GENERATED) and not rules:
-        rules.append((None, "benchmark page written by `edge0 bench`: its rerun takes minutes "
-                            "on the synthetic models"))  # fmt: skip
+        rules.append(
+            (
+                None,
+                "benchmark page written by `edge0 bench`: its rerun takes minutes "
+                "on the synthetic models",
+            )
+        )
     return rules
 
 

@@ -45,9 +45,14 @@ def substitute_ports(text: str, ports: dict[str, str]) -> str:
 
 def _shell(text: str, **kw: object) -> subprocess.Popen[str]:
     """bash running `text` in its own process group (so a timeout can stop all of it)."""
-    return subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + text], cwd=ROOT,
-                            env=subprocess_env(), text=True, start_new_session=True,
-                            **kw)  # type: ignore[call-overload]  # fmt: skip
+    return subprocess.Popen(
+        ["bash", "-c", "set -euo pipefail\n" + text],
+        cwd=ROOT,
+        env=subprocess_env(),
+        text=True,
+        start_new_session=True,
+        **kw,
+    )  # type: ignore[call-overload]
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -82,9 +87,13 @@ class DocRunner:
             for out in OUTPUTS:  # a block that does not convert into it gets the demo model
                 if not re.search(rf"\bconvert\b.*(?<![\w./-]){out}\b", block.text):
                     (d / out).symlink_to(self.model, target_is_directory=True)
-            values = {"SRC": str(ROOT / "edge0/data/teacher"), "MODEL": str(self.model),
-                      "prompt.txt": str(d / "prompt.txt"), "trace.json": str(d / "trace.json"),
-                      **{out: str(d / out) for out in OUTPUTS}}  # fmt: skip
+            values = {
+                "SRC": str(ROOT / "edge0/data/teacher"),
+                "MODEL": str(self.model),
+                "prompt.txt": str(d / "prompt.txt"),
+                "trace.json": str(d / "trace.json"),
+                **{out: str(d / out) for out in OUTPUTS},
+            }
             for i, (path, shape) in enumerate(synth_paths(block).items()):
                 values[path] = str(_synth(shape, d / f"synth-{i}-{shape}"))
             self._values[key] = values
@@ -150,8 +159,10 @@ def foreground(text: str, timeout: float = TIMEOUT) -> subprocess.CompletedProce
     except subprocess.TimeoutExpired:
         _stop(proc)
         out, err = proc.communicate()
-        err += (f"\ntimed out after {timeout} s: mark the block `<!-- ci: skip (why) -->` "
-                "when it is slow, or `background` when it is a server")  # fmt: skip
+        err += (
+            f"\ntimed out after {timeout} s: mark the block `<!-- ci: skip (why) -->` "
+            "when it is slow, or `background` when it is a server"
+        )
         return subprocess.CompletedProcess(text, -9, out, err)
     return subprocess.CompletedProcess(text, proc.returncode, out, err)
 

@@ -39,8 +39,13 @@ class MockTier:
 
     name = "mock"
 
-    def __init__(self, path: Path, delay: float = 0.0, fail: set[ExpertKey] | None = None,
-                 faults: int = 1_000_000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        delay: float = 0.0,
+        fail: set[ExpertKey] | None = None,
+        faults: int = 1_000_000,
+    ) -> None:
         self.manifest = Manifest.load(path)
         self.data = np.fromfile(path / EXPERTS_FILE, dtype=np.uint8)
         self.delay = delay

@@ -77,8 +77,9 @@ def import_graph(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, se
                     up = package.split(".")[: len(package.split(".")) - stmt.level + 1]
                     base = ".".join([*up, base] if base else up)
                 # `from pkg import mod` imports the module pkg.mod
-                wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
-                          for a in stmt.names]  # fmt: skip
+                wanted = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in stmt.names
+                ]
             targets |= {t for w in wanted if (t := _known(w, known)) and t != name}
         graph[name] = targets
     return graph
@@ -130,8 +131,11 @@ def read_rule(doc: Path = RULE_DOC) -> list[list[str]]:
     """The layers of the rule, top first: the lines of the ```layers block in the doc."""
     match = re.search(r"```layers\n(.*?)```", doc.read_text(), re.S)
     assert match, f"{doc} has no ```layers block (the layering rule this test checks)"
-    return [line.split("#")[0].split() for line in match.group(1).splitlines()
-            if line.split("#")[0].strip()]  # fmt: skip
+    return [
+        line.split("#")[0].split()
+        for line in match.group(1).splitlines()
+        if line.split("#")[0].strip()
+    ]
 
 
 def unit_of(module: str, units: Iterable[str]) -> str | None:
@@ -196,20 +200,24 @@ def _tree(root: Path, files: dict[str, str]) -> None:
 
 
 def test_checker_finds_cycles_but_not_type_only_ones(tmp_path: Path) -> None:
-    _tree(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from pkg.b import f\n",
-        "pkg/b.py": "def f():\n    from pkg import c\n",  # a function-level import counts
-        "pkg/c.py": "import pkg.a\n",
-        "pkg/d.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import x\n",
-        "pkg/e.py": "from . import d\nimport os\n",
-    })  # fmt: skip
+    _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.b import f\n",
+            "pkg/b.py": "def f():\n    from pkg import c\n",  # a function-level import counts
+            "pkg/c.py": "import pkg.a\n",
+            "pkg/d.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import x\n",
+            "pkg/e.py": "from . import d\nimport os\n",
+        },
+    )
     graph = import_graph(tmp_path, ["pkg"])
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
     assert graph["pkg.d"] == set() and graph["pkg.e"] == {"pkg.d"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
-    (tmp_path / "pkg/c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                       "    import pkg.a\n")  # fmt: skip
+    (tmp_path / "pkg/c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"
+    )
     assert cycles(import_graph(tmp_path, ["pkg"])) == []
 
 

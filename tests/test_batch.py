@@ -43,9 +43,12 @@ async def alone(
 
 
 async def together(
-    eng: Engine, prompts: list[list[int]], ns: list[int], after: list[int],
+    eng: Engine,
+    prompts: list[list[int]],
+    ns: list[int],
+    after: list[int],
     sampling: list[SamplingSettings | None] | None = None,
-) -> list[list[int]]:  # fmt: skip
+) -> list[list[int]]:
     """Request 0 starts at once; request i > 0 once request 0 has yielded `after[i]` tokens."""
     gates = [asyncio.Event() for _ in prompts]
     gates[0].set()
@@ -107,8 +110,9 @@ def test_route_with_the_oracle_matches_resident_in_a_batch(
     ref = run(alone(path, PROMPT, n, mode="resident"))
 
     async def record() -> dict[tuple[int, int], list[int]]:
-        async with Engine.open(path, tiers=MockTier(path), mode="reactive",
-                               record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            path, tiers=MockTier(path), mode="reactive", record_routing=True
+        ) as eng:
             [t async for t in eng.tokens(PROMPT, max_tokens=n, stop=False)]
             assert eng.setup.ctx.recording is not None
             return dict(eng.setup.ctx.recording)
@@ -116,9 +120,15 @@ def test_route_with_the_oracle_matches_resident_in_a_batch(
     recording = run(record())
 
     async def main() -> tuple[list[list[int]], list[int], int]:
-        async with Engine.open(path, tiers=MockTier(path), mode="route", predictor="oracle",
-                               recording=recording, first_layer=first,
-                               max_batch=4) as eng:  # fmt: skip
+        async with Engine.open(
+            path,
+            tiers=MockTier(path),
+            mode="route",
+            predictor="oracle",
+            recording=recording,
+            first_layer=first,
+            max_batch=4,
+        ) as eng:
             got = await together(eng, [PROMPT] * 3, [n, n - 2, n - 5], [0, 2, 5])
             return got, batched_steps(eng), eng.setup.ctx.routed_by_prediction
 
@@ -128,8 +138,9 @@ def test_route_with_the_oracle_matches_resident_in_a_batch(
     assert routed > 0
 
 
-@settings(max_examples=5, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     family=st.sampled_from(FAMILIES),
     mode=st.sampled_from(["reactive", "hint", "route"]),
@@ -158,11 +169,15 @@ def test_seeded_sampling_per_request_in_a_batch(stores: dict[str, Path]) -> None
     """Each request keeps its own sampler and seed (and greedy stays greedy) in a batch."""
     path = stores["qwen3_5_moe"]
     samplings: list[SamplingSettings | None] = [
-        SamplingSettings(temp=0.9, seed=1), SamplingSettings(temp=0.7, top_p=0.9, seed=2), None,
-    ]  # fmt: skip
+        SamplingSettings(temp=0.9, seed=1),
+        SamplingSettings(temp=0.7, top_p=0.9, seed=2),
+        None,
+    ]
     opts = {"mode": "hint", "predictor": "init"}
-    ref = [run(alone(path, p, 8, sampling=s, **opts))
-           for p, s in zip(PROMPTS[:3], samplings, strict=True)]  # fmt: skip
+    ref = [
+        run(alone(path, p, 8, sampling=s, **opts))
+        for p, s in zip(PROMPTS[:3], samplings, strict=True)
+    ]
 
     async def main() -> list[list[int]]:
         async with Engine.open(path, tiers=MockTier(path), max_batch=3, **opts) as eng:

@@ -37,9 +37,25 @@ def test_the_throttle_makes_reads_take_io_ratio_times_compute() -> None:
 
 def test_cli_prints_the_table_and_writes_json(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "b.json"
-    r = CliRunner().invoke(main, ["bench", "batch", str(store), "--modes", "route",
-                                  "--batches", "1,2", "--tokens", "3", "--prompt-len", "3",
-                                  "--same-prompt", "--json", str(out)])  # fmt: skip
+    r = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "batch",
+            str(store),
+            "--modes",
+            "route",
+            "--batches",
+            "1,2",
+            "--tokens",
+            "3",
+            "--prompt-len",
+            "3",
+            "--same-prompt",
+            "--json",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "| pread | route | 2 |" in r.output
     got = json.loads(out.read_text())

@@ -28,8 +28,7 @@ def run(main: Any) -> Any:
 
 
 async def routing(path: Path, prompt: list[int], n: int) -> tuple[list[int], dict[Any, Any]]:
-    async with Engine.open(path, tiers=MockTier(path), mode="reactive",
-                           record_routing=True) as eng:  # fmt: skip
+    async with Engine.open(path, tiers=MockTier(path), mode="reactive", record_routing=True) as eng:
         toks = [t async for t in eng.tokens(prompt, max_tokens=n, stop=False)]
         assert eng.setup.ctx.recording is not None
         return toks, dict(eng.setup.ctx.recording)
@@ -41,12 +40,13 @@ def test_a_failed_read_ends_only_the_requests_that_needed_it(store: Path) -> Non
     b_ref, b_rec = run(routing(store, OTHER, n))
     streamed = set(sorted({layer for _, layer in a_rec})[1:])  # layer 0 stays resident
     used_b = {(layer, e) for (_, layer), es in b_rec.items() for e in es}
-    in_prompt = {(layer, e) for (pos, layer), es in a_rec.items() if pos < len(PROMPT)
-                 for e in es}  # fmt: skip
+    in_prompt = {(layer, e) for (pos, layer), es in a_rec.items() if pos < len(PROMPT) for e in es}
     only_a = sorted(
-        (layer, e) for (pos, layer), es in a_rec.items() for e in es
+        (layer, e)
+        for (pos, layer), es in a_rec.items()
+        for e in es
         if layer in streamed and pos >= len(PROMPT) and (layer, e) not in used_b | in_prompt
-    )  # fmt: skip
+    )
     assert only_a, "the store has no expert only request A decodes with: pick another seed"
     bad = ExpertKey(*only_a[0])
 
@@ -82,8 +82,9 @@ def test_a_cancelled_request_leaves_the_batch_and_the_others_go_on(store: Path) 
     b_ref, _ = run(routing(store, OTHER, 12))
 
     async def main() -> tuple[list[int], str, list[int], list[int]]:
-        async with Engine.open(store, tiers=MockTier(store), mode="hint", predictor="init",
-                               max_batch=2) as eng:  # fmt: skip
+        async with Engine.open(
+            store, tiers=MockTier(store), mode="hint", predictor="init", max_batch=2
+        ) as eng:
             b_task = asyncio.create_task(_collect(eng, OTHER, 12))
             async with contextlib.aclosing(eng.tokens(PROMPT, max_tokens=500, stop=False)) as it:
                 got = 0
@@ -112,8 +113,9 @@ def test_a_slow_consumer_is_paused_at_its_buffer_and_resumes_exactly(store: Path
     b_ref, _ = run(routing(store, OTHER, 20))
 
     async def main() -> tuple[list[int], list[int], int]:
-        async with Engine.open(store, tiers=MockTier(store), mode="reactive", max_batch=2,
-                               token_buffer=3) as eng:  # fmt: skip
+        async with Engine.open(
+            store, tiers=MockTier(store), mode="reactive", max_batch=2, token_buffer=3
+        ) as eng:
             assert eng.batcher is not None
             resume = asyncio.Event()
             a: list[int] = []
@@ -168,8 +170,7 @@ def test_a_failed_batched_step_ends_its_requests_and_the_engine_serves_on(
     b_ref, _ = run(routing(store, OTHER, 6))
 
     async def main() -> tuple[list[Any], list[list[int]]]:
-        async with Engine.open(store, tiers=MockTier(store), mode="reactive",
-                               max_batch=2) as eng:  # fmt: skip
+        async with Engine.open(store, tiers=MockTier(store), mode="reactive", max_batch=2) as eng:
 
             async def outcome(prompt: list[int]) -> Any:
                 try:

@@ -28,8 +28,14 @@ def steps_before_joined(rows: list[int], joined: int) -> int:
     return rows.index(joined)
 
 
-def joined_run(path: Path, prompts: list[list[int]], ns: list[int], after: list[int],
-               max_batch: int, **opts: Any) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+def joined_run(
+    path: Path,
+    prompts: list[list[int]],
+    ns: list[int],
+    after: list[int],
+    max_batch: int,
+    **opts: Any,
+) -> tuple[list[list[int]], list[int]]:
     async def main() -> tuple[list[list[int]], list[int]]:
         async with Engine.open(path, tiers=MockTier(path), max_batch=max_batch, **opts) as eng:
             got = await together(eng, prompts, ns, after)
@@ -90,8 +96,9 @@ def test_the_oracle_routes_a_joining_prompt_by_its_own_positions(store: Path) ->
     ref = run(alone(store, LONG, n, mode="resident", prefill_chunk=2))
 
     async def record() -> dict[tuple[int, int], list[int]]:
-        async with Engine.open(store, tiers=MockTier(store), mode="reactive", prefill_chunk=2,
-                               record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            store, tiers=MockTier(store), mode="reactive", prefill_chunk=2, record_routing=True
+        ) as eng:
             [t async for t in eng.tokens(LONG, max_tokens=n + 6, stop=False)]
             assert eng.setup.ctx.recording is not None
             return dict(eng.setup.ctx.recording)

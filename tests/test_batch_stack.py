@@ -42,9 +42,14 @@ def runs_of_batched_steps(rows: list[int]) -> int:
 
 
 async def batched(
-    path: Path, prompts: list[list[int]], ns: list[int], after: list[int], max_batch: int,
-    sampling: list[SamplingSettings | None] | None = None, **opts: Any,
-) -> tuple[list[list[int]], list[int], Any]:  # fmt: skip
+    path: Path,
+    prompts: list[list[int]],
+    ns: list[int],
+    after: list[int],
+    max_batch: int,
+    sampling: list[SamplingSettings | None] | None = None,
+    **opts: Any,
+) -> tuple[list[list[int]], list[int], Any]:
     async with Engine.open(path, tiers=MockTier(path), max_batch=max_batch, **opts) as eng:
         got = await together(eng, prompts, ns, after, sampling)
         assert eng.batcher is not None

@@ -16,8 +16,13 @@ def test_every_case_has_per_round_ratios(monkeypatch: pytest.MonkeyPatch) -> Non
     res = bench.run_bench(["demo"], [1, 2], rounds=3, threads=[1], footprint_mib=1)
     cases = res["cases"]
     assert [(c["kernel"].split()[0], c["m"]) for c in cases] == [
-        ("expert", 1), ("q_proj", 1), ("o_proj", 1), ("expert", 2), ("q_proj", 2), ("o_proj", 2)
-    ]  # fmt: skip
+        ("expert", 1),
+        ("q_proj", 1),
+        ("o_proj", 1),
+        ("expert", 2),
+        ("q_proj", 2),
+        ("o_proj", 2),
+    ]
     for c in cases:
         native_1t, mlx = c["native 1t"]["rounds"], c["mlx"]["rounds"]
         assert len(native_1t) == len(mlx) == len(c["ratio_rounds"]) == 3

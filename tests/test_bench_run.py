@@ -16,9 +16,19 @@ from edge0.bench.run import BenchOptions, Variant
 from edge0.cli.main import main
 from edge0.errors import ConfigError
 
-FIELDS = {"decode_tps", "prefill_tps", "blocked_ms_per_step", "bytes_per_token",
-          "slot_hit_rate", "cache_hit_rate", "overlap_efficiency", "peak_mlx_bytes",
-          "peak_rss_bytes", "gen_peak_rss_bytes", "read_bytes_per_s"}  # fmt: skip
+FIELDS = {
+    "decode_tps",
+    "prefill_tps",
+    "blocked_ms_per_step",
+    "bytes_per_token",
+    "slot_hit_rate",
+    "cache_hit_rate",
+    "overlap_efficiency",
+    "peak_mlx_bytes",
+    "peak_rss_bytes",
+    "gen_peak_rss_bytes",
+    "read_bytes_per_s",
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +37,9 @@ def store(runtime_stores: dict[str, Path]) -> Path:
 
 
 def _opts(store: Path, **kw: object) -> BenchOptions:
-    base: dict = dict(prompts=1, prompt_len=4, tokens=3, repeats=2, warmup_tokens=1,
-                      isolate="process")  # fmt: skip
+    base: dict = dict(
+        prompts=1, prompt_len=4, tokens=3, repeats=2, warmup_tokens=1, isolate="process"
+    )
     base.update(kw)
     return BenchOptions(model=store, **base)
 
@@ -94,9 +105,31 @@ def test_subprocess_timeout_is_reported(store: Path) -> None:
 
 def test_sweep_cli_json_and_table(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
-    args = ["bench", "sweep", str(store), "--bandwidths", "0.5,2", "--k", "2", "--repeats", "1",
-            "--prompts", "1", "--prompt-len", "3", "--tokens", "2", "--warmup-tokens", "0",
-            "--isolate", "process", "--json", str(out), "--md", str(tmp_path / "s.md")]  # fmt: skip
+    args = [
+        "bench",
+        "sweep",
+        str(store),
+        "--bandwidths",
+        "0.5,2",
+        "--k",
+        "2",
+        "--repeats",
+        "1",
+        "--prompts",
+        "1",
+        "--prompt-len",
+        "3",
+        "--tokens",
+        "2",
+        "--warmup-tokens",
+        "0",
+        "--isolate",
+        "process",
+        "--json",
+        str(out),
+        "--md",
+        str(tmp_path / "s.md"),
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     rep = json.loads(out.read_text())
@@ -158,11 +191,14 @@ def test_sync_every_grid_and_ratios_over_the_first_value() -> None:
     g4, g1 = vs[1], vs[2]
 
     def runs(tps: list[float], blocked: list[float]) -> list[dict]:
-        return [{"summary": {"decode_tps": t, "blocked_ms_per_step": b}}
-                for t, b in zip(tps, blocked, strict=True)]  # fmt: skip
+        return [
+            {"summary": {"decode_tps": t, "blocked_ms_per_step": b}}
+            for t, b in zip(tps, blocked, strict=True)
+        ]
 
-    got = bench_run.sync_ratios(vs, {g4.label: runs([2.0, 4.0], [10.0, 10.0]),
-                                     g1.label: runs([1.0, 4.0], [20.0, 5.0])})  # fmt: skip
+    got = bench_run.sync_ratios(
+        vs, {g4.label: runs([2.0, 4.0], [10.0, 10.0]), g1.label: runs([1.0, 4.0], [20.0, 5.0])}
+    )
     tps, blocked = got
     assert tps["variant"] == g1.label and tps["over"] == g4.label
     assert tps["per_round"] == [0.5, 1.0] and blocked["per_round"] == [2.0, 0.5]

@@ -68,8 +68,11 @@ def test_run_flags(store: Path, flags: list[str], needle: str) -> None:
 
 def test_output_files_are_checked_before_any_work(store: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no" / "log.jsonl"
-    one_line_error(edge0("--log-json", str(missing), "run", str(tmp_path / "nope"), "-p", "x"),
-                   "--log-json", "does not exist")  # fmt: skip
+    one_line_error(
+        edge0("--log-json", str(missing), "run", str(tmp_path / "nope"), "-p", "x"),
+        "--log-json",
+        "does not exist",
+    )
     res = edge0("run", str(store), "-p", "hi", "--max-tokens", "2", "--mode", "resident")
     assert res.exit_code == 0, res.output  # --mode resident alone is fine
 

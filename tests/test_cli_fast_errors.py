@@ -74,8 +74,12 @@ def _cases(tmp: Path) -> list[list[str]]:
 
 def test_argument_errors_come_before_heavy_imports(tmp_path: Path) -> None:
     cases = _cases(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(cases), json.dumps(HEAVY)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(cases), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == len(cases)

@@ -15,9 +15,9 @@ from edge0.cli.options import Renamed
 OLD = {"--k": "--top-k", "--temperature": "--temp", "--markdown": "--md"}
 
 
-def _commands(group: click.Command = main, path: tuple[str, ...] = ()) -> Iterator[
-    tuple[tuple[str, ...], click.Command]
-]:  # fmt: skip
+def _commands(
+    group: click.Command = main, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     yield path, group
     if isinstance(group, click.Group):
         for name, cmd in group.commands.items():

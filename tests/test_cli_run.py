@@ -64,9 +64,16 @@ def test_chat_and_sampling_options(
     assert first.exit_code == 0, first.output
     assert first.stdout == second.stdout  # seeded
     text = expected_text(
-        loaded_model("qwen3_5_moe"), "hello", True, max_tokens=12, temp=0.9, top_p=0.95,
-        top_k=50, min_p=0.01, seed=7,
-    )  # fmt: skip
+        loaded_model("qwen3_5_moe"),
+        "hello",
+        True,
+        max_tokens=12,
+        temp=0.9,
+        top_p=0.95,
+        top_k=50,
+        min_p=0.01,
+        seed=7,
+    )
     assert first.stdout.rstrip("\n") == text.rstrip("\n")
 
 

@@ -67,8 +67,10 @@ BREAKS: dict[str, Callable[[Path], None]] = {
     "a directory": lambda p: (p.unlink(), p.mkdir()),  # type: ignore[dict-item]
     "a broken link": lambda p: (p.unlink(), p.symlink_to(p.parent / "deleted-blob")),  # type: ignore[dict-item]
 }
-WORDS = {"a directory": "is a directory where a file belongs",
-         "a broken link": "deleted-blob, which does not exist"}  # fmt: skip
+WORDS = {
+    "a directory": "is a directory where a file belongs",
+    "a broken link": "deleted-blob, which does not exist",
+}
 
 
 @pytest.mark.parametrize("how", sorted(BREAKS))
@@ -84,8 +86,9 @@ def test_run_and_verify_name_a_file_that_cannot_be_read(
 
 
 @pytest.mark.parametrize("how", sorted(BREAKS))
-def test_convert_refuses_a_source_tokenizer_it_cannot_read(hf: Path, tmp_path: Path,
-                                                           how: str) -> None:  # fmt: skip
+def test_convert_refuses_a_source_tokenizer_it_cannot_read(
+    hf: Path, tmp_path: Path, how: str
+) -> None:
     src = copy(hf, tmp_path / "src")
     BREAKS[how](src / "tokenizer.json")  # before: converted without it, then failed to run
     r = edge0("convert", str(src), str(tmp_path / "out"), "--group-size", "32")
@@ -105,9 +108,14 @@ def as_another_user() -> list[str]:
 
 @pytest.mark.parametrize(
     ("command", "name"),
-    [("verify", "experts.bin"), ("run", "experts.bin"), ("run", "tokenizer.json"),
-     ("convert", "tokenizer.json"), ("convert", "model.safetensors")],
-)  # fmt: skip
+    [
+        ("verify", "experts.bin"),
+        ("run", "experts.bin"),
+        ("run", "tokenizer.json"),
+        ("convert", "tokenizer.json"),
+        ("convert", "model.safetensors"),
+    ],
+)
 def test_permission_denied_is_one_line(
     store: Path, hf: Path, scratch: Path, command: str, name: str
 ) -> None:
@@ -119,8 +127,14 @@ def test_permission_denied_is_one_line(
         "convert": ["convert", str(model), str(scratch / "out"), "--group-size", "32"],
     }
     env = {**os.environ, "HOME": str(scratch), "EDGE0_CACHE": str(scratch / "cache")}
-    proc = subprocess.run([*as_another_user(), *EDGE0, *args[command]], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=scratch)  # fmt: skip
+    proc = subprocess.run(
+        [*as_another_user(), *EDGE0, *args[command]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=scratch,
+    )
     err = "\n".join(ln for ln in proc.stderr.splitlines() if "PyTorch" not in ln) + "\n"
     assert "Traceback" not in err, err
     one_line_error(err, proc.returncode, str(model / name), "Permission denied")

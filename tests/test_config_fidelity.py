@@ -82,8 +82,10 @@ def test_refused_values_stop_run_and_convert_in_one_line(
         load(src)
     assert str(info.value).startswith(f"{config}: {message}")
     assert "\n" not in str(info.value) and "re-convert" not in str(info.value)
-    for args in (["convert", str(src), str(tmp_path / "out")],
-                 ["run", str(src), "-p", "hi", "--max-tokens", "1"]):  # fmt: skip
+    for args in (
+        ["convert", str(src), str(tmp_path / "out")],
+        ["run", str(src), "-p", "hi", "--max-tokens", "1"],
+    ):
         result = CliRunner().invoke(cli, args)
         lines = result.output.strip().splitlines()
         assert result.exit_code == 2, result.output
@@ -158,10 +160,12 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"num_key_value_heads": 3}, "num_key_value_heads=3 is invalid"),
         ({"hidden_size": 0}, "hidden_size=0 is invalid"),
         ({"num_experts_per_tok": "2"}, "transformers' qwen3_moe config class refuses it"),
-        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
-         'rope_parameters.rope_type="linear"'),
+        (
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+            'rope_parameters.rope_type="linear"',
+        ),
     ],
-)  # fmt: skip
+)
 def test_layout_config_values_fail_verify_and_run_alike(
     tmp_path: Path, layout: Path, changes: dict[str, Any], message: str
 ) -> None:

@@ -27,8 +27,12 @@ MODES = ("resident", "reactive", "hint", "route")
 def start(path: Path, **options: Any) -> subprocess.Popen[str]:
     """The driver (rank 0, which spawns the other ranks) in its own process."""
     options.setdefault("prompts", PROMPTS)
-    return subprocess.Popen([sys.executable, str(DRIVER), str(path), json.dumps(options)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), str(path), json.dumps(options)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def result(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
@@ -38,15 +42,22 @@ def result(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
     return got
 
 
-def single(path: Path, max_tokens: int = 8, sampling: dict[str, Any] | None = None,
-           **options: Any) -> list[list[int]]:  # fmt: skip
+def single(
+    path: Path, max_tokens: int = 8, sampling: dict[str, Any] | None = None, **options: Any
+) -> list[list[int]]:
     settings = SamplingSettings(**(sampling or {}))
 
     async def go() -> list[list[int]]:
         async with Engine.open(path, **options) as eng:
-            return [[t async for t in eng.tokens(ids, max_tokens=max_tokens, sampling=settings,
-                                                 stop=False)]
-                    for ids in PROMPTS]  # fmt: skip
+            return [
+                [
+                    t
+                    async for t in eng.tokens(
+                        ids, max_tokens=max_tokens, sampling=settings, stop=False
+                    )
+                ]
+                for ids in PROMPTS
+            ]
 
     return asyncio.run(go())
 
@@ -108,8 +119,13 @@ def test_four_ranks_match_one_process_route_wrap(tmp_path: Path) -> None:
     """8 layers over 4 ranks; the last rank's wrap-around head predicts rank 0's first layer."""
     path = build_store(tmp_path, "qwen3_5_moe", layers=8)
     opts = dict(mode="route", tiers="pread", predictor="init", first_layer="wrap")
-    proc = start(path, hosts="127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1", layers="2,2,2,2",
-                 rank_timeout=60, **opts)  # fmt: skip
+    proc = start(
+        path,
+        hosts="127.0.0.1,127.0.0.1,127.0.0.1,127.0.0.1",
+        layers="2,2,2,2",
+        rank_timeout=60,
+        **opts,
+    )
     want = single(path, **opts)
     got = result(proc)
     assert got["tokens"] == want
@@ -119,10 +135,12 @@ def test_four_ranks_match_one_process_route_wrap(tmp_path: Path) -> None:
 def test_rank_that_dies_hangs_or_cannot_start_ends_the_request(hybrid4: Path) -> None:
     common = dict(hosts=2, tiers="pread", max_tokens=50, prompts=PROMPTS[:1])
     bad_start = start(hybrid4, mode="reactive", bad_rank_path=True, **common)
-    dies = start(hybrid4, mode="route", rank_timeout=30, fault={"after": 3, "signal": "KILL"},
-                 **common)  # fmt: skip
-    hangs = start(hybrid4, mode="reactive", rank_timeout=3, fault={"after": 2, "signal": "STOP"},
-                  **common)  # fmt: skip
+    dies = start(
+        hybrid4, mode="route", rank_timeout=30, fault={"after": 3, "signal": "KILL"}, **common
+    )
+    hangs = start(
+        hybrid4, mode="reactive", rank_timeout=3, fault={"after": 2, "signal": "STOP"}, **common
+    )
     got = result(dies)
     assert got["type"] == "RankError", got
     assert "a rank died" in got["error"] and len(got["partial"]) == 3, got
@@ -142,13 +160,40 @@ def test_rank_that_dies_hangs_or_cannot_start_ends_the_request(hybrid4: Path) ->
 @pytest.mark.slow
 def test_cli_hosts_and_mlx_launch_print_the_same_text(hybrid4: Path) -> None:
     """`edge0 run --hosts 2` and `mlx.launch -n 2 ... -m edge0 run` vs one process."""
-    edge0 = [sys.executable, "-m", "edge0", "run", str(hybrid4), "-p", "def f(x):", "--max-tokens",
-             "12", "--mode", "route", "--predictor", "init", "--tiers", "pread"]  # fmt: skip
-    launch = [str(Path(sys.executable).parent / "mlx.launch"), "--hosts", "127.0.0.1", "-n", "2",
-              "--starting-port", str(parse_hosts(2).ports[0]), "--python", sys.executable, "--",
-              *edge0[1:]]  # fmt: skip
-    runs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for name, cmd in (("hosts", [*edge0, "--hosts", "2"]), ("launch", launch))}  # fmt: skip
+    edge0 = [
+        sys.executable,
+        "-m",
+        "edge0",
+        "run",
+        str(hybrid4),
+        "-p",
+        "def f(x):",
+        "--max-tokens",
+        "12",
+        "--mode",
+        "route",
+        "--predictor",
+        "init",
+        "--tiers",
+        "pread",
+    ]
+    launch = [
+        str(Path(sys.executable).parent / "mlx.launch"),
+        "--hosts",
+        "127.0.0.1",
+        "-n",
+        "2",
+        "--starting-port",
+        str(parse_hosts(2).ports[0]),
+        "--python",
+        sys.executable,
+        "--",
+        *edge0[1:],
+    ]
+    runs = {
+        name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, cmd in (("hosts", [*edge0, "--hosts", "2"]), ("launch", launch))
+    }
     want = subprocess.run(edge0, capture_output=True, text=True, timeout=120)
     assert want.returncode == 0, want.stderr[-2000:]
     assert want.stdout.strip()

@@ -13,11 +13,23 @@ from dist_bench import summary, table  # noqa: E402
 
 
 def run(tps: float, ring: float, net: str = "loopback", ranks: int = 2) -> dict[str, Any]:
-    return dict(ranks=ranks, tiers="pread", net=net, decode_tps=tps, ring_ms_per_token=ring,
-                rank_decode_ms=[10.0, 20.0], peak_rss_mib=[300.0, 200.0],
-                rank_cpu_ms=[1.0, 2.0], blocked_ms=0.0, ring_bytes_per_token=8320,
-                ring_trip_ms=0.3, rank_wall_ms=[10.0, 20.0], tokens=[1, 2, 3],
-                load_read_mib=[130.0, 44.0], load_before=(1.0, 2.0, 3.0))  # fmt: skip
+    return dict(
+        ranks=ranks,
+        tiers="pread",
+        net=net,
+        decode_tps=tps,
+        ring_ms_per_token=ring,
+        rank_decode_ms=[10.0, 20.0],
+        peak_rss_mib=[300.0, 200.0],
+        rank_cpu_ms=[1.0, 2.0],
+        blocked_ms=0.0,
+        ring_bytes_per_token=8320,
+        ring_trip_ms=0.3,
+        rank_wall_ms=[10.0, 20.0],
+        tokens=[1, 2, 3],
+        load_read_mib=[130.0, 44.0],
+        load_before=(1.0, 2.0, 3.0),
+    )
 
 
 def test_ratios_to_loopback_are_per_round_and_failed_rounds_are_skipped() -> None:

@@ -35,34 +35,49 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_store(tmp_path_factory.mktemp("budget"), "qwen3_5_moe")
 
 
-@pytest.mark.parametrize("opts", [ROUTE, attrs.evolve(ROUTE, first_layer="wrap"),
-                                  attrs.evolve(ROUTE, mode="resident")])  # fmt: skip
+@pytest.mark.parametrize(
+    "opts", [ROUTE, attrs.evolve(ROUTE, first_layer="wrap"), attrs.evolve(ROUTE, mode="resident")]
+)
 def test_rank_footprints_add_up_to_one_process(hybrid: Path, opts: EngineOptions) -> None:
     manifest = Manifest.load(hybrid)
     lb = layer_bytes(hybrid, manifest, opts, baseline=100 << 20)
     whole = footprint(hybrid, manifest, opts, 100 << 20)
     assert lb.footprint(range(4), True, True) == whole  # one rank holding every layer
-    for ranges in ((range(0, 1), range(1, 4)), (range(0, 2), range(2, 4)),
-                   (range(0, 1), range(1, 2), range(2, 3), range(3, 4))):  # fmt: skip
+    for ranges in (
+        (range(0, 1), range(1, 4)),
+        (range(0, 2), range(2, 4)),
+        (range(0, 1), range(1, 2), range(2, 3), range(3, 4)),
+    ):
         fps = [lb.footprint(r, i == 0, i == len(ranges) - 1) for i, r in enumerate(ranges)]
         for part in PARTS:  # every layer's bytes land on exactly one rank
             assert sum(getattr(f, part) for f in fps) == getattr(whole, part), (part, ranges)
         for f in fps:  # each rank pays its own baseline, working memory and slot size
             assert (f.overhead, f.working, f.slot, f.top_k) == (
-                whole.overhead, whole.working, whole.slot, whole.top_k)
+                whole.overhead,
+                whole.working,
+                whole.slot,
+                whole.top_k,
+            )
     # the split balances exactly the per-rank bytes that vary (baseline etc. are per rank)
     split = plan_split(lb.costs(), 2)
     fixed = [plan(1 << 40, lb.footprint(r, i == 0, i == 1)) for i, r in enumerate(split.ranges)]
-    got = [p.resident + p.heads + p.kv + (p.n_slots - 2 * whole.top_k) * whole.slot
-           if whole.layers else p.resident + p.heads + p.kv for p in fixed]  # fmt: skip
+    got = [
+        p.resident + p.heads + p.kv + (p.n_slots - 2 * whole.top_k) * whole.slot
+        if whole.layers
+        else p.resident + p.heads + p.kv
+        for p in fixed
+    ]
     assert got == list(split.cost)
 
 
 def test_planned_resident_bytes_are_what_each_rank_loads(hybrid: Path) -> None:
     manifest = Manifest.load(hybrid)
     lb = layer_bytes(hybrid, manifest, ROUTE, 0)
-    for own, first, last in ((range(0, 1), True, False), (range(1, 4), False, True),
-                             (range(1, 3), False, False)):  # fmt: skip
+    for own, first, last in (
+        (range(0, 1), True, False),
+        (range(1, 4), False, True),
+        (range(1, 3), False, False),
+    ):
         stage, _, _ = load_stage(hybrid, manifest, own, first, last, "none", False, lambda m: 0)
         flat = tree_flatten(stage.model.parameters())
         loaded = sum(v.nbytes for _, v in flat if isinstance(v, mx.array))
@@ -108,8 +123,21 @@ def test_default_split_balances_the_memory_plans(hybrid: Path) -> None:
 
 
 def test_too_small_a_budget_is_refused_before_any_rank_starts(hybrid: Path) -> None:
-    res = CliRunner().invoke(main, ["run", str(hybrid), "-p", "ab", "--hosts", "2",
-                                    "--memory-budget", "1MiB", "--max-tokens", "2"])  # fmt: skip
+    res = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(hybrid),
+            "-p",
+            "ab",
+            "--hosts",
+            "2",
+            "--memory-budget",
+            "1MiB",
+            "--max-tokens",
+            "2",
+        ],
+    )
     assert res.exit_code == 2, res.output
     line = res.output.strip().splitlines()[-1]
     assert line.startswith("edge0: error: rank 0 (layers 0-2): --memory-budget 1 MiB is below")

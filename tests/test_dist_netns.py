@@ -47,10 +47,26 @@ def test_two_ranks_in_their_own_namespaces_match_one_process(tmp_path: Path, mod
     before = namespaces()
     options = dict(opts, prompts=PROMPTS, hosts="{hosts}", rank_timeout=60)
     proc = subprocess.run(
-        [sys.executable, str(TOOL), "run", "--ranks", "2", "--rate", "1gbit", "--timeout", "170",
-         "--", sys.executable, str(DRIVER), str(path), json.dumps(options)],
-        capture_output=True, text=True, timeout=200,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(TOOL),
+            "run",
+            "--ranks",
+            "2",
+            "--rate",
+            "1gbit",
+            "--timeout",
+            "170",
+            "--",
+            sys.executable,
+            str(DRIVER),
+            str(path),
+            json.dumps(options),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["tokens"] == single(path, **opts)
@@ -61,14 +77,22 @@ def test_two_ranks_in_their_own_namespaces_match_one_process(tmp_path: Path, mod
 
 
 def test_the_ssh_shim_enters_only_its_own_namespaces() -> None:
-    proc = subprocess.run([sys.executable, str(TOOL), "ssh", "somehost", "true"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "ssh", "somehost", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "'somehost' is not a namespace made by this tool" in proc.stderr
 
 
 def test_a_bad_rate_is_refused_before_anything_is_made() -> None:
-    proc = subprocess.run([sys.executable, str(TOOL), "run", "--rate", "fast", "--", "true"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "run", "--rate", "fast", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "--rate 'fast': give tc's form" in proc.stderr

@@ -93,8 +93,11 @@ def test_hosts_local_count_list_and_hostfile(tmp_path: Path) -> None:
     listed = parse_hosts("10.0.0.1,10.0.0.2")
     assert listed.ports == (32323, 32324) and not listed.hosts[0].local
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps({"hosts": [{"ssh": "mac1", "ips": ["10.0.0.1"]},
-                                              {"ssh": "mac2", "ips": ["10.0.0.2"]}]}))  # fmt: skip
+    hostfile.write_text(
+        json.dumps(
+            {"hosts": [{"ssh": "mac1", "ips": ["10.0.0.1"]}, {"ssh": "mac2", "ips": ["10.0.0.2"]}]}
+        )
+    )
     got = parse_hosts(str(hostfile), port=5000)
     assert [(h.ssh, h.ip) for h in got.hosts] == [("mac1", "10.0.0.1"), ("mac2", "10.0.0.2")]
     assert got.ports == (5000, 5001)
@@ -112,8 +115,16 @@ def test_codec_round_trip_is_bit_exact(dtype: mx.Dtype) -> None:
     codec = Codec(k=4, d_model=64, itemsize=4)
     h = mx.random.normal((1, 1, 64)).astype(dtype)
     mx.eval(h)
-    m = Message(STEP, request=3, step=17, pos=5, prefill=True, token=-1, pred=[7, 1, 0, 5],
-                payload=hidden_words(h))  # fmt: skip
+    m = Message(
+        STEP,
+        request=3,
+        step=17,
+        pos=5,
+        prefill=True,
+        token=-1,
+        pred=[7, 1, 0, 5],
+        payload=hidden_words(h),
+    )
     buf = codec.pack(m)
     assert buf.nbytes == codec.nbytes
     back = codec.unpack(buf)

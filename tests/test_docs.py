@@ -128,8 +128,14 @@ def test_command(cmd: Command, runner: DocRunner) -> None:
 def test_python_block(block: Block, runner: DocRunner, tmp_path: Path) -> None:
     script = tmp_path / "block.py"
     script.write_text(substitute(block.text, runner.values(block)))
-    res = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=subprocess_env(),
-                         capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert res.returncode == 0 and "Traceback" not in res.stderr, report(res)
     assert res.stdout.strip(), f"printed nothing\n{report(res)}"
     if ".summary()" in block.text:
@@ -174,8 +180,10 @@ def _tokens(text: str) -> list[str]:
     words = shlex.split(text, comments=True)
     while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
         words.pop(0)  # VAR=value prefixes
-    stop = next((i for i, w in enumerate(words) if w in {"<", ">", "|", "&&", ";", "&"}
-                 or w[:1] in "<>"), len(words))  # fmt: skip
+    stop = next(
+        (i for i, w in enumerate(words) if w in {"<", ">", "|", "&&", ";", "&"} or w[:1] in "<>"),
+        len(words),
+    )
     return [w.strip("[]") for w in words[:stop]]
 
 
@@ -192,8 +200,12 @@ def cli_problems(words: list[str]) -> list[str]:
         i += 1
         if word.startswith("-") and word != "-":
             name = word.split("=", 1)[0]
-            opts = {o: p for p in node.params if isinstance(p, click.Option)
-                    for o in (*p.opts, *p.secondary_opts)}  # fmt: skip
+            opts = {
+                o: p
+                for p in node.params
+                if isinstance(p, click.Option)
+                for o in (*p.opts, *p.secondary_opts)
+            }
             if name == "--help":
                 continue
             if name not in opts:
@@ -247,8 +259,11 @@ def _python_problems(args: list[str]) -> list[str]:
     rest: list[str] = []
     if "--" in args:  # what follows runs as a command of its own
         args, rest = args[: args.index("--")], args[args.index("--") + 1 :]
-    problems = [f"{args[0]} has no option {a.split('=')[0]}" for a in args[1:]
-                if a.startswith("--") and a.split("=")[0] not in source]  # fmt: skip
+    problems = [
+        f"{args[0]} has no option {a.split('=')[0]}"
+        for a in args[1:]
+        if a.startswith("--") and a.split("=")[0] not in source
+    ]
     if rest and "/" not in rest[0]:  # `-- ARGS` of `edge0` (tools/bench/pool_share.py), not a
         problems += cli_problems(["edge0", *rest])  # program's path (tools/netns_ranks.py)
     return problems
@@ -256,10 +271,12 @@ def _python_problems(args: list[str]) -> list[str]:
 
 def test_servers_and_multiline_commands() -> None:
     """`edge0 serve` is a server (its port, else 8080); a quoted argument may span lines."""
-    text = ("edge0 serve &    # the demo model\n"
-            "edge0 serve OUT --port 9000\n"
-            "KEY=x edge0 serve --port 0\n"
-            "curl -s http://127.0.0.1:8080/v1/x -d '{\n  \"a\": 1, \"b\": 0}'\n")  # fmt: skip
+    text = (
+        "edge0 serve &    # the demo model\n"
+        "edge0 serve OUT --port 9000\n"
+        "KEY=x edge0 serve --port 0\n"
+        'curl -s http://127.0.0.1:8080/v1/x -d \'{\n  "a": 1, "b": 0}\'\n'
+    )
     first, second, third, curl = commands(Block("README.md", 1, "sh", text, ()))
     assert (first.text, first.port) == ("edge0 serve", "8080")
     assert (second.port, third.port, curl.port) == ("9000", "0", None)

@@ -29,9 +29,28 @@ def test_cli_modes_match_the_runtime() -> None:
 
 def test_run_streams_and_writes_trace_and_json_log(store: Path, tmp_path: Path) -> None:
     trace, logs = tmp_path / "t.json", tmp_path / "log.jsonl"
-    args = ["run", str(store), "-p", "hello", "--max-tokens", "4", "--mode", "hint",
-            "--top-k", "2", "--tiers", "ram:1MiB>pread", "--trace", str(trace),
-            "--log-json", str(logs), "--sample-top-k", "0", "--stats", "full"]  # fmt: skip
+    args = [
+        "run",
+        str(store),
+        "-p",
+        "hello",
+        "--max-tokens",
+        "4",
+        "--mode",
+        "hint",
+        "--top-k",
+        "2",
+        "--tiers",
+        "ram:1MiB>pread",
+        "--trace",
+        str(trace),
+        "--log-json",
+        str(logs),
+        "--sample-top-k",
+        "0",
+        "--stats",
+        "full",
+    ]
     try:
         res = CliRunner().invoke(main, args)
     finally:  # the JSON sink stays open for the process; close it for the next tests
@@ -61,12 +80,25 @@ def default_sigint() -> None:
 def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path, tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     edge0 = str(Path(sys.executable).parent / "edge0")
-    cmd = [edge0, "run", str(store), "-p", "hello", "--no-chat", "--max-tokens", "100000",
-           "--tiers", "throttle:bw=1MB/s>pread", "--log-json", str(events)]  # fmt: skip
+    cmd = [
+        edge0,
+        "run",
+        str(store),
+        "-p",
+        "hello",
+        "--no-chat",
+        "--max-tokens",
+        "100000",
+        "--tiers",
+        "throttle:bw=1MB/s>pread",
+        "--log-json",
+        str(events),
+    ]
     # a test run in a shell's background job inherits SIGINT ignored (no job control):
     # the child starts with the default action, as under a terminal
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=default_sigint)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # interrupt once it is generating (reads happen)
         if events.is_file() and '"event": "read"' in events.read_text():

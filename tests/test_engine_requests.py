@@ -183,9 +183,11 @@ def test_a_failed_request_among_concurrent_ones_leaves_the_others_whole(store: P
         tier = MockTier(store, fail=fail, faults=1)
         async with Engine.open(store, mode="reactive", tiers=tier) as eng:
             got = await asyncio.gather(
-                text_of(eng, PROMPTS[0], 6), text_of(eng, PROMPTS[0], 6),
-                text_of(eng, PROMPTS[1], 6), return_exceptions=True,
-            )  # fmt: skip
+                text_of(eng, PROMPTS[0], 6),
+                text_of(eng, PROMPTS[0], 6),
+                text_of(eng, PROMPTS[1], 6),
+                return_exceptions=True,
+            )
         return solo, list(got)
 
     solo, got = run(main())

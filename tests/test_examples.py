@@ -113,8 +113,9 @@ def _start_server(command: list[str], port: int, cwd: Path) -> subprocess.Popen[
 
     log = cwd / "server.log"  # a file, not a pipe: a chatty server never blocks on it
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, cwd=cwd, env=subprocess_env(), stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            command, cwd=cwd, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT
+        )
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -145,12 +146,20 @@ def test_example_runs(
 ) -> None:
     assert example.expect, f"{example.name}: add at least one `ci-expect: REGEX` docstring line"
     values = dict(placeholders, port=str(free_port()), tmp=str(tmp_path))
-    server = _start_server(_fill(example.serve, values), int(values["port"]), tmp_path) \
-        if example.serve and "{port}" in args else None  # fmt: skip
+    server = (
+        _start_server(_fill(example.serve, values), int(values["port"]), tmp_path)
+        if example.serve and "{port}" in args
+        else None
+    )
     try:
-        res = subprocess.run([sys.executable, str(example.path), *_fill(args, values)],
-                             cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
-                             timeout=RUN_TIMEOUT)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, str(example.path), *_fill(args, values)],
+            cwd=tmp_path,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
     finally:
         if server is not None:
             _stop(server)
@@ -170,9 +179,14 @@ def test_example_usage_error(example: Example, bad: str, tmp_path: Path) -> None
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "edge0.json").write_text("{not json")
     values = {"hf": str(FIXTURES / "qwen3_moe"), "broken": str(tmp_path / "broken")}
-    res = subprocess.run([sys.executable, str(example.path), *_fill(bad, values)], cwd=tmp_path,
-                         env=subprocess_env(), capture_output=True, text=True,
-                         timeout=RUN_TIMEOUT)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(example.path), *_fill(bad, values)],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
     report = output(res)
     assert res.returncode == 2, report
     assert res.stderr.startswith("usage: "), report
@@ -195,10 +209,18 @@ def test_examples_are_discovered() -> None:
 
 
 def test_a_missing_optional_dependency_names_its_extra() -> None:
-    code = ("import sys; sys.path.insert(0, 'examples'); sys.argv = ['x.py']; import _model; "
-            "_model.need('edge0_no_such_package', 'test')")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         env=subprocess_env(), timeout=60)  # fmt: skip
+    code = (
+        "import sys; sys.path.insert(0, 'examples'); sys.argv = ['x.py']; import _model; "
+        "_model.need('edge0_no_such_package', 'test')"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,
+    )
     assert res.returncode == 2 and res.stdout == "", output(res)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install -e '.[test]'" in lines[0], output(res)

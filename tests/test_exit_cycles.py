@@ -18,8 +18,10 @@ def test_engine_processes_exit_cleanly(tmp_path: Path) -> None:
     store = build_store(tmp_path, "qwen3_moe")
     proc = subprocess.run(
         [sys.executable, str(TOOL), "--cycles", "4", "--jobs", "2", "--store", str(store)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["aborts"] == 0 and report["nonzero_exits"] == 0, proc.stderr
     assert report["exit_codes"] == {"0": 4}

@@ -108,8 +108,15 @@ def every_mode_matches_resident(e0: Path) -> Any:
     assert got == ref
     hint, _ = asyncio.run(_decode(e0, mode="hint", predictor="init", first_layer="wrap"))
     assert hint == ref
-    oracle, eng2 = asyncio.run(_decode(e0, mode="route", predictor="oracle", first_layer="wrap",
-                                       recording=eng.setup.ctx.recording))  # fmt: skip
+    oracle, eng2 = asyncio.run(
+        _decode(
+            e0,
+            mode="route",
+            predictor="oracle",
+            first_layer="wrap",
+            recording=eng.setup.ctx.recording,
+        )
+    )
     assert oracle == ref
     return eng2
 
@@ -193,8 +200,9 @@ def test_capacity_k1_streams_what_resident_computes(built: dict[str, Any], model
     full, _ = asyncio.run(_decode(e0, mode="resident"))
     got, eng = asyncio.run(_decode(e0, mode="reactive", top_k=1, record_routing=True))
     assert got == ref and ref != full
-    oracle, _ = asyncio.run(_decode(e0, mode="route", top_k=1, predictor="oracle",
-                                    recording=eng.setup.ctx.recording))  # fmt: skip
+    oracle, _ = asyncio.run(
+        _decode(e0, mode="route", top_k=1, predictor="oracle", recording=eng.setup.ctx.recording)
+    )
     assert oracle == ref
 
 
@@ -242,8 +250,12 @@ def test_streaming_block_is_bit_identical_to_the_mlx_lm_block(
     for i, _, block in sparse_blocks(loaded.model):
         k = fam.top_k(block)
         sw = block[fam.switch_attr]
-        views = {f"{p}.{q}": sw[p][q] for p in ("gate_proj", "up_proj", "down_proj")
-                 for q in ("weight", "scales", "biases", "bias") if q in sw[p]}  # fmt: skip
+        views = {
+            f"{p}.{q}": sw[p][q]
+            for p in ("gate_proj", "up_proj", "down_proj")
+            for q in ("weight", "scales", "biases", "bias")
+            if q in sw[p]
+        }
         stream = LayerStream(i, Steps("reactive", k, Tracer()), ResidentExperts(views), quant)
         streaming = StreamingMoE(block, i, fam, stream)
         for _ in range(4):

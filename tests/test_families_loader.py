@@ -58,8 +58,9 @@ def test_per_expert_qwen3_5_loads_resident_and_converts(tmp_path: Path) -> None:
     a = convert(FIXTURES / "qwen3_5_moe", tmp_path / "a", ConvertOptions(group_size=32))
     b = convert(per, tmp_path / "b", ConvertOptions(group_size=32))
     assert a.crc32 == b.crc32  # the same expert records byte for byte
-    assert np.array_equal(_logits(load_layout(tmp_path / "a").model),
-                          _logits(load_layout(tmp_path / "b").model))  # fmt: skip
+    assert np.array_equal(
+        _logits(load_layout(tmp_path / "a").model), _logits(load_layout(tmp_path / "b").model)
+    )
 
 
 def test_missing_expert_is_named(tmp_path: Path) -> None:

@@ -32,16 +32,31 @@ from edge0.model.generate import SamplingSettings, generate
 from edge0.runtime.engine.api import Engine
 
 EXAMPLES = 120
-SHAPE_KEYS = ("hidden_size", "moe_intermediate_size", "num_experts", "num_hidden_layers",
-              "vocab_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "model_type")  # fmt: skip
+SHAPE_KEYS = (
+    "hidden_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_hidden_layers",
+    "vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "model_type",
+)
 GREEDY4 = SamplingSettings(max_tokens=4)
 
 VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.integers(-3, 3),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
-    st.just([]), st.just({}), st.lists(st.integers(0, 9), max_size=3),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.integers(-3, 3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.just([]),
+    st.just({}),
+    st.lists(st.integers(0, 9), max_size=3),
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +137,7 @@ def mutate_header(root: Path, data: st.DataObject) -> str:
             "shape": st.lists(st.integers(-1, 300), max_size=3),
             "data_offsets": st.lists(st.integers(-5, 2**40), min_size=0, max_size=3),
         }
-        value = data.draw(st.one_of(choices[key], VALUES))  # fmt: skip
+        value = data.draw(st.one_of(choices[key], VALUES))
         header[name][key] = value
         what = f"header {name}.{key} -> {repr(value)[:40]}"
     blob = json.dumps(header).encode()
@@ -179,8 +194,9 @@ def test_every_mutation_is_a_correct_run_or_one_edge0_error(
         root = Path(tmp) / "e0"
         shutil.copytree(store, root)
         target = data.draw(st.sampled_from(["manifest", "header", "records"]))
-        what = {"manifest": mutate_manifest, "header": mutate_header,
-                "records": mutate_records}[target](root, data)  # fmt: skip
+        what = {"manifest": mutate_manifest, "header": mutate_header, "records": mutate_records}[
+            target
+        ](root, data)
         checked = outcome(lambda p: verify(p, progress=False), root)
         opened = outcome(tokens_of, root)
         event(f"{target}: open {'refused' if isinstance(opened, Edge0Error) else 'ran'}")

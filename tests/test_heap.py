@@ -41,8 +41,9 @@ SCRIPT = textwrap.dedent("""
 def _mapped_growth(variant: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", SCRIPT, variant], env=env, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, variant], env=env, capture_output=True, text=True, check=True
+    )
     return int(out.stdout.split()[-1])
 
 

@@ -104,9 +104,13 @@ def test_qmm_mxfp4_and_leading_dims(isa: str, m: int) -> None:
 
 @pytest.mark.parametrize(
     ("bits", "group", "mode", "sdt"),
-    [(4, 64, "affine", mx.bfloat16), (8, 32, "affine", mx.float16), (4, 128, "affine", mx.float32),
-     (4, 32, "mxfp4", None)],
-)  # fmt: skip
+    [
+        (4, 64, "affine", mx.bfloat16),
+        (8, 32, "affine", mx.float16),
+        (4, 128, "affine", mx.float32),
+        (4, 32, "mxfp4", None),
+    ],
+)
 def test_a_row_gives_the_same_bits_in_any_batch(
     isa: str, bits: int, group: int, mode: str, sdt: Any
 ) -> None:
@@ -130,11 +134,11 @@ def test_a_row_gives_the_same_bits_in_any_batch(
 Proj = tuple[mx.array, mx.array, "mx.array | None", "mx.array | None", int, int, str]
 
 
-def _stack(n: int, rows: int, cols: int, group: int, bits: int, mode: str, bias: bool,
-           pad: int) -> Proj:  # fmt: skip
+def _stack(
+    n: int, rows: int, cols: int, group: int, bits: int, mode: str, bias: bool, pad: int
+) -> Proj:
     """n quantized (rows, cols) matrices, as strided views when `pad` > 0 (slot memory)."""
-    q = mx.quantize(mx.random.normal((n, rows, cols)) * 0.1, group_size=group, bits=bits,
-                    mode=mode)  # fmt: skip
+    q = mx.quantize(mx.random.normal((n, rows, cols)) * 0.1, group_size=group, bits=bits, mode=mode)
     arrs = [q[0], q[1], q[2] if mode == "affine" else None]
 
     def strided(a: mx.array | None) -> mx.array | None:
@@ -153,8 +157,9 @@ def _stack(n: int, rows: int, cols: int, group: int, bits: int, mode: str, bias:
 def _reference(h: mx.array, idx: mx.array, up: Proj, gate: Proj, down: Proj, act: Any) -> Any:
     def proj(p: Proj, inp: mx.array) -> mx.array:
         w, s, b, bias, group, bits, mode = p
-        out = mx.gather_qmm(inp, w, s, b, rhs_indices=idx, transpose=True, group_size=group,
-                            bits=bits, mode=mode)  # fmt: skip
+        out = mx.gather_qmm(
+            inp, w, s, b, rhs_indices=idx, transpose=True, group_size=group, bits=bits, mode=mode
+        )
         return out if bias is None else out + mx.expand_dims(bias[idx], -2)
 
     return proj(down, act(proj(up, h), proj(gate, h)))
@@ -170,7 +175,7 @@ def _reference(h: mx.array, idx: mx.array, up: Proj, gate: Proj, down: Proj, act
             ("affine", 8, 64),
             ("mxfp4", 4, 32),
         ]
-    ),  # fmt: skip
+    ),
     oai=st.booleans(),
     rows=st.integers(1, 5),
     k=st.integers(1, 8),
@@ -247,8 +252,10 @@ def test_fallback_runs_mlx_own_ops(mlx_only: None) -> None:
     ref = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=4)
     assert np.array_equal(np.array(ops.qmm(x, w, s, b, 32, 4)), np.array(ref))
     up = _stack(2, 32, 64, 32, 4, "affine", False, 0)
-    assert ops.expert_ffn(mx.zeros((1, 1, 64)), mx.zeros((1,), mx.uint32), up, up, up,
-                          SwiGLU()) is None  # fmt: skip
+    assert (
+        ops.expert_ffn(mx.zeros((1, 1, 64)), mx.zeros((1,), mx.uint32), up, up, up, SwiGLU())
+        is None
+    )
 
 
 def test_bad_settings_fall_back_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,8 +73,9 @@ def _bound(x: np.ndarray, w: Any, s: Any, b: Any, group: int, mode: str) -> np.n
 
     Affine codes meet x centred (q - 8; the rest is the bias term, from float32 sums), MXFP4
     codes as they are; each input is off by at most half its block's step max|x| / 127."""
-    full = np.array(mx.dequantize(w, s, b, group_size=group, bits=4, mode=mode).astype(mx.float32),
-                    np.float64)  # fmt: skip
+    full = np.array(
+        mx.dequantize(w, s, b, group_size=group, bits=4, mode=mode).astype(mx.float32), np.float64
+    )
     if mode == "affine":
         sc = np.repeat(np.array(s.astype(mx.float32), np.float64), group, axis=1)
         bi = np.repeat(np.array(b.astype(mx.float32), np.float64), group, axis=1)
@@ -105,16 +106,19 @@ def test_int8_outputs_within_the_rounding_bound_and_the_same_bits_everywhere(
         _check_bound_and_bits(int8, mode, group, sdt, m, rows, blocks, seed)
 
 
-def _check_bound_and_bits(int8: Any, mode: str, group: int, sdt: Any, m: int, rows: int,
-                          blocks: int, seed: int) -> None:  # fmt: skip
+def _check_bound_and_bits(
+    int8: Any, mode: str, group: int, sdt: Any, m: int, rows: int, blocks: int, seed: int
+) -> None:
     group = 32 if mode == "mxfp4" else group
     cols = BLOCK * blocks
     cols = -(-cols // group) * group
     mx.random.seed(seed)
     w, s, b = _matrix(rows, cols, group, mode, sdt)
     x = mx.random.normal((m, cols)) * mx.exp(mx.random.normal((m, 1)))
-    ref = np.array(mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group, bits=4,
-                                       mode=mode), np.float64)  # fmt: skip
+    ref = np.array(
+        mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group, bits=4, mode=mode),
+        np.float64,
+    )
     first = int8.isa()
     got = _run(int8, first, lambda: ops.qmm(x, w, s, b, group, 4, mode))
     assert np.all(np.abs(got - ref) <= _bound(np.array(x, np.float64), w, s, b, group, mode))
@@ -169,8 +173,9 @@ def test_expert_ffn_int8_same_bits_on_every_variant_and_near_float32(int8: Any, 
     oai = mode == "mxfp4"
 
     def stack(rows: int, cols: int) -> ops.Proj:
-        q = mx.quantize(mx.random.normal((n, rows, cols)) * 0.1, group_size=group, bits=4,
-                        mode=mode)  # fmt: skip
+        q = mx.quantize(
+            mx.random.normal((n, rows, cols)) * 0.1, group_size=group, bits=4, mode=mode
+        )
         bias = mx.random.normal((n, rows)) * 0.1 if oai else None
         return (q[0], q[1], q[2] if mode == "affine" else None, bias, group, 4, mode)
 

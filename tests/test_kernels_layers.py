@@ -39,11 +39,14 @@ def _same(a: mx.array, b: mx.array) -> bool:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    rows=st.integers(1, 9), d=st.sampled_from([1, 7, 64, 100, 256, 2048, 2880]),
+    rows=st.integers(1, 9),
+    d=st.sampled_from([1, 7, 64, 100, 256, 2048, 2880]),
     wdt=st.sampled_from(["float32", "bfloat16", "float16"]),
-    eps=st.sampled_from([1e-6, 1e-5, 0.1]), scale=st.sampled_from([1e-3, 1.0, 40.0]),
-    seed=st.integers(0, 2**16), transposed=st.booleans(),
-)  # fmt: skip
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+    scale=st.sampled_from([1e-3, 1.0, 40.0]),
+    seed=st.integers(0, 2**16),
+    transposed=st.booleans(),
+)
 def test_rms_norm_equals_mlx_bit_for_bit(
     rows: int, d: int, wdt: str, eps: float, scale: float, seed: int, transposed: bool
 ) -> None:
@@ -55,16 +58,33 @@ def test_rms_norm_equals_mlx_bit_for_bit(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    b=st.integers(1, 3), heads=st.integers(1, 5), t=st.integers(1, 9),
-    d=st.sampled_from([8, 64, 80, 128, 256]), part=st.sampled_from([1.0, 0.5, 0.25]),
-    traditional=st.booleans(), base=st.sampled_from([10000.0, 1e6, 500.0]),
-    scale=st.sampled_from([1.0, 0.25]), offset=st.sampled_from([0, 1, 37, 4095, 131071]),
-    three_d=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 2**16),
-)  # fmt: skip
+    b=st.integers(1, 3),
+    heads=st.integers(1, 5),
+    t=st.integers(1, 9),
+    d=st.sampled_from([8, 64, 80, 128, 256]),
+    part=st.sampled_from([1.0, 0.5, 0.25]),
+    traditional=st.booleans(),
+    base=st.sampled_from([10000.0, 1e6, 500.0]),
+    scale=st.sampled_from([1.0, 0.25]),
+    offset=st.sampled_from([0, 1, 37, 4095, 131071]),
+    three_d=st.booleans(),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_rope_equals_mlx_bit_for_bit(
-    b: int, heads: int, t: int, d: int, part: float, traditional: bool, base: float,
-    scale: float, offset: int, three_d: bool, transposed: bool, seed: int,
-) -> None:  # fmt: skip
+    b: int,
+    heads: int,
+    t: int,
+    d: int,
+    part: float,
+    traditional: bool,
+    base: float,
+    scale: float,
+    offset: int,
+    three_d: bool,
+    transposed: bool,
+    seed: int,
+) -> None:
     rng = np.random.default_rng(seed)
     dims = max(2, int(d * part) // 2 * 2)
     if three_d:
@@ -88,22 +108,38 @@ def _qwen3_moe_args(**kw: object) -> object:
     from mlx_lm.models import qwen3_moe
 
     fields = dict(
-        model_type="qwen3_moe", hidden_size=64, num_hidden_layers=1, intermediate_size=64,
-        num_attention_heads=4, num_key_value_heads=2, num_experts=16, num_experts_per_tok=4,
-        decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=32, rms_norm_eps=1e-6,
-        vocab_size=50, head_dim=16, rope_theta=1e4, tie_word_embeddings=True,
-        max_position_embeddings=64, norm_topk_prob=True,
-    )  # fmt: skip
+        model_type="qwen3_moe",
+        hidden_size=64,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=16,
+        num_experts_per_tok=4,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=32,
+        rms_norm_eps=1e-6,
+        vocab_size=50,
+        head_dim=16,
+        rope_theta=1e4,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+        norm_topk_prob=True,
+    )
     fields.update(kw)
     return qwen3_moe.ModelArgs(**fields)
 
 
 @settings(max_examples=25, deadline=None)
 @given(
-    rows=st.integers(1, 6), norm=st.booleans(), k=st.sampled_from([1, 2, 4, 8]),
-    experts=st.sampled_from([8, 16, 32, 128]), bits=st.sampled_from([4, 8]),
+    rows=st.integers(1, 6),
+    norm=st.booleans(),
+    k=st.sampled_from([1, 2, 4, 8]),
+    experts=st.sampled_from([8, 16, 32, 128]),
+    bits=st.sampled_from([4, 8]),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 def test_moe_block_equals_mlx_lm_bit_for_bit(
     rows: int, norm: bool, k: int, experts: int, bits: int, seed: int
 ) -> None:
@@ -135,15 +171,29 @@ def _rel(got: mx.array, ref: mx.array) -> float:
 
 @settings(max_examples=50, deadline=None)
 @given(
-    b=st.integers(1, 2), kv=st.sampled_from([1, 2, 4]), rep=st.sampled_from([1, 2, 8]),
-    lq=st.integers(1, 8), extra=st.integers(0, 300), d=st.sampled_from([16, 64, 80, 256]),
-    causal=st.booleans(), cache_view=st.booleans(), sinks=st.booleans(),
+    b=st.integers(1, 2),
+    kv=st.sampled_from([1, 2, 4]),
+    rep=st.sampled_from([1, 2, 8]),
+    lq=st.integers(1, 8),
+    extra=st.integers(0, 300),
+    d=st.sampled_from([16, 64, 80, 256]),
+    causal=st.booleans(),
+    cache_view=st.booleans(),
+    sinks=st.booleans(),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 def test_attention_matches_mlx(
-    b: int, kv: int, rep: int, lq: int, extra: int, d: int, causal: bool, cache_view: bool,
-    sinks: bool, seed: int,
-) -> None:  # fmt: skip
+    b: int,
+    kv: int,
+    rep: int,
+    lq: int,
+    extra: int,
+    d: int,
+    causal: bool,
+    cache_view: bool,
+    sinks: bool,
+    seed: int,
+) -> None:
     rng = np.random.default_rng(seed)
     lk = lq + extra
     q = _normal(rng, (b, kv * rep, lq, d))
@@ -247,8 +297,9 @@ def test_without_the_extension_mlx_ops_run(mlx_only: None) -> None:
 def test_use_native_switches_norms_ropes_and_attention() -> None:
     from mlx_lm.models import base, qwen3_moe
 
-    args = _qwen3_moe_args(hidden_size=32, num_experts=4, num_experts_per_tok=2,
-                           moe_intermediate_size=16, head_dim=8)  # fmt: skip
+    args = _qwen3_moe_args(
+        hidden_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=8
+    )
     model = qwen3_moe.Model(args)  # type: ignore[arg-type]
     changed = layers.use_native(model)
     kinds = {type(m) for _, m in model.named_modules()}
@@ -260,9 +311,12 @@ def test_use_native_switches_norms_ropes_and_attention() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(
-    rows=st.integers(1, 4), kv=st.sampled_from([1, 2]), rep=st.sampled_from([1, 4]),
-    lens=st.lists(st.integers(1, 40), min_size=4, max_size=4), seed=st.integers(0, 2**16),
-)  # fmt: skip
+    rows=st.integers(1, 4),
+    kv=st.sampled_from([1, 2]),
+    rep=st.sampled_from([1, 4]),
+    lens=st.lists(st.integers(1, 40), min_size=4, max_size=4),
+    seed=st.integers(0, 2**16),
+)
 def test_a_left_padded_row_attends_exactly_as_alone(
     rows: int, kv: int, rep: int, lens: list[int], seed: int
 ) -> None:
@@ -282,6 +336,11 @@ def test_a_left_padded_row_attends_exactly_as_alone(
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask=mask)
     assert _rel(got, ref) <= TOL
     for r, n in enumerate(lens):
-        alone = ops.sdpa(q[r : r + 1], k[r : r + 1, :, width - n :], v[r : r + 1, :, width - n :],
-                         scale=d**-0.5, mask=None)  # fmt: skip
+        alone = ops.sdpa(
+            q[r : r + 1],
+            k[r : r + 1, :, width - n :],
+            v[r : r + 1, :, width - n :],
+            scale=d**-0.5,
+            mask=None,
+        )
         assert alone is not None and _same(got[r : r + 1], alone)

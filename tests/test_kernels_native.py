@@ -41,16 +41,41 @@ def _build(cxx: str, out: Path, isa: dict[str, list[str]], extra: list[str]) -> 
     objs, jobs = [], []
     for name, flags in isa.items():
         obj = out.with_name(name + ".o")
-        jobs.append(subprocess.Popen([cxx, "-O2", "-std=c++20", f"-I{SRC}", "-c", str(SRC / name),
-                                      *flags, "-o", str(obj)]))  # fmt: skip
+        jobs.append(
+            subprocess.Popen(
+                [
+                    cxx,
+                    "-O2",
+                    "-std=c++20",
+                    f"-I{SRC}",
+                    "-c",
+                    str(SRC / name),
+                    *flags,
+                    "-o",
+                    str(obj),
+                ]
+            )
+        )
         objs.append(str(obj))
     main = out.with_name("selftest-main.o")
-    jobs.append(subprocess.Popen([cxx, "-O2", "-std=c++20", f"-I{SRC}", "-c", str(TEST),
-                                  "-o", str(main)]))  # fmt: skip
+    jobs.append(
+        subprocess.Popen([cxx, "-O2", "-std=c++20", f"-I{SRC}", "-c", str(TEST), "-o", str(main)])
+    )
     codes = [job.wait() for job in jobs]
     assert codes == [0] * len(jobs), f"{cxx} failed: exit codes {codes}"
-    cmd = [cxx, "-O2", "-std=c++20", f"-I{SRC}", str(main), *(str(SRC / f) for f in COMMON),
-           *objs, "-pthread", *extra, "-o", str(out)]  # fmt: skip
+    cmd = [
+        cxx,
+        "-O2",
+        "-std=c++20",
+        f"-I{SRC}",
+        str(main),
+        *(str(SRC / f) for f in COMMON),
+        *objs,
+        "-pthread",
+        *extra,
+        "-o",
+        str(out),
+    ]
     subprocess.run(cmd, check=True)
 
 
@@ -112,13 +137,24 @@ def test_avx512_variant_matches_the_reference_over_an_emulation(tmp_path: Path) 
         pytest.skip("SIMDe's headers are not installed (pip install simde-py: the test extra)")
     if "avx2" not in _cpu_flags():
         pytest.skip("SIMDe's AVX-512 emulation is built on AVX2 here; this CPU lacks it")
-    over_avx2 = ["-mavx2", "-mfma", f"-I{include}", f"-I{TEST.parent}",
-                 "-DSIMDE_ENABLE_NATIVE_ALIASES", "-include", "simde_avx512.h",
-                 "-Wno-psabi"]  # fmt: skip
+    over_avx2 = [
+        "-mavx2",
+        "-mfma",
+        f"-I{include}",
+        f"-I{TEST.parent}",
+        "-DSIMDE_ENABLE_NATIVE_ALIASES",
+        "-include",
+        "simde_avx512.h",
+        "-Wno-psabi",
+    ]
     _build("g++", tmp_path / "selftest", {**X86, "isa_avx512.cpp": over_avx2}, [])
     if shutil.which("objdump"):  # no AVX-512 register was used: this CPU can run the unit
-        dump = subprocess.run(["objdump", "-d", str(tmp_path / "isa_avx512.cpp.o")],
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        dump = subprocess.run(
+            ["objdump", "-d", str(tmp_path / "isa_avx512.cpp.o")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert "%ymm" in dump.stdout and "%zmm" not in dump.stdout
     out = _check([str(tmp_path / "selftest"), "--emulated-avx512"])
     assert re.search(r"^avx512: \d+ cases", out, re.M), out

@@ -212,8 +212,12 @@ def test_trained_artifacts_travel_with_the_model(tmp_path: Path) -> None:
 
 
 def test_trained_heads_are_never_taken_for_weight_shards(tmp_path: Path) -> None:
-    for name in ("consolidated.safetensors", "prerouter.safetensors",
-                 "prerouter-layer.safetensors", "adapters.safetensors"):  # fmt: skip
+    for name in (
+        "consolidated.safetensors",
+        "prerouter.safetensors",
+        "prerouter-layer.safetensors",
+        "adapters.safetensors",
+    ):
         (tmp_path / name).write_bytes(b"")
     assert _weight_files(tmp_path) == [tmp_path / "consolidated.safetensors"]
 

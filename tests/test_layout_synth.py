@@ -133,6 +133,9 @@ def test_zero_experts_tool_flag(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "the experts are holes" in result.stdout
-    bad = subprocess.run([sys.executable, str(tool), *args[:3], "--compress", "zstd",
-                          str(tmp_path / "z")], capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, str(tool), *args[:3], "--compress", "zstd", str(tmp_path / "z")],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "--zero-experts" in bad.stderr

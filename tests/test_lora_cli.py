@@ -25,9 +25,27 @@ def test_sft_distill_quality_cli(model_copy, qwen3_moe_path: Path, tmp_path: Pat
     common = ["--teacher", str(qwen3_moe_path), "--k", "1", "--batch", "2", "--eval-every", "1"]
     r = runner.invoke(
         train_cmd.command,
-        ["sft", str(model), str(corpus), *common, "--steps", "2", "--prompts", "4",
-         "--heldout", "2", "--prompt-len", "8", "--gen-len", "6", "--rank", "2", "--lr", "1e-2"],
-    )  # fmt: skip
+        [
+            "sft",
+            str(model),
+            str(corpus),
+            *common,
+            "--steps",
+            "2",
+            "--prompts",
+            "4",
+            "--heldout",
+            "2",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "6",
+            "--rank",
+            "2",
+            "--lr",
+            "1e-2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     sft_dir = model / "adapters-sft"
     doc = json.loads((sft_dir / lora.CONFIG_FILE).read_text())
@@ -38,9 +56,23 @@ def test_sft_distill_quality_cli(model_copy, qwen3_moe_path: Path, tmp_path: Pat
 
     r = runner.invoke(
         train_cmd.command,
-        ["distill", str(model), str(corpus), *common, "--steps", "2", "--prompts", "4",
-         "--gen-len", "5", "--on-policy", "0.5", "--lr", "1e-2"],
-    )  # fmt: skip
+        [
+            "distill",
+            str(model),
+            str(corpus),
+            *common,
+            "--steps",
+            "2",
+            "--prompts",
+            "4",
+            "--gen-len",
+            "5",
+            "--on-policy",
+            "0.5",
+            "--lr",
+            "1e-2",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads((model / lora.ADAPTER_DIR / lora.CONFIG_FILE).read_text())
     assert doc["edge0"]["stage"] == "distill" and doc["lora_parameters"]["rank"] == 2
@@ -48,10 +80,30 @@ def test_sft_distill_quality_cli(model_copy, qwen3_moe_path: Path, tmp_path: Pat
     out = tmp_path / "quality.json"
     r = runner.invoke(
         eval_cmd.command,
-        ["quality", str(model), "--teacher", str(qwen3_moe_path), str(corpus), "--k", "1",
-         "--tokens", "48", "--seq-len", "16", "--prompts", "2", "--prompt-len", "8",
-         "--gen-len", "4", "--json", str(out), "--markdown", str(tmp_path / "q.md")],
-    )  # fmt: skip
+        [
+            "quality",
+            str(model),
+            "--teacher",
+            str(qwen3_moe_path),
+            str(corpus),
+            "--k",
+            "1",
+            "--tokens",
+            "48",
+            "--seq-len",
+            "16",
+            "--prompts",
+            "2",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "4",
+            "--json",
+            str(out),
+            "--markdown",
+            str(tmp_path / "q.md"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     names = [row["variant"] for row in result["rows"]]

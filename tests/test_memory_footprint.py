@@ -67,8 +67,10 @@ def test_lean_init_heads_predict_what_full_init_heads_do(store: Path) -> None:
         a = full.predict(layer, hidden, top, top)
         b = lean.predict(layer, hidden, top, None)
         assert mx.array_equal(a, b).item()
-        assert mx.array_equal(full.predict_topk(layer, hidden, top, None, 2),
-                              lean.predict_topk(layer, hidden, top, None, 2)).item()  # fmt: skip
+        assert mx.array_equal(
+            full.predict_topk(layer, hidden, top, None, 2),
+            lean.predict_topk(layer, hidden, top, None, 2),
+        ).item()
 
 
 def _nbytes_heads(heads: PrerouterSet) -> int:

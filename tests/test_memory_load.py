@@ -69,8 +69,9 @@ def test_a_resident_layer_is_read_into_its_stacks_without_a_second_copy(store: P
 
 def test_the_load_term_comes_from_the_record_layout(store: Path) -> None:
     manifest = Manifest.load(store)
-    narrow = [int(np.prod(f.shape)) * 2 for f in manifest.fields
-              if f.dtype in ("bfloat16", "float16")]  # fmt: skip
+    narrow = [
+        int(np.prod(f.shape)) * 2 for f in manifest.fields if f.dtype in ("bfloat16", "float16")
+    ]
     assert narrow  # both layouts have bf16 fields (scales and biases, or biases)
     want = manifest.record_size + manifest.n_experts * max(narrow)
     assert load_bytes(manifest, 4) == want
@@ -82,9 +83,20 @@ def test_the_load_term_comes_from_the_record_layout(store: Path) -> None:
 
 
 def _fp(load: int) -> Footprint:
-    return Footprint(resident=100 * _MIB, resident_experts=20 * _MIB, heads=0, slot=2 * _MIB,
-                     record=_MIB, layers=10, top_k=4, kv=0, state=0, working=20 * _MIB,
-                     overhead=80 * _MIB, load=load)  # fmt: skip
+    return Footprint(
+        resident=100 * _MIB,
+        resident_experts=20 * _MIB,
+        heads=0,
+        slot=2 * _MIB,
+        record=_MIB,
+        layers=10,
+        top_k=4,
+        kv=0,
+        state=0,
+        working=20 * _MIB,
+        overhead=80 * _MIB,
+        load=load,
+    )
 
 
 def test_the_plan_refuses_a_budget_that_only_the_steady_state_fits() -> None:
@@ -100,20 +112,32 @@ def test_the_plan_refuses_a_budget_that_only_the_steady_state_fits() -> None:
 def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
     """mlx-lm grows one layer's cache at a time: working memory holds that layer's KV once
     (a config without `layer_types` has every layer attending; sliding layers do not count)."""
-    mixtral = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "num_key_value_heads": 8}  # fmt: skip
+    mixtral = {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+    }
     assert attention_layers(mixtral) == 32
     assert kv_bytes(mixtral, 4000) == 2 * 32 * 8 * 128 * 4096 * 4  # 256-token growth steps
-    assert working_bytes(mixtral, 4000) == (WORKING_BASE + 4 * WORKING_PER_1K_D
-                                            + kv_bytes(mixtral, 4000) // 32)  # fmt: skip
-    gpt_oss = {"hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
-               "num_key_value_heads": 8, "head_dim": 64,
-               "layer_types": ["sliding_attention", "full_attention"] * 12}  # fmt: skip
+    assert working_bytes(mixtral, 4000) == (
+        WORKING_BASE + 4 * WORKING_PER_1K_D + kv_bytes(mixtral, 4000) // 32
+    )
+    gpt_oss = {
+        "hidden_size": 2880,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+    }
     assert attention_layers(gpt_oss) == 12
     assert kv_bytes(gpt_oss, 256) == 2 * 12 * 8 * 64 * 256 * 4
     assert working_bytes(gpt_oss, 256) - working_bytes(gpt_oss, 1) == 0  # one growth step
-    assert working_bytes(gpt_oss, 4096) - working_bytes(gpt_oss, 256) == (
-        kv_bytes(gpt_oss, 4096) - kv_bytes(gpt_oss, 256)) // 12  # fmt: skip
+    assert (
+        working_bytes(gpt_oss, 4096) - working_bytes(gpt_oss, 256)
+        == (kv_bytes(gpt_oss, 4096) - kv_bytes(gpt_oss, 256)) // 12
+    )
 
 
 def test_a_pool_past_mlx_int32_dimensions_is_two_dimensional_with_the_same_views(

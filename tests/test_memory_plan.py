@@ -29,9 +29,19 @@ def store(runtime_stores: dict[str, Path]) -> Path:
 
 
 def _fp(**kw: int) -> Footprint:
-    base = dict(resident=100 * _MIB, resident_experts=0, heads=10 * _MIB, slot=2 * _MIB,
-                record=_MIB, layers=10, top_k=4, kv=5 * _MIB, state=5 * _MIB,
-                working=20 * _MIB, overhead=80 * _MIB)  # fmt: skip
+    base = dict(
+        resident=100 * _MIB,
+        resident_experts=0,
+        heads=10 * _MIB,
+        slot=2 * _MIB,
+        record=_MIB,
+        layers=10,
+        top_k=4,
+        kv=5 * _MIB,
+        state=5 * _MIB,
+        working=20 * _MIB,
+        overhead=80 * _MIB,
+    )
     return Footprint(**{**base, **kw})
 
 
@@ -70,8 +80,9 @@ def test_engine_keeps_the_given_ram_size_under_a_budget(store: Path) -> None:
 
     async def main(tiers: str) -> tuple[Any, int]:
         budget = current_rss_bytes() + 512 * _MIB  # this process's RSS counts in the plan
-        async with Engine.open(store, mode="route", predictor="init", tiers=tiers,
-                               memory_budget=budget, context=100) as eng:  # fmt: skip
+        async with Engine.open(
+            store, mode="route", predictor="init", tiers=tiers, memory_budget=budget, context=100
+        ) as eng:
             tier: Any = eng.setup.tier
             return eng.setup.memory_plan, tier.budget
 
@@ -111,15 +122,25 @@ def test_budget_is_refused_before_anything_is_loaded(
 
 def test_planned_parts_are_what_the_engine_holds(store: Path) -> None:
     async def main() -> tuple[Any, dict[str, int], int]:
-        async with Engine.open(store, mode="route", predictor="init", tiers="ram>pread",
-                               memory_budget="1GiB", context=100) as eng:  # fmt: skip
+        async with Engine.open(
+            store,
+            mode="route",
+            predictor="init",
+            tiers="ram>pread",
+            memory_budget="1GiB",
+            context=100,
+        ) as eng:
             setup = eng.setup
             held = {
                 "resident": sum(int(v.nbytes) for _, v in tree_flatten(setup.model.parameters()))
-                + sum(int(a.nbytes) for d in setup.ctx.resident_experts.values()
-                      for a in d.values()),  # fmt: skip  # the first MoE layer's experts
-                "heads": sum(int(v.nbytes) for h in setup.ctx.predictor.heads.heads.values()
-                             for _, v in tree_flatten(h.parameters())),  # fmt: skip
+                + sum(
+                    int(a.nbytes) for d in setup.ctx.resident_experts.values() for a in d.values()
+                ),  # the first MoE layer's experts
+                "heads": sum(
+                    int(v.nbytes)
+                    for h in setup.ctx.predictor.heads.heads.values()
+                    for _, v in tree_flatten(h.parameters())
+                ),
                 "slots": setup.scheduler.memory.nbytes,
                 "n_slots": setup.scheduler.table.n_slots,
             }
@@ -156,9 +177,14 @@ def _peak_rss_of(args: list[str]) -> tuple[int, str]:
     Read from /proc while the child waits at its end (ru_maxrss of a child would
     include the forking parent's peak)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with subprocess.Popen([sys.executable, "-c", SCRIPT, *args], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                          text=True) as proc:  # fmt: skip
+    with subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    ) as proc:
         assert proc.stdout is not None and proc.stdin is not None
         lines = []
         for line in proc.stdout:
@@ -186,8 +212,10 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in kB and VmHWM are Linux's")
-@pytest.mark.parametrize("mode, k, first", [("route", 8, "wrap"), ("hint", 4, "wrap"),
-                                            ("reactive", 2, "wrap"), ("route", 4, "resident")])
+@pytest.mark.parametrize(
+    "mode, k, first",
+    [("route", 8, "wrap"), ("hint", 4, "wrap"), ("reactive", 2, "wrap"), ("route", 4, "resident")],
+)
 def test_peak_rss_stays_within_a_tight_budget(small: Path, mode: str, k: int, first: str) -> None:
     """The smallest budget the plan accepts, plus 4 MiB: the child's real peak RSS fits
     (`resident`: the first layer's 14 MiB of experts are loaded, memory.load_bytes)."""

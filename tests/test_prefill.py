@@ -52,8 +52,9 @@ def with_random_heads(store: Path, dest: Path) -> Path:
         flat: Any = tree_flatten(head.parameters())
         # the multi-hot columns dominate: a wrong temporal input changes the prediction
         scale = {"lin_m.weight": 10.0}
-        head.update(tree_unflatten([(n, scale.get(n, 0.1) * mx.random.normal(v.shape))
-                                    for n, v in flat]))  # fmt: skip
+        head.update(
+            tree_unflatten([(n, scale.get(n, 0.1) * mx.random.normal(v.shape)) for n, v in flat])
+        )
     heads.save(dest)
     return dest
 
@@ -144,8 +145,9 @@ def test_each_expert_read_once_per_chunk(stores: dict[str, Path]) -> None:
     tier = MockTier(path)
 
     async def go() -> tuple[Any, int]:
-        async with Engine.open(path, tiers=tier, mode="reactive", prefill_chunk=len(PROMPT),
-                               record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            path, tiers=tier, mode="reactive", prefill_chunk=len(PROMPT), record_routing=True
+        ) as eng:
             got = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
             assert len(got) == 1
             return eng, len(tier.reads)
@@ -198,8 +200,14 @@ def test_prefill_leaves_the_first_decode_set_staged(stores: dict[str, Path]) -> 
     tier = MockTier(path)
 
     async def go() -> tuple[Any, int, dict[int, tuple[int, list[int]]]]:
-        async with Engine.open(path, tiers=tier, mode="route", predictor="init",
-                               prefill_chunk=len(PROMPT), record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            path,
+            tiers=tier,
+            mode="route",
+            predictor="init",
+            prefill_chunk=len(PROMPT),
+            record_routing=True,
+        ) as eng:
             agen = eng.tokens(PROMPT, max_tokens=3, stop=False)
             await agen.__anext__()  # the prefill is done, the first decode step not started
             assert eng.setup.scheduler is not None

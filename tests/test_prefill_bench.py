@@ -18,9 +18,29 @@ def store(runtime_stores: dict[str, Path]) -> Path:
 
 def test_bench_compares_chunked_with_one_token_prefill(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    args = ["bench", "run", str(store), "--modes", "reactive", "--prefill-chunk", "1,12",
-            "--prompt-len", "12", "--prompts", "1", "--tokens", "2", "--repeats", "2",
-            "--warmup-tokens", "1", "--isolate", "process", "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        "run",
+        str(store),
+        "--modes",
+        "reactive",
+        "--prefill-chunk",
+        "1,12",
+        "--prompt-len",
+        "12",
+        "--prompts",
+        "1",
+        "--tokens",
+        "2",
+        "--repeats",
+        "2",
+        "--warmup-tokens",
+        "1",
+        "--isolate",
+        "process",
+        "--json",
+        str(out),
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     rep = json.loads(out.read_text())
@@ -49,8 +69,21 @@ def test_run_rejects_a_zero_chunk(store: Path) -> None:
 
 
 def test_run_prints_the_prefill_line(store: Path) -> None:
-    args = ["run", str(store), "-p", "hello there world", "--no-chat", "--max-tokens", "2",
-            "--mode", "reactive", "--prefill-chunk", "2", "--stats", "full"]  # fmt: skip
+    args = [
+        "run",
+        str(store),
+        "-p",
+        "hello there world",
+        "--no-chat",
+        "--max-tokens",
+        "2",
+        "--mode",
+        "reactive",
+        "--prefill-chunk",
+        "2",
+        "--stats",
+        "full",
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "prefill: chunk 2, reads " in res.output and "first decode step blocked" in res.output

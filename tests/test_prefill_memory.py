@@ -28,8 +28,13 @@ from edge0.runtime.prefill.memory import (
 )
 
 MIB = 1 << 20
-HYBRID = {"hidden_size": 2048, "num_attention_heads": 16, "linear_num_value_heads": 32,
-          "linear_value_head_dim": 128, "linear_key_head_dim": 128}  # fmt: skip
+HYBRID = {
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "linear_key_head_dim": 128,
+}
 
 
 def footprint(fixed: int = 8 * MIB, token: int = MIB) -> Footprint:
@@ -91,8 +96,9 @@ def test_pieces_equal_the_whole_layer(loaded_model: Any) -> None:
     model = loaded_model("qwen3_5_moe").model
     layer = next(i for i, ly in enumerate(model.layers) if hasattr(ly, "linear_attn"))
     inner = model.layers[layer].linear_attn
-    x = mx.random.normal((1, 10, model.layers[layer].input_layernorm.weight.shape[0]),
-                         key=mx.random.key(0))  # fmt: skip
+    x = mx.random.normal(
+        (1, 10, model.layers[layer].input_layernorm.weight.shape[0]), key=mx.random.key(0)
+    )
     whole, pieces = make_prompt_cache(model)[layer], make_prompt_cache(model)[layer]
     want = inner(x, None, whole)
     rows: dict[str, list[int]] = {"norm": [], "in_proj_qkv": [], "out_proj": []}
@@ -154,8 +160,9 @@ def test_chunked_prefill_in_pieces_equals_one_token(
 
 def test_the_budget_chooses_the_chunk(hybrid: Path) -> None:
     """Under --memory-budget without --prefill-chunk the plan's chunk runs; exact."""
-    got = asyncio.run(generate(hybrid, PROMPT, None, mode="reactive", memory_budget="4GiB",
-                               tiers="pread"))  # type: ignore[arg-type]  # fmt: skip
+    got = asyncio.run(
+        generate(hybrid, PROMPT, None, mode="reactive", memory_budget="4GiB", tiers="pread")
+    )  # type: ignore[arg-type]
     setup = got["engine"].setup
     assert setup.ctx.prefill_chunk == setup.memory_plan.prefill_chunk == DEFAULT_CHUNK
     assert setup.memory_plan.prompt > 0
@@ -166,14 +173,17 @@ def test_the_budget_chooses_the_chunk(hybrid: Path) -> None:
 
 def test_a_chunk_over_the_budget_is_refused(hybrid: Path) -> None:
     async def go() -> None:
-        async with Engine.open(hybrid, tiers=MockTier(hybrid), memory_budget="1GiB",
-                               prefill_chunk=1 << 20):  # fmt: skip
+        async with Engine.open(
+            hybrid, tiers=MockTier(hybrid), memory_budget="1GiB", prefill_chunk=1 << 20
+        ):
             pass
 
     with pytest.raises(ConfigError, match=r"--prefill-chunk 1048576 needs \d+ MiB"):
         asyncio.run(go())
-    res = CliRunner().invoke(main, ["run", str(hybrid), "-p", "hi", "--memory-budget", "1GiB",
-                                    "--prefill-chunk", "1048576"])  # fmt: skip
+    res = CliRunner().invoke(
+        main,
+        ["run", str(hybrid), "-p", "hi", "--memory-budget", "1GiB", "--prefill-chunk", "1048576"],
+    )
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1, res.output
     assert lines[0].startswith("edge0: error: --prefill-chunk 1048576 needs")

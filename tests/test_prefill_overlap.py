@@ -41,8 +41,14 @@ def heads_store(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return with_random_heads(store, tmp_path_factory.mktemp("prefill-overlap-heads") / "e0")
 
 
-def reads_of(path: Path, overlap: str, monkeypatch: pytest.MonkeyPatch, mode: str = "reactive",
-             predictor: str | None = None, chunk: int = len(PROMPT)) -> dict[str, Any]:  # fmt: skip
+def reads_of(
+    path: Path,
+    overlap: str,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str = "reactive",
+    predictor: str | None = None,
+    chunk: int = len(PROMPT),
+) -> dict[str, Any]:
     """The prompt in chunks (default: one): tier reads by layer, early-read calls, routing."""
     monkeypatch.setattr(prefill, "OVERLAP", overlap)
     early: list[tuple[int, int, list[int]]] = []
@@ -58,18 +64,30 @@ def reads_of(path: Path, overlap: str, monkeypatch: pytest.MonkeyPatch, mode: st
     tier = MockTier(path)
 
     async def go() -> dict[str, Any]:
-        async with Engine.open(path, tiers=tier, mode=mode, predictor=predictor,
-                               prefill_chunk=chunk, record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            path,
+            tiers=tier,
+            mode=mode,
+            predictor=predictor,
+            prefill_chunk=chunk,
+            record_routing=True,
+        ) as eng:
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
             ctx = eng.setup.ctx
             streamed = sorted({n for _, n in ctx.recording} - set(ctx.resident_experts))
-            union = {n: {e for p in range(len(PROMPT)) for e in ctx.recording[(p, n)]}
-                     for n in streamed}  # fmt: skip
+            union = {
+                n: {e for p in range(len(PROMPT)) for e in ctx.recording[(p, n)]} for n in streamed
+            }
             reads: dict[int, list[int]] = {}
             for key in tier.reads:
                 reads.setdefault(key.layer, []).append(key.expert)
-            return {"union": union, "reads": reads, "early": early, "kept": kept,
-                    "recording": ctx.recording}  # fmt: skip
+            return {
+                "union": union,
+                "reads": reads,
+                "early": early,
+                "kept": kept,
+                "recording": ctx.recording,
+            }
 
     return asyncio.run(go())
 
@@ -130,15 +148,24 @@ def test_unknown_overlap_is_refused(store: Path, monkeypatch: pytest.MonkeyPatch
         reads_of(store, "head", monkeypatch)
 
 
-EXACT = [("router", "reactive", "init"), ("router", "route", "init"), ("heads", "route", "init"),
-         ("heads", "route", "heads"), ("heads", "hint", "heads")]  # fmt: skip
+EXACT = [
+    ("router", "reactive", "init"),
+    ("router", "route", "init"),
+    ("heads", "route", "init"),
+    ("heads", "route", "heads"),
+    ("heads", "hint", "heads"),
+]
 
 
 @pytest.mark.parametrize(("overlap", "mode", "predictor"), EXACT)
 def test_read_ahead_is_exact(
-    store: Path, heads_store: Path, overlap: str, mode: str, predictor: str,
+    store: Path,
+    heads_store: Path,
+    overlap: str,
+    mode: str,
+    predictor: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     if predictor == "heads":
         store = heads_store  # random heads: their temporal inputs change the prediction
     one = asyncio.run(generate(store, PROMPT, 1, mode=mode, predictor=predictor))

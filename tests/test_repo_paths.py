@@ -31,8 +31,9 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _tracked(binary: bool = False) -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "-z", "--", *WHERE], cwd=ROOT, capture_output=True,
-                         check=True).stdout.decode()  # fmt: skip
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--", *WHERE], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
     skip = set() if binary else {".png", ".safetensors", ".bin", ".zst"}
     return [ROOT / p for p in out.split("\0") if p and Path(p).suffix not in skip]
 
@@ -56,8 +57,16 @@ def test_files_name_no_machine_paths_or_outside_files() -> None:
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("line", ["see /work/scratch/medium", "FACTS.md says", "cp /tmp/x .",
-                                  "shared with other sessions", "ls /home/alice"])  # fmt: skip
+@pytest.mark.parametrize(
+    "line",
+    [
+        "see /work/scratch/medium",
+        "FACTS.md says",
+        "cp /tmp/x .",
+        "shared with other sessions",
+        "ls /home/alice",
+    ],
+)
 def test_the_patterns_catch_what_they_name(line: str) -> None:
     assert any(p.search(line) for p in FORBIDDEN.values())
 

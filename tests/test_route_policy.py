@@ -59,8 +59,14 @@ def test_unbounded_deadline_decodes_resident_tokens(
 ) -> None:
     path = stores[family]
     ref, _ = decode(path, mode="resident", top_k=k)
-    got, eng = decode(path, mode="route", predictor="init", top_k=k, route_policy=policy,
-                      route_deadline_ms=math.inf)  # fmt: skip
+    got, eng = decode(
+        path,
+        mode="route",
+        predictor="init",
+        top_k=k,
+        route_policy=policy,
+        route_deadline_ms=math.inf,
+    )
     assert got == ref
     assert eng.setup.ctx.routed_by_prediction > 0  # the policy chose at every routed layer
     assert eng.last_stats.route_recall == 1.0
@@ -74,8 +80,15 @@ def test_a_long_finite_deadline_waits_for_the_true_experts(
     all arrive within the 30 s deadline, so the routing is the true top-K again."""
     path = stores["qwen3_moe"]
     ref, _ = decode(path, mode="resident", top_k=1)
-    got, eng = decode(path, mode="route", predictor="temporal", top_k=1, route_policy=policy,
-                      route_deadline_ms=30_000.0, trace=tmp_path / "t.json")  # fmt: skip
+    got, eng = decode(
+        path,
+        mode="route",
+        predictor="temporal",
+        top_k=1,
+        route_policy=policy,
+        route_deadline_ms=30_000.0,
+        trace=tmp_path / "t.json",
+    )
     assert got == ref
     assert any(r["kind"] == DEMAND for r in decode_reads(eng))  # the temporal guess missed
 
@@ -85,9 +98,17 @@ def test_everything_in_ram_is_servable_so_available_first_sync_is_exact_at_deadl
 ) -> None:
     path = stores["qwen3_5_moe"]
     ref, _ = decode(path, mode="resident", top_k=1)
-    got, eng = decode(path, warm_cache=True, mode="route", predictor="temporal", top_k=1,
-                      tiers="ram:64MiB>pread", route_policy="available-first-sync",
-                      route_deadline_ms=0.0, trace=tmp_path / "t.json")  # fmt: skip
+    got, eng = decode(
+        path,
+        warm_cache=True,
+        mode="route",
+        predictor="temporal",
+        top_k=1,
+        tiers="ram:64MiB>pread",
+        route_policy="available-first-sync",
+        route_deadline_ms=0.0,
+        trace=tmp_path / "t.json",
+    )
     assert got == ref
     assert eng.last_stats.route_recall == 1.0
     # the cached experts were copied into slots on the compute thread: no read was queued
@@ -101,8 +122,14 @@ def test_deadline_zero_never_reads_on_demand(
     """Without a cache, at deadline 0 compute runs what is staged or predicted: it never asks
     for a read the prediction (or the deadline policy's lead fetch) did not start."""
     path = stores["qwen3_moe"]
-    got, eng = decode(path, mode="route", predictor="temporal", top_k=2, route_policy=policy,
-                      trace=tmp_path / "t.json")  # fmt: skip
+    got, eng = decode(
+        path,
+        mode="route",
+        predictor="temporal",
+        top_k=2,
+        route_policy=policy,
+        trace=tmp_path / "t.json",
+    )
     assert len(got) == N
     reads = decode_reads(eng)
     assert reads and not any(r["kind"] == DEMAND for r in reads)
@@ -149,8 +176,9 @@ def test_bad_policy_options(opts: dict[str, Any], needle: str) -> None:
 def test_cli_refuses_bad_policy_flags(
     stores: dict[str, Path], flags: list[str], needle: str
 ) -> None:
-    res = CliRunner().invoke(main, ["run", str(stores["qwen3_moe"]), "-p", "hi", "--max-tokens",
-                                    "2", *flags])  # fmt: skip
+    res = CliRunner().invoke(
+        main, ["run", str(stores["qwen3_moe"]), "-p", "hi", "--max-tokens", "2", *flags]
+    )
     assert res.exit_code == 2, res.output
     assert res.output.startswith("edge0: error: ") and needle in res.output, res.output
 
@@ -169,8 +197,10 @@ def test_teacher_forced_eval_of_exact_routing_matches_the_parallel_forward(
     windows = np.array([[5, 17, 42, 7, 99, 3, 8, 11, 12, 13, 14, 15]], dtype=np.int32)
     logits = teacher_logits(load_layout(path, experts="resident").model, windows)
     top_k = int(Manifest.load(path).config["num_experts_per_tok"])
-    rows = [asyncio.run(evaluate_policy(path, v, logits, windows, 4, "pread"))
-            for v in variants_for(["predicted"], [top_k], None)]  # fmt: skip
+    rows = [
+        asyncio.run(evaluate_policy(path, v, logits, windows, 4, "pread"))
+        for v in variants_for(["predicted"], [top_k], None)
+    ]
     assert [r["variant"] for r in rows] == ["resident", "exact (deadline inf)", "predicted"]
     for r in rows[:2]:
         assert r["tokens"] == 7 and r["kl_mean"] < 1e-5 and r["top1_agree"] == 1.0, r
@@ -189,8 +219,9 @@ def test_bench_reports_each_policy_over_predicted_per_round() -> None:
     def runs(*tps: float) -> list[dict[str, Any]]:
         return [{"summary": {"decode_tps": t, "cpu_ms_per_step": 10.0}} for t in tps]
 
-    got = policy_ratios([pred, dev, other_k], {pred.label: runs(50, 40, 60),
-                                               dev.label: runs(48, 40, 30)})  # fmt: skip
+    got = policy_ratios(
+        [pred, dev, other_k], {pred.label: runs(50, 40, 60), dev.label: runs(48, 40, 30)}
+    )
     tps = [r for r in got if r.get("key") is None]
     assert [r["variant"] for r in tps] == [dev.label] and tps[0]["over"] == pred.label
     assert tps[0]["per_round"] == [0.96, 1.0, 0.5] and tps[0]["median"] == 0.96

@@ -111,8 +111,9 @@ def test_a_pool_holding_every_expert_makes_the_graph_choice_exact(store: Path) -
 def test_the_host_choice_costs_a_sync_per_routed_layer_the_graph_choice_none(store: Path) -> None:
     """Same engine, K = 2, warm cache: available-first-sync reads every routed layer's scores
     back; available-first does not (the recall is still known: read with the group)."""
-    kw: dict[str, Any] = dict(warm_cache=True, mode="route", predictor="init", top_k=2,
-                              tiers="ram:64MiB>pread")  # fmt: skip
+    kw: dict[str, Any] = dict(
+        warm_cache=True, mode="route", predictor="init", top_k=2, tiers="ram:64MiB>pread"
+    )
     _, pred = decode(store, **kw)
     got, dev = decode(store, route_policy="available-first", **kw)
     _, host = decode(store, route_policy="available-first-sync", **kw)

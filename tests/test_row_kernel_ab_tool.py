@@ -36,9 +36,30 @@ def test_a_revision_against_itself_gives_equal_outputs(tmp_path: Path) -> None:
     if head.returncode:
         pytest.skip("not a git checkout")
     out = tmp_path / "ab.json"
-    cmd = [sys.executable, str(TOOL), "--base", "HEAD", "--isa", "portable", "--opt", "0",
-           "--case", "a4:64x256:64", "--case", "mxfp4:64x256:32", "--m", "1,3",
-           "--footprint", "1", "--rounds", "3", "--stretch", "1", "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(TOOL),
+        "--base",
+        "HEAD",
+        "--isa",
+        "portable",
+        "--opt",
+        "0",
+        "--case",
+        "a4:64x256:64",
+        "--case",
+        "mxfp4:64x256:32",
+        "--m",
+        "1,3",
+        "--footprint",
+        "1",
+        "--rounds",
+        "3",
+        "--stretch",
+        "1",
+        "--json",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(out.read_text())
@@ -56,8 +77,23 @@ def test_a_revision_against_itself_gives_equal_outputs(tmp_path: Path) -> None:
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path / "ab.json"
-    cmd = [sys.executable, str(TOOL), "--isa", "portable", "--opt", "0", "--footprint", "1",
-           "--rounds", "1", "--stretch", "1", "--json", str(out), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(TOOL),
+        "--isa",
+        "portable",
+        "--opt",
+        "0",
+        "--footprint",
+        "1",
+        "--rounds",
+        "1",
+        "--stretch",
+        "1",
+        "--json",
+        str(out),
+        *args,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     return res, (json.loads(out.read_text()) if res.returncode == 0 else {})
 
@@ -65,8 +101,11 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
 def _older_unit(tool: Any, tmp_path: Path) -> str | None:
     """A revision whose portable unit differs from the working tree's, kernel.h the same."""
     files = ["edge0/kernels/src/isa_portable.cpp", "edge0/kernels/src/kernel_impl.h"]
-    log = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%H", "-n", "20", "--", *files],
-                         capture_output=True, text=True)  # fmt: skip
+    log = subprocess.run(
+        ["git", "-C", str(ROOT), "log", "--format=%H", "-n", "20", "--", *files],
+        capture_output=True,
+        text=True,
+    )
     here = ROOT / "edge0" / "kernels"
     for i, commit in enumerate(log.stdout.split()):
         tree = tool._tree_at(f"{commit}^", tmp_path / f"t{i}") / "edge0" / "kernels"
@@ -92,8 +131,18 @@ def test_each_side_is_built_from_its_own_tree(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("g++") is None or shutil.which("git") is None, reason="no g++/git")
 def test_the_int8_path_is_timed_on_request(tmp_path: Path) -> None:
-    res, got = _run(tmp_path, "--base", "HEAD", "--int8", "--case", "a4:16x96:32",
-                    "--case", "mxfp4:16x128:32", "--m", "1,3")  # fmt: skip
+    res, got = _run(
+        tmp_path,
+        "--base",
+        "HEAD",
+        "--int8",
+        "--case",
+        "a4:16x96:32",
+        "--case",
+        "mxfp4:16x128:32",
+        "--m",
+        "1,3",
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert got["int8"] is True and len(got["results"]) == 4
     for row in got["results"]:

@@ -50,8 +50,17 @@ def test_modes_match_resident(
     recording = eng.setup.ctx.recording
     hint, _ = run(decode(path, PROMPT, mode="hint", predictor="init", first_layer=first))
     assert hint == ref
-    oracle, eng = run(decode(path, PROMPT, mode="route", predictor="oracle", recording=recording,
-                             first_layer=first, trace=tmp_path / "t.json"))  # fmt: skip
+    oracle, eng = run(
+        decode(
+            path,
+            PROMPT,
+            mode="route",
+            predictor="oracle",
+            recording=recording,
+            first_layer=first,
+            trace=tmp_path / "t.json",
+        )
+    )
     assert oracle == ref
     n_layers = len(eng.setup.manifest.moe_layers)
     predicted_layers = n_layers if first == "wrap" else n_layers - 1
@@ -72,8 +81,16 @@ def test_capacity_k_reactive_matches_resident_at_k(stores: dict[str, Path], k: i
     ref, _ = run(decode(path, PROMPT, mode="resident", top_k=k))
     got, eng = run(decode(path, PROMPT, mode="reactive", top_k=k, record_routing=True))
     assert got == ref
-    oracle, _ = run(decode(path, PROMPT, mode="route", top_k=k, predictor="oracle",
-                           recording=eng.setup.ctx.recording))  # fmt: skip
+    oracle, _ = run(
+        decode(
+            path,
+            PROMPT,
+            mode="route",
+            top_k=k,
+            predictor="oracle",
+            recording=eng.setup.ctx.recording,
+        )
+    )
     assert oracle == ref
 
 

@@ -22,27 +22,70 @@ def _blocks() -> dict[str, Any]:
     from mlx_lm.models import deepseek_v3, mixtral, qwen3_moe, qwen3_next
 
     q3 = qwen3_moe.ModelArgs(
-        model_type="qwen3_moe", hidden_size=D, num_hidden_layers=1, intermediate_size=FF,
-        num_attention_heads=4, num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1,
-        mlp_only_layers=[], moe_intermediate_size=FF, rms_norm_eps=1e-6, vocab_size=32,
-        num_key_value_heads=2, head_dim=16, rope_theta=1e4, tie_word_embeddings=False,
-        max_position_embeddings=64, norm_topk_prob=True,
-    )  # fmt: skip
+        model_type="qwen3_moe",
+        hidden_size=D,
+        num_hidden_layers=1,
+        intermediate_size=FF,
+        num_attention_heads=4,
+        num_experts=E,
+        num_experts_per_tok=K,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=FF,
+        rms_norm_eps=1e-6,
+        vocab_size=32,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=1e4,
+        tie_word_embeddings=False,
+        max_position_embeddings=64,
+        norm_topk_prob=True,
+    )
     nxt = qwen3_next.ModelArgs(
-        model_type="qwen3_next", hidden_size=D, num_hidden_layers=1, intermediate_size=FF,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-        vocab_size=32, num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1,
-        shared_expert_intermediate_size=FF, moe_intermediate_size=FF, mlp_only_layers=[],
-        linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
-        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
-        tie_word_embeddings=False, rope_theta=1e4, partial_rotary_factor=0.25,
-        max_position_embeddings=64, norm_topk_prob=True,
-    )  # fmt: skip
-    mix = mixtral.ModelArgs(model_type="mixtral", hidden_size=D, intermediate_size=FF,
-                            num_local_experts=E, num_experts_per_tok=K)  # fmt: skip
-    ds = deepseek_v3.ModelArgs(hidden_size=D, moe_intermediate_size=FF, n_routed_experts=E,
-                               num_experts_per_tok=K, n_shared_experts=1, n_group=2,
-                               topk_group=1, routed_scaling_factor=2.5)  # fmt: skip
+        model_type="qwen3_next",
+        hidden_size=D,
+        num_hidden_layers=1,
+        intermediate_size=FF,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=32,
+        num_experts=E,
+        num_experts_per_tok=K,
+        decoder_sparse_step=1,
+        shared_expert_intermediate_size=FF,
+        moe_intermediate_size=FF,
+        mlp_only_layers=[],
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=4,
+        tie_word_embeddings=False,
+        rope_theta=1e4,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=64,
+        norm_topk_prob=True,
+    )
+    mix = mixtral.ModelArgs(
+        model_type="mixtral",
+        hidden_size=D,
+        intermediate_size=FF,
+        num_local_experts=E,
+        num_experts_per_tok=K,
+    )
+    ds = deepseek_v3.ModelArgs(
+        hidden_size=D,
+        moe_intermediate_size=FF,
+        n_routed_experts=E,
+        num_experts_per_tok=K,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+    )
     return {
         "qwen3_moe": qwen3_moe.Qwen3MoeSparseMoeBlock(q3),
         "qwen3_next": qwen3_next.Qwen3NextSparseMoeBlock(nxt),
@@ -55,8 +98,9 @@ def _resident_stream(block: nn.Module) -> LayerStream:
     sw = block.switch_mlp
     views = {
         f"{p}.{part}": getattr(getattr(sw, p), part)
-        for p in ("gate_proj", "up_proj", "down_proj") for part in ("weight", "scales", "biases")
-    }  # fmt: skip
+        for p in ("gate_proj", "up_proj", "down_proj")
+        for part in ("weight", "scales", "biases")
+    }
     steps = Steps("reactive", K, Tracer())
     return LayerStream(0, steps, ResidentExperts(views), {"group_size": 32, "bits": 4})
 

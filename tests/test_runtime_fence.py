@@ -21,8 +21,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def _decode(path: Path, **opts: Any) -> tuple[list[int], Any]:
-    async with Engine.open(path, tiers=MockTier(path), mode="route", predictor="init",
-                           **opts) as eng:  # fmt: skip
+    async with Engine.open(
+        path, tiers=MockTier(path), mode="route", predictor="init", **opts
+    ) as eng:
         toks = [t async for t in eng.tokens(PROMPT, max_tokens=N, stop=False)]
         return toks, eng.setup.scheduler.stats
 

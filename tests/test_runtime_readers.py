@@ -49,8 +49,9 @@ class LoopOnly:
         await self.inner.aclose()
 
 
-async def _decode(path: Path, tiers: Any, mode: str = "route", n: int = N,
-                  **opts: Any) -> tuple[list[int], Any]:  # fmt: skip
+async def _decode(
+    path: Path, tiers: Any, mode: str = "route", n: int = N, **opts: Any
+) -> tuple[list[int], Any]:
     async with Engine.open(path, tiers=tiers, mode=mode, predictor="init", **opts) as eng:
         toks = [t async for t in eng.tokens(PROMPT, max_tokens=n, stop=False)]
         return toks, eng.setup.scheduler.stats if eng.setup.scheduler else None

@@ -149,12 +149,19 @@ def test_event_loop_stays_responsive_and_trace_is_written(store: Path, tmp_path:
 
 def test_route_with_oracle_reads_nothing_on_demand_while_decoding(store: Path) -> None:
     async def main() -> tuple[Any, Any]:
-        async with Engine.open(store, mode="reactive", tiers=MockTier(store),
-                               record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            store, mode="reactive", tiers=MockTier(store), record_routing=True
+        ) as eng:
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=8, stop=False)]
             rec = eng.setup.ctx.recording
-        async with Engine.open(store, mode="route", predictor="oracle", recording=rec,
-                               first_layer="wrap", tiers=MockTier(store)) as eng:  # fmt: skip
+        async with Engine.open(
+            store,
+            mode="route",
+            predictor="oracle",
+            recording=rec,
+            first_layer="wrap",
+            tiers=MockTier(store),
+        ) as eng:
             sched = eng.setup.scheduler
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=8, stop=False)]
             n_layers = len(eng.setup.manifest.moe_layers)

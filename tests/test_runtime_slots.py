@@ -141,8 +141,9 @@ def _checked(t: SlotPool, layer: int, expert: int, step: int) -> object:
 
 
 @settings(max_examples=40, deadline=None)
-@given(k=st.integers(1, 4), n_layers=st.integers(1, 5), n_experts=st.integers(4, 12),
-       data=st.data())  # fmt: skip
+@given(
+    k=st.integers(1, 4), n_layers=st.integers(1, 5), n_experts=st.integers(4, 12), data=st.data()
+)
 def test_pool_of_k_times_layers_plus_two_fits_every_step(
     k: int, n_layers: int, n_experts: int, data: st.DataObject
 ) -> None:

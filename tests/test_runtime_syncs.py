@@ -32,8 +32,12 @@ async def _decode(path: Path, **opts: Any) -> tuple[list[int], Any]:
 def test_grouped_syncs_decode_the_same_tokens_with_fewer_syncs(
     store: Path, first: str, groups: tuple[int, ...]
 ) -> None:
-    runs = {g: asyncio.run(_decode(store, mode="route", predictor="init", first_layer=first,
-                                   sync_every=g)) for g in groups}  # fmt: skip
+    runs = {
+        g: asyncio.run(
+            _decode(store, mode="route", predictor="init", first_layer=first, sync_every=g)
+        )
+        for g in groups
+    }
     ref, eng = runs[1]
     n_layers = len(eng.setup.manifest.moe_layers)
     # G=1 is the per-layer path: one readback per MoE layer, then the step fence
@@ -51,8 +55,11 @@ def test_grouped_route_with_the_oracle_equals_resident(store: Path) -> None:
     ref, _ = asyncio.run(_decode(store, mode="resident"))
     got, eng = asyncio.run(_decode(store, mode="reactive", record_routing=True))
     assert got == ref
-    oracle, eng = asyncio.run(_decode(store, mode="route", predictor="oracle", sync_every=4,
-                                      recording=eng.setup.ctx.recording))  # fmt: skip
+    oracle, eng = asyncio.run(
+        _decode(
+            store, mode="route", predictor="oracle", sync_every=4, recording=eng.setup.ctx.recording
+        )
+    )
     assert oracle == ref
     assert eng.last_stats.syncs_per_token == 2  # 8 layers in groups of 4
 
@@ -69,8 +76,9 @@ def test_temporal_predictor_reads_the_true_routing_in_groups(store: Path) -> Non
 def test_prompt_steps_before_the_last_prefetch_nothing(store: Path, chunk: int) -> None:
     async def main() -> tuple[MockTier, Any]:
         tier = MockTier(store)
-        async with Engine.open(store, mode="hint", predictor="init", tiers=tier,
-                               prefill_chunk=chunk) as eng:  # fmt: skip
+        async with Engine.open(
+            store, mode="hint", predictor="init", tiers=tier, prefill_chunk=chunk
+        ) as eng:
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=1, stop=False)]
             return tier, eng.setup.scheduler.stats
 
@@ -85,8 +93,9 @@ def test_prompt_steps_before_the_last_prefetch_nothing(store: Path, chunk: int) 
 def test_end_request_cancels_queued_prefetches(store: Path) -> None:
     async def main() -> tuple[MockTier, int, Any]:
         tier = MockTier(store, delay=0.05)
-        async with Engine.open(store, mode="hint", predictor="init", tiers=tier,
-                               io_workers=1) as eng:  # fmt: skip
+        async with Engine.open(
+            store, mode="hint", predictor="init", tiers=tier, io_workers=1
+        ) as eng:
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=2, stop=False)]
             await eng.wait_idle()  # the request's own end_request runs after its last token
             sched = eng.setup.scheduler

@@ -71,8 +71,19 @@ def test_engine_generate_takes_the_seed_from_the_sampling_settings(store: Path) 
 
 
 def test_cli_seed_gives_the_same_text_streaming_and_resident(store: Path) -> None:
-    base = ["run", str(store), "-p", "once upon a time", "--no-chat", "--max-tokens", "12",
-            "--temp", "1.5", "--seed", "7"]  # fmt: skip
+    base = [
+        "run",
+        str(store),
+        "-p",
+        "once upon a time",
+        "--no-chat",
+        "--max-tokens",
+        "12",
+        "--temp",
+        "1.5",
+        "--seed",
+        "7",
+    ]
     modes = ([], ["--mode", "hint", "--tiers", "pread"], ["--mode", "resident"])
     outs = [CliRunner().invoke(main, base + extra) for extra in modes]
     route_again = CliRunner().invoke(main, base)
@@ -84,10 +95,19 @@ def test_cli_seed_gives_the_same_text_streaming_and_resident(store: Path) -> Non
 
 @pytest.mark.parametrize(
     "kw",
-    [{"temp": math.nan}, {"temp": math.inf}, {"temp": -1.0}, {"top_p": math.nan},
-     {"top_p": 1.5}, {"min_p": -0.1}, {"top_k": -1}, {"max_tokens": 0}, {"seed": -1},
-     {"seed": 2**64}],
-)  # fmt: skip
+    [
+        {"temp": math.nan},
+        {"temp": math.inf},
+        {"temp": -1.0},
+        {"top_p": math.nan},
+        {"top_p": 1.5},
+        {"min_p": -0.1},
+        {"top_k": -1},
+        {"max_tokens": 0},
+        {"seed": -1},
+        {"seed": 2**64},
+    ],
+)
 def test_invalid_sampling_settings_are_config_errors(kw: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="sampling"):
         SamplingSettings(**kw)  # type: ignore[arg-type]

@@ -30,12 +30,19 @@ WEATHER = {
     "additionalProperties": False,
 }
 OAI_TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
-                                      "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time",
-                                      "parameters": {"type": "object", "properties": {},
-                                                     "additionalProperties": False}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    },
+]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 PERSON = {
     "type": "object",
@@ -59,8 +66,12 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def live(model: Path) -> Iterator[LiveServer]:
     # hint mode: the answer is the resident model's, so logprobs can be checked against it
-    config = ServerConfig(model=model, model_id="edge0-demo", api_key=KEY,
-                          engine={"tiers": TIERS, "mode": "hint", "max_batch": BATCH})  # fmt: skip
+    config = ServerConfig(
+        model=model,
+        model_id="edge0-demo",
+        api_key=KEY,
+        engine={"tiers": TIERS, "mode": "hint", "max_batch": BATCH},
+    )
     server = LiveServer(config)
     with server:
         yield server
@@ -88,8 +99,14 @@ def _streamed_call(chunks: Any) -> tuple[str, dict[str, Any], str]:
 
 def test_openai_tool_round_trip_plain_and_streamed(live: LiveServer) -> None:
     client = oai(live)
-    args: dict[str, Any] = dict(model="edge0-demo", messages=ASK, tools=OAI_TOOLS,
-                                tool_choice="required", max_tokens=60, seed=1)  # fmt: skip
+    args: dict[str, Any] = dict(
+        model="edge0-demo",
+        messages=ASK,
+        tools=OAI_TOOLS,
+        tool_choice="required",
+        max_tokens=60,
+        seed=1,
+    )
     first = client.chat.completions.create(**args)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
@@ -102,16 +119,31 @@ def test_openai_tool_round_trip_plain_and_streamed(live: LiveServer) -> None:
     name, streamed, finish = _streamed_call(client.chat.completions.create(**args, stream=True))
     assert (name, streamed, finish) == (call.function.name, arguments, "tool_calls")
     # the tool's result goes back; the model answers in text (tool_choice none)
-    history = [*ASK, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]  # fmt: skip
-    final = client.chat.completions.create(model="edge0-demo", messages=history, tools=OAI_TOOLS,
-                                           tool_choice="none", max_tokens=8, seed=2)  # fmt: skip
+    history = [
+        *ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"},
+    ]
+    final = client.chat.completions.create(
+        model="edge0-demo",
+        messages=history,
+        tools=OAI_TOOLS,
+        tool_choice="none",
+        max_tokens=8,
+        seed=2,
+    )
     assert final.choices[0].finish_reason in ("stop", "length")
     assert isinstance(final.choices[0].message.content, str)
     assert not final.choices[0].message.tool_calls
-    pieces = client.chat.completions.create(model="edge0-demo", messages=history, max_tokens=8,
-                                            tools=OAI_TOOLS, tool_choice="none", seed=2,
-                                            stream=True)  # fmt: skip
+    pieces = client.chat.completions.create(
+        model="edge0-demo",
+        messages=history,
+        max_tokens=8,
+        tools=OAI_TOOLS,
+        tool_choice="none",
+        seed=2,
+        stream=True,
+    )
     text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
     assert text == final.choices[0].message.content
 
@@ -120,9 +152,13 @@ def test_openai_named_tool_choice_forces_that_tool(live: LiveServer) -> None:
     client = oai(live)
     for name in ("get_time", "get_weather"):
         out = client.chat.completions.create(
-            model="edge0-demo", messages=ASK, tools=OAI_TOOLS, max_tokens=60, seed=3,
+            model="edge0-demo",
+            messages=ASK,
+            tools=OAI_TOOLS,
+            max_tokens=60,
+            seed=3,
             tool_choice={"type": "function", "function": {"name": name}},
-        )  # fmt: skip
+        )
         (call,) = out.choices[0].message.tool_calls or []
         assert call.function.name == name
 
@@ -130,8 +166,13 @@ def test_openai_named_tool_choice_forces_that_tool(live: LiveServer) -> None:
 def test_anthropic_tool_round_trip_plain_and_streamed(live: LiveServer) -> None:
     client = claude(live)
     tools: Any = [{"name": "get_weather", "description": "Weather now", "input_schema": WEATHER}]
-    args: dict[str, Any] = dict(model="edge0-demo", max_tokens=60, messages=ASK, tools=tools,
-                                tool_choice={"type": "tool", "name": "get_weather"})  # fmt: skip
+    args: dict[str, Any] = dict(
+        model="edge0-demo",
+        max_tokens=60,
+        messages=ASK,
+        tools=tools,
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
     msg = client.messages.create(**args)
     assert msg.stop_reason == "tool_use"
     (use,) = [b for b in msg.content if b.type == "tool_use"]
@@ -142,48 +183,75 @@ def test_anthropic_tool_round_trip_plain_and_streamed(live: LiveServer) -> None:
     (streamed,) = [b for b in final.content if b.type == "tool_use"]
     assert final.stop_reason == "tool_use" and streamed.name == "get_weather"
     jsonschema.validate(streamed.input, WEATHER)  # rebuilt by the SDK from input_json_delta
-    history: Any = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                  "content": "18 C, sunny"}]}]  # fmt: skip
+    history: Any = [
+        *ASK,
+        {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C, sunny"}],
+        },
+    ]
     greedy: Any = {"temperature": 0.0}  # (Anthropic has no seed)
-    answer = client.messages.create(model="edge0-demo", max_tokens=8, messages=history,
-                                    tools=tools, tool_choice={"type": "none"},
-                                    extra_body=greedy)  # fmt: skip
+    answer = client.messages.create(
+        model="edge0-demo",
+        max_tokens=8,
+        messages=history,
+        tools=tools,
+        tool_choice={"type": "none"},
+        extra_body=greedy,
+    )
     assert answer.stop_reason in ("end_turn", "max_tokens")
     assert answer.content[0].type == "text"
-    again = dict(model="edge0-demo", max_tokens=8, messages=history, tools=tools,
-                 tool_choice={"type": "none"}, extra_body=greedy)  # fmt: skip
+    again = dict(
+        model="edge0-demo",
+        max_tokens=8,
+        messages=history,
+        tools=tools,
+        tool_choice={"type": "none"},
+        extra_body=greedy,
+    )
     with client.messages.stream(**again) as stream:
         assert "".join(stream.text_stream) == answer.content[0].text
 
 
 def test_json_schema_output_validates_for_50_seeds(live: LiveServer) -> None:
     client = oai(live)
-    fmt: Any = {"type": "json_schema",
-                "json_schema": {"name": "person", "schema": PERSON, "strict": True}}  # fmt: skip
+    fmt: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+    }
     texts = []
     for seed in range(0, 50, BATCH):  # BATCH choices per request, choice i seeded seed + i
         out = client.chat.completions.create(
-            model="edge0-demo", messages=[{"role": "user", "content": "A person as JSON."}],
-            response_format=fmt, max_tokens=80, temperature=1.0, seed=seed, n=BATCH,
-        )  # fmt: skip
+            model="edge0-demo",
+            messages=[{"role": "user", "content": "A person as JSON."}],
+            response_format=fmt,
+            max_tokens=80,
+            temperature=1.0,
+            seed=seed,
+            n=BATCH,
+        )
         texts += [c.message.content or "" for c in out.choices]
     assert len(texts) == 50
     for text in texts:
         jsonschema.validate(json.loads(text), PERSON)
     assert len(set(texts)) > 10  # the seeds do differ
     obj = client.chat.completions.create(
-        model="edge0-demo", messages=ASK, max_tokens=40, seed=5,
+        model="edge0-demo",
+        messages=ASK,
+        max_tokens=40,
+        seed=5,
         response_format={"type": "json_object"},
-    )  # fmt: skip
+    )
     assert obj.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
 
 
 def test_logprobs_match_the_models_logits(live: LiveServer, model: Path) -> None:
     client = oai(live)
-    out = client.chat.completions.create(model="edge0-demo", messages=ASK, max_tokens=6,
-                                         temperature=0, logprobs=True, top_logprobs=3)  # fmt: skip
+    out = client.chat.completions.create(
+        model="edge0-demo", messages=ASK, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = out.choices[0].logprobs.content  # type: ignore[union-attr]
     tok = live.backend.engine.tokenizer
     prompt = tok.apply_chat_template(ASK, add_generation_prompt=True)
@@ -200,14 +268,25 @@ def test_logprobs_match_the_models_logits(live: LiveServer, model: Path) -> None
         assert [t.logprob for t in entry.top_logprobs] == sorted(
             [t.logprob for t in entry.top_logprobs], reverse=True
         )
-    streamed = client.chat.completions.create(model="edge0-demo", messages=ASK, max_tokens=6,
-                                              temperature=0, logprobs=True, top_logprobs=3,
-                                              stream=True)  # fmt: skip
-    entries = [e for c in streamed if c.choices and c.choices[0].logprobs
-               for e in c.choices[0].logprobs.content or []]  # fmt: skip
+    streamed = client.chat.completions.create(
+        model="edge0-demo",
+        messages=ASK,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    )
+    entries = [
+        e
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
     assert [e.model_dump() for e in entries] == [e.model_dump() for e in content]
-    comp = client.completions.create(model="edge0-demo", prompt="def main(", max_tokens=5,
-                                     temperature=0, logprobs=2)  # fmt: skip
+    comp = client.completions.create(
+        model="edge0-demo", prompt="def main(", max_tokens=5, temperature=0, logprobs=2
+    )
     lps = comp.choices[0].logprobs
     assert lps is not None and len(lps.token_logprobs or []) == 5
     assert "".join(lps.tokens or []) == comp.choices[0].text
@@ -220,8 +299,9 @@ def test_n_choices_equal_seeded_single_requests(live: LiveServer) -> None:
     many = client.chat.completions.create(**args, n=3, seed=11)
     singles = [client.chat.completions.create(**args, seed=11 + i) for i in range(3)]
     assert [c.index for c in many.choices] == [0, 1, 2]
-    assert [c.message.content for c in many.choices] == [s.choices[0].message.content
-                                                         for s in singles]  # fmt: skip
+    assert [c.message.content for c in many.choices] == [
+        s.choices[0].message.content for s in singles
+    ]
     assert len({c.message.content for c in many.choices}) > 1
     chunks = client.chat.completions.create(**args, n=3, seed=11, stream=True)
     texts = ["", "", ""]
@@ -229,8 +309,9 @@ def test_n_choices_equal_seeded_single_requests(live: LiveServer) -> None:
         for ch in c.choices:
             texts[ch.index] += ch.delta.content or ""
     assert texts == [c.message.content for c in many.choices]
-    comp = client.completions.create(model="edge0-demo", prompt="import", max_tokens=8, n=2,
-                                     seed=4, temperature=1.0)  # fmt: skip
+    comp = client.completions.create(
+        model="edge0-demo", prompt="import", max_tokens=8, n=2, seed=4, temperature=1.0
+    )
     assert len(comp.choices) == 2
     with pytest.raises(openai.BadRequestError, match="max-batch"):
         client.chat.completions.create(**args, n=BATCH + 1)
@@ -245,13 +326,17 @@ def test_a_constrained_request_decodes_in_one_batch_with_a_free_one(live: LiveSe
     steps_before = len(batcher.log)
 
     async def both() -> list[Any]:
-        async with openai.AsyncOpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0,
-                                      timeout=120) as aclient:  # fmt: skip
-            return list(await asyncio.gather(
-                aclient.chat.completions.create(**free),
-                aclient.chat.completions.create(model="edge0-demo", messages=ASK,
-                                                max_tokens=80, seed=9, response_format=fmt),
-            ))  # fmt: skip
+        async with openai.AsyncOpenAI(
+            base_url=f"{live.url}/v1", api_key=KEY, max_retries=0, timeout=120
+        ) as aclient:
+            return list(
+                await asyncio.gather(
+                    aclient.chat.completions.create(**free),
+                    aclient.chat.completions.create(
+                        model="edge0-demo", messages=ASK, max_tokens=80, seed=9, response_format=fmt
+                    ),
+                )
+            )
 
     together, shaped = asyncio.run(both())
     assert together.choices[0].message.content == alone  # hint mode: batched = solo

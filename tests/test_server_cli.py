@@ -100,9 +100,12 @@ def test_serve_errors_are_one_line(model: Path, tmp_path: Path) -> None:
 def _start(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """`edge0 serve ARGS` in a child process and its URL, once it listens."""
     proc = subprocess.Popen(
-        [*EDGE0, "serve", *args, "--port", "0"], env=env, stderr=subprocess.PIPE, text=True,
+        [*EDGE0, "serve", *args, "--port", "0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     assert proc.stderr is not None
     lines = []
     deadline = time.monotonic() + 120

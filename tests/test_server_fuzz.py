@@ -23,62 +23,153 @@ from edge0.server.app import ServerConfig
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 EXAMPLES = int(os.environ.get("EDGE0_FUZZ_EXAMPLES", "700"))  # per test; 3 tests
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))  # fmt: skip
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 NORMAL = {"prompt": "def f(x):", "max_tokens": 6, "temperature": 0}
 SENTINEL = "\x00edge0-fuzz-slot\x00"
-OPENAI_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-                 "stream_options", "n", "logprobs", "top_logprobs", "presence_penalty",
-                 "frequency_penalty", "best_of", "user", "logit_bias", "tools", "tool_choice",
-                 "response_format", "parallel_tool_calls")  # fmt: skip
+OPENAI_FIELDS = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "best_of",
+    "user",
+    "logit_bias",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "parallel_tool_calls",
+)
 MESSAGE_PATHS: tuple[tuple[str | int, ...], ...] = (
-    ("messages",), ("messages", 0), ("messages", 0, "role"), ("messages", 0, "content"),
-    ("messages", 1, "content"), ("messages", 1, "content", 0),
-    ("messages", 1, "content", 0, "type"), ("messages", 1, "content", 0, "text"),
+    ("messages",),
+    ("messages", 0),
+    ("messages", 0, "role"),
+    ("messages", 0, "content"),
+    ("messages", 1, "content"),
+    ("messages", 1, "content", 0),
+    ("messages", 1, "content", 0, "type"),
+    ("messages", 1, "content", 0, "text"),
     ("messages", 1, "name"),
-)  # fmt: skip
+)
 BODIES: dict[str, dict[str, Any]] = {
-    "/v1/completions": {"model": "m", "prompt": "def f(x):", "max_tokens": 1,
-                        "stream_options": {"include_usage": False}},
-    "/v1/chat/completions": {"model": "m", "max_tokens": 1, "messages": [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
-    "/v1/messages": {"model": "m", "max_tokens": 1, "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}]},
-}  # fmt: skip
+    "/v1/completions": {
+        "model": "m",
+        "prompt": "def f(x):",
+        "max_tokens": 1,
+        "stream_options": {"include_usage": False},
+    },
+    "/v1/chat/completions": {
+        "model": "m",
+        "max_tokens": 1,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ],
+    },
+    "/v1/messages": {
+        "model": "m",
+        "max_tokens": 1,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+        ],
+    },
+}
 FIELDS: dict[str, tuple[tuple[str | int, ...], ...]] = {
-    "/v1/completions": (*((f,) for f in OPENAI_FIELDS), ("prompt",), ("echo",), ("suffix",),
-                        ("stream_options", "include_usage")),
-    "/v1/chat/completions": (*((f,) for f in OPENAI_FIELDS), ("max_completion_tokens",),
-                             *MESSAGE_PATHS),
-    "/v1/messages": (("model",), ("max_tokens",), ("system",), ("temperature",), ("top_p",),
-                     ("top_k",), ("stop_sequences",), ("stream",), ("metadata",), ("tools",),
-                     ("tool_choice",), ("thinking",), *MESSAGE_PATHS),
-}  # fmt: skip
+    "/v1/completions": (
+        *((f,) for f in OPENAI_FIELDS),
+        ("prompt",),
+        ("echo",),
+        ("suffix",),
+        ("stream_options", "include_usage"),
+    ),
+    "/v1/chat/completions": (
+        *((f,) for f in OPENAI_FIELDS),
+        ("max_completion_tokens",),
+        *MESSAGE_PATHS,
+    ),
+    "/v1/messages": (
+        ("model",),
+        ("max_tokens",),
+        ("system",),
+        ("temperature",),
+        ("top_p",),
+        ("top_k",),
+        ("stop_sequences",),
+        ("stream",),
+        ("metadata",),
+        ("tools",),
+        ("tool_choice",),
+        ("thinking",),
+        *MESSAGE_PATHS,
+    ),
+}
 
 # --- raw JSON text for one value ---------------------------------------------------------------
-leaves = (st.none() | st.booleans() | st.integers() | st.text(max_size=40)
-          | st.floats(allow_nan=False, allow_infinity=False))  # fmt: skip
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
 values = st.recursive(
     leaves,
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner,
-                                                                 max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
     max_leaves=20,
-)  # fmt: skip
+)
 raw_value = st.one_of(
     st.builds(json.dumps, values, ensure_ascii=st.booleans()),
     st.integers(1, 3_000).map(lambda n: "[" * n + "]" * n),  # deep
     st.integers(1, 3_000).map(lambda n: '{"a": ' * n + "1" + "}" * n),
     st.integers(1, 6_000).map(lambda n: "9" * n),  # huge integer literals
-    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "-0", "1e-400",
-                     "18446744073709551616", "-9223372036854775809", "0.5", "1" + "0" * 400]),
-    st.lists(st.sampled_from(["a", "\\ud800", "\\udfff", "\\ud83d\\ude00", "\\u0000", "\u202e",
-                              "\U0001f600", "\\n", "\\\\", "\u0301"]), max_size=8)
-    .map(lambda parts: '"' + "".join(parts) + '"'),  # lone surrogates and odd code points
+    st.sampled_from(
+        [
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e400",
+            "-1e400",
+            "-0",
+            "1e-400",
+            "18446744073709551616",
+            "-9223372036854775809",
+            "0.5",
+            "1" + "0" * 400,
+        ]
+    ),
+    st.lists(
+        st.sampled_from(
+            [
+                "a",
+                "\\ud800",
+                "\\udfff",
+                "\\ud83d\\ude00",
+                "\\u0000",
+                "\u202e",
+                "\U0001f600",
+                "\\n",
+                "\\\\",
+                "\u0301",
+            ]
+        ),
+        max_size=8,
+    ).map(lambda parts: '"' + "".join(parts) + '"'),  # lone surrogates and odd code points
     st.integers(1, 200_000).map(lambda n: json.dumps("x" * n)),  # long (413 past max_body)
     st.lists(st.integers(-5, 600), min_size=1, max_size=30).map(json.dumps),  # token ids
-)  # fmt: skip
+)
 
 
 def put(body: dict[str, Any], path: tuple[str | int, ...], raw: str) -> bytes:
@@ -95,8 +186,13 @@ def put(body: dict[str, Any], path: tuple[str | int, ...], raw: str) -> bytes:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, str]]:
     # 32 positions: every request that generates ends within ~30 steps of a tiny model
     store = build_store(tmp_path_factory.mktemp("fuzz"), "qwen3_moe", max_positions=32)
-    config = ServerConfig(model=Path(store), engine={"tiers": "pread", "mode": "route"},
-                          model_id="m", api_key=KEY, max_body=64 << 10)  # fmt: skip
+    config = ServerConfig(
+        model=Path(store),
+        engine={"tiers": "pread", "mode": "route"},
+        model_id="m",
+        api_key=KEY,
+        max_body=64 << 10,
+    )
     with LiveServer(config) as url, httpx.Client(base_url=url, timeout=120) as client:
         yield client, normal_text(client)
 
@@ -147,16 +243,27 @@ def test_any_extra_key_or_whole_body_is_answered_below_500(
 @given(
     method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "BREW"]),
     path=st.one_of(
-        st.sampled_from(["/health", "/metrics", "/v1/models", "/v1/completions",
-                         "/v1/chat/completions", "/v1/messages", "/v1/models/m"]),
+        st.sampled_from(
+            [
+                "/health",
+                "/metrics",
+                "/v1/models",
+                "/v1/completions",
+                "/v1/chat/completions",
+                "/v1/messages",
+                "/v1/models/m",
+            ]
+        ),
         st.text(max_size=30).map(lambda t: "/v1/models/" + quote(t, safe="")),
         st.text(max_size=30).map(lambda t: "/" + quote(t, safe="/")),
         st.just("/v1/models/%ED%A0%80%FF"),
     ),
-    key=st.one_of(st.just(KEY), st.text(st.characters(max_codepoint=255, exclude_characters=
-                                                      "\r\n\x00"), max_size=40)),
+    key=st.one_of(
+        st.just(KEY),
+        st.text(st.characters(max_codepoint=255, exclude_characters="\r\n\x00"), max_size=40),
+    ),
     header=st.sampled_from(["authorization", "x-api-key", "content-type", "accept"]),
-)  # fmt: skip
+)
 def test_any_path_method_and_header_is_answered_below_500(
     server: tuple[httpx.Client, str], method: str, path: str, key: str, header: str
 ) -> None:

@@ -32,8 +32,13 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(model: Path, **kw: Any) -> ServerConfig:
-    return ServerConfig(model=model, engine={"tiers": TIERS, "mode": "route", **kw},
-                        model_id="edge0-demo", api_key=KEY, max_body=1 << 20)  # fmt: skip
+    return ServerConfig(
+        model=model,
+        engine={"tiers": TIERS, "mode": "route", **kw},
+        model_id="edge0-demo",
+        api_key=KEY,
+        max_body=1 << 20,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +97,27 @@ def test_nesting_up_to_the_limit_is_parsed(url: str) -> None:
     [
         ("/v1/completions", "prompt", '"a\\ud800b"', "prompt"),
         ("/v1/completions", "stop", '["\\udfff"]', "stop[0]"),
-        ("/v1/chat/completions", "messages",
-         '[{"role": "user", "content": "hi \\udc00"}]', "messages[0].content"),
-        ("/v1/chat/completions", "messages",
-         '[{"role": "user", "content": [{"type": "text", "text": "\\ud83d"}]}]',
-         "messages[0].content[0].text"),
-        ("/v1/messages", "messages", '[{"role": "user", "content": "\\ud800"}]',
-         "messages[0].content"),
+        (
+            "/v1/chat/completions",
+            "messages",
+            '[{"role": "user", "content": "hi \\udc00"}]',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            "messages",
+            '[{"role": "user", "content": [{"type": "text", "text": "\\ud83d"}]}]',
+            "messages[0].content[0].text",
+        ),
+        (
+            "/v1/messages",
+            "messages",
+            '[{"role": "user", "content": "\\ud800"}]',
+            "messages[0].content",
+        ),
         ("/v1/messages", "system", '"\\udbff x"', "system"),
     ],
-)  # fmt: skip
+)
 def test_lone_surrogate_in_a_prompt_or_message_is_400(
     url: str, path: str, field: str, raw: str, param: str
 ) -> None:
@@ -156,10 +172,16 @@ def test_a_client_dropping_mid_upload_is_no_internal_error(url: str) -> None:
         with socket.create_connection((host, int(port)), timeout=30) as sock:
             sock.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
-                + f"Authorization: Bearer {KEY}\r\n\r\n".encode() + b'{"prompt": "' + b"x" * 999
-            )  # fmt: skip
-        _wait(lambda: metric(url, "edge0_http_responses_total", route="/v1/completions",
-                             status="499") > before)  # fmt: skip
+                + f"Authorization: Bearer {KEY}\r\n\r\n".encode()
+                + b'{"prompt": "'
+                + b"x" * 999
+            )
+        _wait(
+            lambda: (
+                metric(url, "edge0_http_responses_total", route="/v1/completions", status="499")
+                > before
+            )
+        )
     assert not [e for e in events if e.get("log_level") in ("error", "critical")], events
     assert metric(url, "edge0_error_responses_total", status="500") == 0
 
@@ -175,8 +197,7 @@ def _wait(cond: Any, timeout: float = 30.0) -> None:
 
 def test_metrics_count_every_response_by_route_method_and_status(url: str) -> None:
     def count(route: str, method: str, status: str) -> float:
-        return metric(url, "edge0_http_responses_total", route=route, method=method,
-                      status=status)  # fmt: skip
+        return metric(url, "edge0_http_responses_total", route=route, method=method, status=status)
 
     cases = [  # (method, path, headers, route label, status)
         ("GET", "/health", AUTH, "/health", "200"),
@@ -215,11 +236,14 @@ def test_requests_past_the_shutdown_grace_end_in_the_api_shape(model: Path) -> N
     with server as base:
         body = {"prompt": "def f(x):", "max_tokens": 400, "temperature": 0}
         threads = [
-            threading.Thread(target=_stream_events, args=(base, "/v1/completions",
-                                                           {**body, "stream": True}, long_stream)),
-            threading.Thread(target=_whole, args=(base, "/v1/messages",
-                                                  {**CHAT, "max_tokens": 400}, long_whole)),
-        ]  # fmt: skip
+            threading.Thread(
+                target=_stream_events,
+                args=(base, "/v1/completions", {**body, "stream": True}, long_stream),
+            ),
+            threading.Thread(
+                target=_whole, args=(base, "/v1/messages", {**CHAT, "max_tokens": 400}, long_whole)
+            ),
+        ]
         for t in threads:
             t.start()
         _wait(lambda: len(long_stream) > 3)  # the stream is under way

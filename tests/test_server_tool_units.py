@@ -98,16 +98,20 @@ def test_forcing_a_call_needs_the_json_tool_format() -> None:
     ("body", "words"),
     [
         ({"tool_choice": "required"}, "needs `tools`"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-         "not in `tools`"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "not in `tools`",
+        ),
         ({"tools": TOOLS * 2}, "twice"),
         ({"tools": [{"type": "custom", "custom": {}}]}, '"type": "function"'),
         ({"response_format": {"type": "yaml"}}, "json_schema"),
         ({"top_logprobs": 2}, "needs `logprobs: true`"),
-        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
-         "send one"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "send one",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_agent_fields_are_refused(body: dict[str, Any], words: str) -> None:
     with pytest.raises(RequestError, match=words):
         _chat(**body)

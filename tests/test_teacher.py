@@ -56,8 +56,13 @@ def _check(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> None:
 
 
 def test_teacher_files_and_shape() -> None:
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json"):  # fmt: skip
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ):
         assert (TEACHER / name).is_file(), name
     total = sum(f.stat().st_size for f in TEACHER.iterdir())
     assert total <= MAX_BYTES, f"shipped teacher is {total / 2**20:.1f} MiB"

@@ -77,8 +77,19 @@ def test_bench_helpers(tmp_path: Path) -> None:
 def test_bench_tiers_json_to_a_file_keeps_the_table(tmp_path: Path) -> None:
     tiny_store(tmp_path)
     out = tmp_path / "rows.json"
-    args = ["bench", "tiers", str(tmp_path), "--reads", "4", "--qd", "1", "--tiers", "pread",
-            "--json", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        "tiers",
+        str(tmp_path),
+        "--reads",
+        "4",
+        "--qd",
+        "1",
+        "--tiers",
+        "pread",
+        "--json",
+        str(out),
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     rows = json.loads(out.read_text())["rows"]

@@ -114,8 +114,9 @@ def test_failed_read_is_not_cached_and_reaches_waiters(store) -> None:  # type: 
     async def main() -> None:
         gate = asyncio.Event()
         tier, inner = _ram(store, 4, failures=1, gate=gate)
-        tasks = [asyncio.create_task(tier.read_into(key, bytearray(m.record_size)))
-                 for _ in range(3)]  # fmt: skip
+        tasks = [
+            asyncio.create_task(tier.read_into(key, bytearray(m.record_size))) for _ in range(3)
+        ]
         await asyncio.sleep(0.01)
         gate.set()
         results = await asyncio.gather(*tasks, return_exceptions=True)

@@ -24,9 +24,16 @@ from edge0.storage.spec import (
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("4096", 4096), ("1GiB", 1 << 30), ("512MiB", 512 << 20), ("400MB", 400_000_000),
-     ("16k", 16_000), ("1.5kib", 1536), (" 2 gb ", 2_000_000_000)],
-)  # fmt: skip
+    [
+        ("4096", 4096),
+        ("1GiB", 1 << 30),
+        ("512MiB", 512 << 20),
+        ("400MB", 400_000_000),
+        ("16k", 16_000),
+        ("1.5kib", 1536),
+        (" 2 gb ", 2_000_000_000),
+    ],
+)
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
 

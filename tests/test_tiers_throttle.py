@@ -149,14 +149,17 @@ def _one_after_another(path: str, mem: dict[str, Any]) -> list[ReadInfo]:
     """Three reads, each after the last, through the loop's path or the threads' path."""
     clock = FakeClock()
     inner = (MemTier if path == "loop" else BlockingMemTier)(clock, **mem)
-    tier = ThrottleTier(inner, bw=BW, lat=LAT, qd=1, clock=clock, sleep=clock.sleep,
-                        sleep_blocking=_advance(clock))  # fmt: skip
+    tier = ThrottleTier(
+        inner, bw=BW, lat=LAT, qd=1, clock=clock, sleep=clock.sleep, sleep_blocking=_advance(clock)
+    )
     assert tier.blocking == (path == "thread")
     bufs = [bytearray(SIZE) for _ in range(3)]
 
     async def seq() -> list[ReadInfo]:
-        return [(await clock.run(tier.read_into(ExpertKey(1, i), memoryview(b))))[0]
-                for i, b in enumerate(bufs)]  # fmt: skip
+        return [
+            (await clock.run(tier.read_into(ExpertKey(1, i), memoryview(b))))[0]
+            for i, b in enumerate(bufs)
+        ]
 
     if path == "loop":
         infos = asyncio.run(seq())

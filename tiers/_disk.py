@@ -150,14 +150,24 @@ class DiskTier:
                 break
             except (OSError, ReadFault) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                log.warning("tier.read_failed", tier=self.name, file=str(self.path),
-                            layer=key.layer, expert=key.expert, offset=offset,
-                            attempt=attempt, reason=reason)  # fmt: skip
+                log.warning(
+                    "tier.read_failed",
+                    tier=self.name,
+                    file=str(self.path),
+                    layer=key.layer,
+                    expert=key.expert,
+                    offset=offset,
+                    attempt=attempt,
+                    reason=reason,
+                )
                 if attempt > self.retries:
                     raise TierReadError(
                         f"{reason} (after {attempt} attempts)",
-                        file=str(self.path), layer=key.layer, expert=key.expert, offset=offset,
-                    ) from exc  # fmt: skip
+                        file=str(self.path),
+                        layer=key.layer,
+                        expert=key.expert,
+                        offset=offset,
+                    ) from exc
         if check:
             self._verified.add(index)
         size = self.manifest.record_size

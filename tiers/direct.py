@@ -69,9 +69,13 @@ class DirectTier(DiskTier):
                 self._fallback("this OS has neither O_DIRECT nor F_NOCACHE")
 
     def _fallback(self, why: str) -> None:
-        log.warning("direct.fallback", file=str(self.path), reason=why,
-                    note="reading through the page cache like the pread tier; "
-                         "cold-read figures will include cache effects")  # fmt: skip
+        log.warning(
+            "direct.fallback",
+            file=str(self.path),
+            reason=why,
+            note="reading through the page cache like the pread tier; "
+            "cold-read figures will include cache effects",
+        )
 
     def _read_raw(self, offset: int, length: int, dest: memoryview) -> int:
         if self.mode != "o_direct":

@@ -49,8 +49,12 @@ class MmapTier(DiskTier):
         except (OSError, ValueError, AttributeError) as exc:
             if not self._advise_warned:
                 self._advise_warned = True
-                log.warning("mmap.madvise_failed", file=str(self.path), error=str(exc),
-                            note="continuing with plain page faults (slower)")  # fmt: skip
+                log.warning(
+                    "mmap.madvise_failed",
+                    file=str(self.path),
+                    error=str(exc),
+                    note="continuing with plain page faults (slower)",
+                )
         with memoryview(self._mm) as whole, whole[offset:end] as src:
             dest[:] = src
         with contextlib.suppress(OSError, ValueError, AttributeError):

@@ -148,8 +148,13 @@ class RamTier:
                 now = time.perf_counter()
                 return ReadInfo(info.tier, rec.nbytes, started, now, waited=now - started)
 
-    def _miss_blocking(self, key: ExpertKey, dest: memoryview, started: float,
-                       fut: concurrent.futures.Future[_Outcome]) -> ReadInfo:  # fmt: skip
+    def _miss_blocking(
+        self,
+        key: ExpertKey,
+        dest: memoryview,
+        started: float,
+        fut: concurrent.futures.Future[_Outcome],
+    ) -> ReadInfo:
         outcome: _Outcome = (None, None, None)
         try:
             info = self.inner.read_blocking(key, dest)  # type: ignore[attr-defined]
@@ -256,8 +261,12 @@ class RamTier:
             victim: Hashable | None = self._policy.victim()
             if victim is None:  # everything left is pinned
                 self.stats.not_cached += 1
-                log.debug("ram.not_cached", layer=key.layer, expert=key.expert,
-                          reason="budget full of pinned records")  # fmt: skip
+                log.debug(
+                    "ram.not_cached",
+                    layer=key.layer,
+                    expert=key.expert,
+                    reason="budget full of pinned records",
+                )
                 return
             self._policy.evicted(victim)
             evicted = self._entries.pop(cast(ExpertKey, victim))

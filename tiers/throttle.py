@@ -74,8 +74,11 @@ async def precise_sleep(delay: float) -> None:
         await asyncio.to_thread(time.sleep, rest)
 
 
-def sleep_until(end: float, clock: Callable[[], float] = time.perf_counter,
-                sleep: Callable[[float], None] = time.sleep) -> None:  # fmt: skip
+def sleep_until(
+    end: float,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Sleep on this thread until `clock()` reaches `end` (kernel timers: ~0.1 ms, no spinning)."""
     while (rest := end - clock()) > 0:
         sleep(rest)
@@ -180,8 +183,9 @@ class ThrottleTier:
         return done
 
     def _done(self, info: ReadInfo, started: float, entered: float) -> ReadInfo:
-        return attrs.evolve(info, tier=self.name, started=started, finished=self._clock(),
-                            waited=entered - started)  # fmt: skip
+        return attrs.evolve(
+            info, tier=self.name, started=started, finished=self._clock(), waited=entered - started
+        )
 
     async def aclose(self) -> None:
         if self._pool is not None:  # run_in_pool waited for every read it started

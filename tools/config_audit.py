@@ -28,8 +28,10 @@ def verdict(rule: Rule | Rope) -> str:
         part = ", partial_rotary_factor" if rule.partial else ""
         fixed = "".join(f", {k} {json.dumps(v)} only" for k, v in rule.extra.items())
         subs = ", ".join(["rope_theta", *keys]) + part + fixed
-        return (f"computed for rope_type {', '.join(rule.types)} (reads {subs}); other types "
-                "and unread sub-keys refused")  # fmt: skip
+        return (
+            f"computed for rope_type {', '.join(rule.types)} (reads {subs}); other types "
+            "and unread sub-keys refused"
+        )
     if rule.accepts is not None and rule.does == COMPUTED:
         return f"computed; refused unless {rule.accepted}"
     if rule.accepts is not None:
@@ -49,11 +51,20 @@ def row(key: str, rule: Rule | Rope, view: dict[str, Any] | None = None) -> str:
 
 
 def audit() -> str:
-    lines = ["### Every family", "", "| field | Edge0 | what transformers does / why |",
-             "|---|---|---|"]  # fmt: skip
+    lines = [
+        "### Every family",
+        "",
+        "| field | Edge0 | what transformers does / why |",
+        "|---|---|---|",
+    ]
     lines += [row(k, r) for k, r in COMMON.items()]
-    lines += ["", "Multimodal wrappers (`qwen3_5_moe`, `llama4`): the fields beside `text_config`.",
-              "", "| field | Edge0 | what transformers does / why |", "|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Multimodal wrappers (`qwen3_5_moe`, `llama4`): the fields beside `text_config`.",
+        "",
+        "| field | Edge0 | what transformers does / why |",
+        "|---|---|---|",
+    ]
     lines += [row(k, r) for k, r in WRAPPER.items()]
     for model_type in supported_list().split(", "):
         view = transformers_view({"model_type": model_type})
@@ -61,9 +72,13 @@ def audit() -> str:
             view = view["text_config"]
         own = {k: r for k, r in table(model_type).items() if COMMON.get(k) is not r}
         title = f"`{model_type}`" + (" (`text_config`)" if model_type in TEXT_TYPES else "")
-        lines += ["", f"### {title}", "",
-                  "| field | transformers default | Edge0 | what transformers does / why |",
-                  "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"### {title}",
+            "",
+            "| field | transformers default | Edge0 | what transformers does / why |",
+            "|---|---|---|---|",
+        ]
         lines += [row(k, r, view) for k, r in sorted(own.items())]
     return "\n".join(lines) + "\n"
 

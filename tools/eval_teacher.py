@@ -38,8 +38,11 @@ def perplexity(nll: NllFn, windows: np.ndarray, batch: int, desc: str) -> dict[s
     for i in tqdm(range(0, len(windows), batch), desc=desc, leave=False):
         total += nll(windows[i : i + batch])
     loss = total / windows[:, 1:].size
-    return {"loss": round(loss, 4), "ppl": round(math.exp(loss), 3),
-            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    return {
+        "loss": round(loss, 4),
+        "ppl": round(math.exp(loss), 3),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def torch_nll(model_dir: Path) -> NllFn:
@@ -112,9 +115,10 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=None, help="evaluate only the first N windows")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument(
-        "--only", default="torch_fp32,mlx_fp32,mlx_int4_experts,mlx_int4_all",
+        "--only",
+        default="torch_fp32,mlx_fp32,mlx_int4_experts,mlx_int4_all",
         help="comma-separated subset of the four evaluations",
-    )  # fmt: skip
+    )
     p.add_argument("--generate", default=None, help="only print greedy continuations of this")
     p.add_argument("--max-tokens", type=int, default=64)
     args = p.parse_args()

@@ -42,18 +42,26 @@ def make_store(root: Path) -> Path:
 
 def one(store: Path, i: int, code_dir: str | None) -> tuple[int, str]:
     mode = MODES[i % len(MODES)]
-    proc = subprocess.run([sys.executable, "-c", CYCLE, str(store), mode], cwd=code_dir,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CYCLE, str(store), mode],
+        cwd=code_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.returncode, proc.stderr[-400:]
 
 
 @click.command()
 @click.option("--cycles", default=200, show_default=True, type=click.IntRange(1))
 @click.option("--jobs", default=2, show_default=True, type=click.IntRange(1))
-@click.option("--store", type=click.Path(path_type=Path), default=None,
-              help="An edge0-layout dir [default: a tiny one built in a temp dir].")  # fmt: skip
-@click.option("--code-dir", default=None,
-              help="Run the cycles with the edge0 found in this dir.")  # fmt: skip
+@click.option(
+    "--store",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="An edge0-layout dir [default: a tiny one built in a temp dir].",
+)
+@click.option("--code-dir", default=None, help="Run the cycles with the edge0 found in this dir.")
 def main(cycles: int, jobs: int, store: Path | None, code_dir: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = store or make_store(Path(tmp))
@@ -63,14 +71,18 @@ def main(cycles: int, jobs: int, store: Path | None, code_dir: str | None) -> No
         codes = collections.Counter(rc for rc, _ in results)
         aborts = [err for rc, err in results if rc in (134, -6) or "terminate called" in err]
         failures = [err for rc, err in results if rc != 0]
-        print(json.dumps({
-            "cycles": cycles,
-            "aborts": len(aborts),
-            "nonzero_exits": len(failures),
-            "exit_codes": {str(k): v for k, v in sorted(codes.items())},
-            "seconds": round(time.perf_counter() - t0, 1),
-            "code": code_dir or "installed",
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "cycles": cycles,
+                    "aborts": len(aborts),
+                    "nonzero_exits": len(failures),
+                    "exit_codes": {str(k): v for k, v in sorted(codes.items())},
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "code": code_dir or "installed",
+                }
+            )
+        )
         for err in failures[:3]:
             print("---", err, file=sys.stderr)
         sys.exit(1 if failures else 0)

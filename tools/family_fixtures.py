@@ -74,8 +74,7 @@ def main(model_types: tuple[str, ...], only_report: bool) -> None:
             result = golden.reference_logits(path, golden.prompt_ids(path))
         target = FIXTURES / "golden" / f"{model_type}.npz"
         np.savez_compressed(target, **result)
-        click.echo(f"{model_type}: {target.name}, decode ids "
-                   f"{result['decode_ids'].tolist()}")  # fmt: skip
+        click.echo(f"{model_type}: {target.name}, decode ids {result['decode_ids'].tolist()}")
 
 
 if __name__ == "__main__":

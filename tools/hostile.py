@@ -128,9 +128,13 @@ def main(keep: bool, code_dir: str | None) -> None:
     (left / "experts.bin").write_bytes(b"\0" * 4096)
     rows: list[tuple[str, list[str], bytes | None, Callable[[], str] | None, list[str]]] = []
 
-    def case(label: str, args: list[str], stdin: bytes | None = None,
-             after: Callable[[], str] | None = None,
-             prefix: list[str] | None = None) -> None:  # fmt: skip
+    def case(
+        label: str,
+        args: list[str],
+        stdin: bytes | None = None,
+        after: Callable[[], str] | None = None,
+        prefix: list[str] | None = None,
+    ) -> None:
         rows.append((label, args, stdin, after, prefix or []))
 
     def isolated(n: int) -> Path:  # a copy per destructive case (old versions deleted SRC)
@@ -156,17 +160,27 @@ def main(keep: bool, code_dir: str | None) -> None:
     g = ["--group-size", "32"]  # the tiny experts are 32 wide
     case("convert SRC SRC --force", ["convert", str(s1), str(s1), "--force", *g], after=intact(s1))
     case("convert SRC SRC/out", ["convert", str(s2), str(s2 / "out"), *g], after=intact(s2))
-    case("convert SRC PARENT --force", ["convert", str(s3), str(s3.parent), "--force", *g],
-         after=intact(s3))  # fmt: skip
-    case("convert SRC LINK-TO-SRC --force",
-         ["convert", str(s4), str(root / "link"), "--force", *g], after=intact(s4))  # fmt: skip
+    case(
+        "convert SRC PARENT --force",
+        ["convert", str(s3), str(s3.parent), "--force", *g],
+        after=intact(s3),
+    )
+    case(
+        "convert SRC LINK-TO-SRC --force",
+        ["convert", str(s4), str(root / "link"), "--force", *g],
+        after=intact(s4),
+    )
     thesis = root / "mine" / "thesis.txt"
-    case("convert SRC NON-EDGE0-DIR --force",
-         ["convert", str(src), str(root / "mine"), "--force", *g],
-         after=lambda: "thesis kept" if thesis.exists() else "THESIS LOST")  # fmt: skip
-    case("convert after a killed convert (DST.tmp-* left)",
-         ["convert", str(src), str(root / "e0b"), *g],
-         after=lambda: "leftover removed" if not left.exists() else "LEFTOVER KEPT")  # fmt: skip
+    case(
+        "convert SRC NON-EDGE0-DIR --force",
+        ["convert", str(src), str(root / "mine"), "--force", *g],
+        after=lambda: "thesis kept" if thesis.exists() else "THESIS LOST",
+    )
+    case(
+        "convert after a killed convert (DST.tmp-* left)",
+        ["convert", str(src), str(root / "e0b"), *g],
+        after=lambda: "leftover removed" if not left.exists() else "LEFTOVER KEPT",
+    )
     case("convert --bits 0", ["convert", str(src), str(root / "b0"), "--bits", "0"])
     case("convert --bits 8", ["convert", str(src), str(root / "b8"), "--bits", "8", *g])
     case("convert --group-size 48", ["convert", str(src), str(root / "g"), "--group-size", "48"])
@@ -199,30 +213,42 @@ def main(keep: bool, code_dir: str | None) -> None:
     shutil.copytree(src, src_link)
     _break_link(src_link / "tokenizer.json")
     out_link = root / "out-link"
-    case("convert: SRC tokenizer.json a broken link",
-         ["convert", str(src_link), str(out_link), *g],
-         after=lambda: "DST not written" if not out_link.exists() else
-         "DST has tokenizer.json" if (out_link / "tokenizer.json").exists()
-         else "DST WRITTEN WITHOUT tokenizer.json")  # fmt: skip
+    case(
+        "convert: SRC tokenizer.json a broken link",
+        ["convert", str(src_link), str(out_link), *g],
+        after=lambda: (
+            "DST not written"
+            if not out_link.exists()
+            else "DST has tokenizer.json"
+            if (out_link / "tokenizer.json").exists()
+            else "DST WRITTEN WITHOUT tokenizer.json"
+        ),
+    )
     bad = {
-        "edge0.json quantization.group_size 0":
-            lambda p: edit_json(p / man, lambda d: d["quantization"].update(group_size=0)),
-        "edge0.json quantization.bits 8 (int4 records)":
-            lambda p: edit_json(p / man, lambda d: d["quantization"].update(bits=8)),
-        "edge0.json n_experts null":
-            lambda p: edit_json(p / man, lambda d: d.update(n_experts=None)),
-        "edge0.json record_size a list":
-            lambda p: edit_json(p / man, lambda d: d.update(record_size=[1])),
+        "edge0.json quantization.group_size 0": lambda p: edit_json(
+            p / man, lambda d: d["quantization"].update(group_size=0)
+        ),
+        "edge0.json quantization.bits 8 (int4 records)": lambda p: edit_json(
+            p / man, lambda d: d["quantization"].update(bits=8)
+        ),
+        "edge0.json n_experts null": lambda p: edit_json(
+            p / man, lambda d: d.update(n_experts=None)
+        ),
+        "edge0.json record_size a list": lambda p: edit_json(
+            p / man, lambda d: d.update(record_size=[1])
+        ),
         "edge0.json fields[0].shape [1,2,3]": lambda p: edit_json(p / man, field_shape),
-        "edge0.json fields[1].dtype int7":
-            lambda p: edit_json(p / man, lambda d: d["fields"][1].update(dtype="int7")),
-        "edge0.json fields[2].offset +64":
-            lambda p: edit_json(p / man, lambda d: d["fields"][2].update(
-                offset=d["fields"][2]["offset"] + 64)),
-        "resident.safetensors header length 2**62":
-            lambda p: header_length(p / "resident.safetensors"),
+        "edge0.json fields[1].dtype int7": lambda p: edit_json(
+            p / man, lambda d: d["fields"][1].update(dtype="int7")
+        ),
+        "edge0.json fields[2].offset +64": lambda p: edit_json(
+            p / man, lambda d: d["fields"][2].update(offset=d["fields"][2]["offset"] + 64)
+        ),
+        "resident.safetensors header length 2**62": lambda p: header_length(
+            p / "resident.safetensors"
+        ),
         "experts.bin one flipped bit": lambda p: flip_record_byte(p / "experts.bin"),
-    }  # fmt: skip
+    }
     for label, fn in bad.items():
         d = damaged(store, root, f"case{len(rows)}", fn)
         case(f"verify: {label}", ["verify", str(d)])
@@ -234,16 +260,22 @@ def main(keep: bool, code_dir: str | None) -> None:
         rc, line = run([*prefix, *EDGE0, *args], stdin)
         tail = after() if after else ""
         print(f"| `{label}` | {rc} | {line.replace('|', '/')} | {tail} |")
-    for label, code in (("abandoned stream kept by reference, then a 2nd request", KEPT),
-                        ("same seed, hint vs resident", SEEDED)):  # fmt: skip
+    for label, code in (
+        ("abandoned stream kept by reference, then a 2nd request", KEPT),
+        ("same seed, hint vs resident", SEEDED),
+    ):
         rc, line = run([sys.executable, "-c", code, str(store)])
         print(f"| `{label}` (Python API) | {rc} | {line.replace('|', '/')} | |")
     # a write that fails mid-convert: RLIMIT_FSIZE makes writes past 64 KiB fail (EFBIG)
     # (the up-front free-space check makes a real ENOSPC need another writer filling the disk)
     out = root / "fsize"
-    proc = subprocess.run([*EDGE0, "convert", str(src), str(out), "--group-size", "32"],
-                          capture_output=True, timeout=600, preexec_fn=_fsize_limit,
-                          cwd=CODE_DIR)  # fmt: skip
+    proc = subprocess.run(
+        [*EDGE0, "convert", str(src), str(out), "--group-size", "32"],
+        capture_output=True,
+        timeout=600,
+        preexec_fn=_fsize_limit,
+        cwd=CODE_DIR,
+    )
     err = [ln for ln in proc.stderr.decode().splitlines() if "PyTorch" not in ln and ln.strip()]
     left_over = sorted(p.name for p in root.iterdir() if p.name.startswith("fsize"))
     print(

@@ -36,26 +36,38 @@ def field(body: dict, name: str, raw: str) -> bytes:
 
 
 CASES = [  # (label, path, raw body)
-    ("deep JSON (100,000 nested arrays)", "/v1/completions",
-     field({"prompt": "x"}, "prompt", "[" * 100_000 + "]" * 100_000)),
-    ("deep JSON (65 levels)", "/v1/chat/completions",
-     field(CHAT, "messages", "[" * 65 + "]" * 65)),
+    (
+        "deep JSON (100,000 nested arrays)",
+        "/v1/completions",
+        field({"prompt": "x"}, "prompt", "[" * 100_000 + "]" * 100_000),
+    ),
+    ("deep JSON (65 levels)", "/v1/chat/completions", field(CHAT, "messages", "[" * 65 + "]" * 65)),
     ("lone surrogate in a prompt", "/v1/completions", b'{"prompt": "a\\ud800", "max_tokens": 2}'),
-    ("lone surrogate in a chat message", "/v1/chat/completions",
-     field(CHAT, "messages", '[{"role": "user", "content": "\\udc00"}]')),
-    ("lone surrogate in an Anthropic message", "/v1/messages",
-     field(CHAT, "messages", '[{"role": "user", "content": "\\udc00"}]')),
-    ("integer literal of 5,000 digits", "/v1/completions",
-     field({"prompt": "x"}, "max_tokens", "9" * 5000)),
+    (
+        "lone surrogate in a chat message",
+        "/v1/chat/completions",
+        field(CHAT, "messages", '[{"role": "user", "content": "\\udc00"}]'),
+    ),
+    (
+        "lone surrogate in an Anthropic message",
+        "/v1/messages",
+        field(CHAT, "messages", '[{"role": "user", "content": "\\udc00"}]'),
+    ),
+    (
+        "integer literal of 5,000 digits",
+        "/v1/completions",
+        field({"prompt": "x"}, "max_tokens", "9" * 5000),
+    ),
     ("NaN literal", "/v1/completions", field({"prompt": "x"}, "temperature", "NaN")),
-]  # fmt: skip
+]
 
 
 def start(args: list[str], cwd: str | None) -> tuple[subprocess.Popen[str], str, list[str]]:
     """The server process, its URL and its stderr lines (read all along: a full pipe would
     stall a server that logs tracebacks)."""
-    proc = subprocess.Popen([*EDGE0, "serve", "--port", "0", *args], cwd=cwd, text=True,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [*EDGE0, "serve", "--port", "0", *args], cwd=cwd, text=True, stderr=subprocess.PIPE
+    )
     assert proc.stderr is not None
     lines: list[str] = []
     while line := proc.stderr.readline():
@@ -69,8 +81,10 @@ def start(args: list[str], cwd: str | None) -> tuple[subprocess.Popen[str], str,
 def drop_mid_upload(url: str) -> None:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
-                     b'\r\n{"prompt": "' + b"x" * 1000)  # fmt: skip
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+            b'\r\n{"prompt": "' + b"x" * 1000
+        )
     time.sleep(1.0)
 
 
@@ -99,8 +113,11 @@ def main(code_dir: str | None) -> None:
         for method, path in (("GET", "/v2/nowhere"), ("BREW", "/v1/messages")):
             row(f"`{method} {path}`", str(client.request(method, path).status_code), "")
         metrics = client.get("/metrics").text
-        counted = re.findall(r'edge0_http_responses_total\{method="(\w+)",route="([^"]+)",'
-                             r'status="(\d+)"\} (\S+)', metrics)  # fmt: skip
+        counted = re.findall(
+            r'edge0_http_responses_total\{method="(\w+)",route="([^"]+)",'
+            r'status="(\d+)"\} (\S+)',
+            metrics,
+        )
         summary = ", ".join(f"{m} {r} {s}: {float(n):g}" for m, r, s, n in counted)
         print(f"| /metrics: responses counted | - | {summary or '(none)'} | |")
         events: list[str] = []
@@ -123,9 +140,12 @@ def main(code_dir: str | None) -> None:
     time.sleep(0.5)  # the last lines of stderr
     lines = [ln.rstrip() for ln in log if ln.strip() and "PyTorch" not in ln]
     tracebacks = sum("Traceback" in ln for ln in lines)
-    row("SIGTERM mid-stream (300 tokens asked)", str(proc.returncode),
+    row(
+        "SIGTERM mid-stream (300 tokens asked)",
+        str(proc.returncode),
         (lines[-1] if lines else "") + f" — the stream's last event: {events[-1][:80]}",
-        f"trace written: {trace.is_file()}; tracebacks logged: {tracebacks}")  # fmt: skip
+        f"trace written: {trace.is_file()}; tracebacks logged: {tracebacks}",
+    )
 
 
 if __name__ == "__main__":

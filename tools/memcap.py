@@ -62,9 +62,7 @@ class Cgroup:
             elif not self.v1 and (self.path / "memory.swap.max").exists():
                 self._write("memory.swap.max", "0")
         except PermissionError:
-            raise CapError(
-                f"cannot create {self.path}: run as root (cgroups need it)"
-            ) from None
+            raise CapError(f"cannot create {self.path}: run as root (cgroups need it)") from None
 
     def _write(self, name: str, value: str) -> None:
         (self.path / name).write_text(value)

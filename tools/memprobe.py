@@ -114,23 +114,45 @@ async def probe(path: str, tokens: int, opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--tokens", default=4, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 def main(
-    model: str, mode: str, top_k: int | None, first_layer: str, predictor: str | None,
-    tiers: str, memory_budget: str | None, tokens: int, json_out: str | None,
-) -> None:  # fmt: skip
+    model: str,
+    mode: str,
+    top_k: int | None,
+    first_layer: str,
+    predictor: str | None,
+    tiers: str,
+    memory_budget: str | None,
+    tokens: int,
+    json_out: str | None,
+) -> None:
     """Decode a few tokens of MODEL and print where the memory is."""
-    opts = {"mode": mode, "top_k": top_k, "first_layer": first_layer, "predictor": predictor,
-            "tiers": tiers, "memory_budget": memory_budget}  # fmt: skip
+    opts = {
+        "mode": mode,
+        "top_k": top_k,
+        "first_layer": first_layer,
+        "predictor": predictor,
+        "tiers": tiers,
+        "memory_budget": memory_budget,
+    }
     out = asyncio.run(probe(model, tokens, opts))
-    click.echo(f"{'phase':<10} {'RSS':>7} {'peak RSS':>9} {'MLX active':>11} {'MLX peak':>9} "
-               f"{'MLX cache':>10}   (MiB)")  # fmt: skip
+    click.echo(
+        f"{'phase':<10} {'RSS':>7} {'peak RSS':>9} {'MLX active':>11} {'MLX peak':>9} "
+        f"{'MLX cache':>10}   (MiB)"
+    )
     for r in out["rows"]:
-        click.echo(f"{r['phase']:<10} {r['rss'] / _MIB:7.0f} {r['peak_rss'] / _MIB:9.0f} "
-                   f"{r['mlx_active'] / _MIB:11.0f} {r['mlx_peak'] / _MIB:9.0f} "
-                   f"{r['mlx_cache'] / _MIB:10.0f}")  # fmt: skip
-    click.echo("parts (MiB): " + ", ".join(f"{k} {v / _MIB:.1f}" for k, v in out["parts"].items())
-               + f", process baseline {out['baseline'] / _MIB:.1f}")  # fmt: skip
-    click.echo(f"peak RSS {out['peak_rss'] / _MIB:.1f} MiB = parts + working "
-               f"{out['working'] / _MIB:.1f} MiB; decode {out['decode_tps'] or 0:.2f} tok/s")
+        click.echo(
+            f"{r['phase']:<10} {r['rss'] / _MIB:7.0f} {r['peak_rss'] / _MIB:9.0f} "
+            f"{r['mlx_active'] / _MIB:11.0f} {r['mlx_peak'] / _MIB:9.0f} "
+            f"{r['mlx_cache'] / _MIB:10.0f}"
+        )
+    click.echo(
+        "parts (MiB): "
+        + ", ".join(f"{k} {v / _MIB:.1f}" for k, v in out["parts"].items())
+        + f", process baseline {out['baseline'] / _MIB:.1f}"
+    )
+    click.echo(
+        f"peak RSS {out['peak_rss'] / _MIB:.1f} MiB = parts + working "
+        f"{out['working'] / _MIB:.1f} MiB; decode {out['decode_tps'] or 0:.2f} tok/s"
+    )
     if out["plan"]:
         click.echo(out["plan"])
     if json_out:

@@ -94,8 +94,21 @@ class Namespaces:
         for r, (name, ip) in enumerate(zip(self.names, self.ips, strict=True)):
             sh("ip", "netns", "add", name)
             port = f"r{r}"
-            sh("ip", "-n", self.hub, "link", "add", port, "type", "veth",
-               "peer", "name", "eth0", "netns", name)  # fmt: skip
+            sh(
+                "ip",
+                "-n",
+                self.hub,
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                name,
+            )
             sh("ip", "-n", self.hub, "link", "set", port, "master", "br0", "up")
             sh("ip", "-n", name, "addr", "add", f"{ip}/24", "dev", "eth0")
             sh("ip", "-n", name, "link", "set", "eth0", "up")
@@ -111,8 +124,23 @@ class Namespaces:
         for ns, dev in ends:
             sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
             if rate != "none":
-                sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                   "burst", str(burst), "latency", "50ms")  # fmt: skip
+                sh(
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "50ms",
+                )
 
     def hosts_for(self, n: int) -> Path:
         """A hosts file naming the first `n` ranks' namespaces and addresses."""
@@ -137,8 +165,7 @@ class Namespaces:
 
 def ours() -> list[str]:
     """Every namespace this tool made (by its prefix), e.g. left over by a killed run."""
-    return [ln.split()[0] for ln in sh("ip", "netns", "list").splitlines()
-            if ln.startswith(PREFIX)]  # fmt: skip
+    return [ln.split()[0] for ln in sh("ip", "netns", "list").splitlines() if ln.startswith(PREFIX)]
 
 
 def teardown(names: list[str]) -> None:
@@ -179,11 +206,18 @@ def main() -> None:
 
 
 RANKS = click.option("--ranks", type=click.IntRange(1, 64), default=2, show_default=True)
-RATE = click.option("--rate", default="1gbit", show_default=True,
-                    help="tbf rate on every link end (tc's units), or none")  # fmt: skip
-BURST = click.option("--burst", type=click.IntRange(MTU_FRAME), default=None,
-                     help="tbf bucket in bytes [default: what the link sends in 10 us, at "
-                     "least two full frames]")  # fmt: skip
+RATE = click.option(
+    "--rate",
+    default="1gbit",
+    show_default=True,
+    help="tbf rate on every link end (tc's units), or none",
+)
+BURST = click.option(
+    "--burst",
+    type=click.IntRange(MTU_FRAME),
+    default=None,
+    help="tbf bucket in bytes [default: what the link sends in 10 us, at least two full frames]",
+)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -271,9 +305,17 @@ def client(ip: str, mib: int) -> None:
     got = int.from_bytes(_recv(conn, 8), "little")
     secs = time.perf_counter() - t0
     trips.sort()
-    print(json.dumps(dict(message_bytes=MESSAGE, rtt_ms_median=trips[100] * 1e3,
-                          rtt_ms_p90=trips[180] * 1e3, bulk_mib=got / 2**20,
-                          bulk_mb_s=got / secs / 1e6)))  # fmt: skip
+    print(
+        json.dumps(
+            dict(
+                message_bytes=MESSAGE,
+                rtt_ms_median=trips[100] * 1e3,
+                rtt_ms_p90=trips[180] * 1e3,
+                bulk_mib=got / 2**20,
+                bulk_mb_s=got / secs / 1e6,
+            )
+        )
+    )
 
 
 def _connect(ip: str) -> socket.socket:

@@ -116,9 +116,11 @@ def main() -> None:
     p.add_argument("--work", type=Path, required=True, help="dir for checkpoints, CSV, final model")
     p.add_argument("--steps", type=int, default=2000, help="schedule length (deterministic)")
     p.add_argument(
-        "--minutes", type=float, default=0.0,
+        "--minutes",
+        type=float,
+        default=0.0,
         help="if > 0: schedule by wall-clock instead, stopping after this many minutes",
-    )  # fmt: skip
+    )
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -213,15 +215,27 @@ def main() -> None:
             held = evaluate(model, held_small, args.batch)
             with open(csv_path, "a", newline="") as f:
                 csv.writer(f).writerow(
-                    [done, tokens_seen, f"{elapsed:.1f}", f"{lr:.6g}", f"{run_loss / run_n:.4f}",
-                     f"{held:.4f}", f"{run_aux / run_n:.4f}"]
-                )  # fmt: skip
+                    [
+                        done,
+                        tokens_seen,
+                        f"{elapsed:.1f}",
+                        f"{lr:.6g}",
+                        f"{run_loss / run_n:.4f}",
+                        f"{held:.4f}",
+                        f"{run_aux / run_n:.4f}",
+                    ]
+                )
             tqdm.write(f"step {done} train {run_loss / run_n:.3f} heldout {held:.3f}")
             run_loss, run_aux, run_n = 0.0, 0.0, 0
         if done % args.ckpt_every == 0 or last:
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
-                     "rng": rng.bit_generator.state, "tokens": tokens_seen,
-                     "elapsed": elapsed}  # fmt: skip
+            state = {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "step": done,
+                "rng": rng.bit_generator.state,
+                "tokens": tokens_seen,
+                "elapsed": elapsed,
+            }
             torch.save(state, ckpt_path.with_suffix(".tmp"))
             ckpt_path.with_suffix(".tmp").replace(ckpt_path)
     bar.close()
@@ -231,11 +245,15 @@ def main() -> None:
     held_all = heldout_windows(held_ids, args.ctx, None)
     held_loss = evaluate(model, held_all, args.batch)
     summary = {
-        "steps": done, "tokens_seen": tokens_seen, "train_seconds": round(elapsed, 1),
-        "tok_per_s": round(tokens_seen / elapsed, 1), "params": n_params,
-        "heldout_tokens": int(held_all[:, 1:].numel()), "heldout_loss_fp32": round(held_loss, 4),
+        "steps": done,
+        "tokens_seen": tokens_seen,
+        "train_seconds": round(elapsed, 1),
+        "tok_per_s": round(tokens_seen / elapsed, 1),
+        "params": n_params,
+        "heldout_tokens": int(held_all[:, 1:].numel()),
+        "heldout_loss_fp32": round(held_loss, 4),
         "heldout_ppl_fp32": round(math.exp(held_loss), 3),
-    }  # fmt: skip
+    }
     print(json.dumps(summary, indent=2))
     save_hf(model, args.corpus, args.work / "hf", eot_id)
     (args.work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

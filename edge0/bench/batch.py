@@ -28,9 +28,16 @@ _MIB = 1 << 20
 
 
 async def measure(
-    path: Path, tiers: str, mode: str, batch: int, k: int | None, tokens: int, prompt_len: int,
-    seed: int, same: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    path: Path,
+    tiers: str,
+    mode: str,
+    batch: int,
+    k: int | None,
+    tokens: int,
+    prompt_len: int,
+    seed: int,
+    same: bool = False,
+) -> dict[str, Any]:
     """One engine, `batch` concurrent requests; the figures of its full-batch decode steps.
     `same`: every request gets the same prompt (so the same greedy tokens and experts: the
     most a batch can share); else each its own random prompt."""
@@ -38,8 +45,9 @@ async def measure(
 
     rng = random.Random(seed)
     predictor = "init" if mode in ("hint", "route") else None
-    async with Engine.open(path, tiers=tiers, mode=mode, top_k=k, max_batch=batch,
-                           predictor=predictor) as eng:  # fmt: skip
+    async with Engine.open(
+        path, tiers=tiers, mode=mode, top_k=k, max_batch=batch, predictor=predictor
+    ) as eng:
         assert eng.batcher is not None or batch == 1
         vocab = int(getattr(eng.tokenizer, "vocab_size", 0) or 1000)
         warm = [rng.randrange(3, vocab) for _ in range(prompt_len)]
@@ -68,15 +76,21 @@ async def measure(
     n = sum(r[0] for r in rows)
     dec = sum(r[1] for r in rows)
     return {
-        "tiers": tiers, "mode": mode, "batch": batch, "k": k, "tokens": sum(got), "same": same,
-        "steps": len(rows), "agg_tps": n / dec if dec else 0.0,
+        "tiers": tiers,
+        "mode": mode,
+        "batch": batch,
+        "k": k,
+        "tokens": sum(got),
+        "same": same,
+        "steps": len(rows),
+        "agg_tps": n / dec if dec else 0.0,
         "per_request_tps": len(rows) / dec if dec else 0.0,
         "mib_per_token": sum(r[3] for r in rows) / n / _MIB if n else 0.0,
         "blocked_ms_per_step": statistics.fmean(r[2] for r in rows) * 1e3 if rows else 0.0,
         "compute_ms_per_step": statistics.fmean(r[4] for r in rows) * 1e3 if rows else 0.0,
         "cpu_ms_per_step": statistics.fmean(r[5] for r in rows) * 1e3 if rows else 0.0,
         "wall_s": wall,
-    }  # fmt: skip
+    }
 
 
 def calibrated_throttle(page: dict[str, Any], io_ratio: float, lat: str = "100us") -> str:
@@ -87,10 +101,18 @@ def calibrated_throttle(page: dict[str, Any], io_ratio: float, lat: str = "100us
 
 
 def run_bench(
-    path: Path, modes: list[str], batches: list[int], tiers: list[str], io_ratio: float | None,
-    k: int | None, tokens: int, prompt_len: int, repeats: int,
-    on_run: Callable[[dict[str, Any]], None] | None = None, same: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    path: Path,
+    modes: list[str],
+    batches: list[int],
+    tiers: list[str],
+    io_ratio: float | None,
+    k: int | None,
+    tokens: int,
+    prompt_len: int,
+    repeats: int,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+    same: bool = False,
+) -> dict[str, Any]:
     """Every (tier, mode, batch) variant, `repeats` interleaved rounds; medians per variant
     (`on_run` sees each run's figures as it ends)."""
     from edge0.loop import run
@@ -105,26 +127,42 @@ def run_bench(
         for tier in stacks:
             for mode in modes:
                 for b in batches:
-                    res = run(measure(path, tier, mode, b, k, tokens, prompt_len, rnd + 1,
-                                      same))  # fmt: skip
+                    res = run(measure(path, tier, mode, b, k, tokens, prompt_len, rnd + 1, same))
                     log.info("bench_batch_run", round=rnd, **res)
                     if on_run is not None:
                         on_run(res)
                     runs.setdefault((tier, mode, b), []).append(res)
     table = []
     for (tier, mode, b), rs in runs.items():
-        row = {key: statistics.median(r[key] for r in rs) for key in
-               ("agg_tps", "per_request_tps", "mib_per_token", "blocked_ms_per_step",
-                "compute_ms_per_step", "cpu_ms_per_step")}  # fmt: skip
+        row = {
+            key: statistics.median(r[key] for r in rs)
+            for key in (
+                "agg_tps",
+                "per_request_tps",
+                "mib_per_token",
+                "blocked_ms_per_step",
+                "compute_ms_per_step",
+                "cpu_ms_per_step",
+            )
+        }
         base = runs.get((tier, mode, 1))
         if base:  # per-round ratio to batch 1 of the same round
             row["x_batch1"] = statistics.median(
                 r["agg_tps"] / q["agg_tps"] for r, q in zip(rs, base, strict=True) if q["agg_tps"]
             )
         table.append({"tiers": tier, "mode": mode, "batch": b, "rounds": len(rs), **row})
-    return {"model": str(path), "k": k, "tokens": tokens, "prompt_len": prompt_len,
-            "repeats": repeats, "same_prompt": same, "calibration": calibration, "rows": table,
-            "load_avg": os.getloadavg()[0], "cpus": os.cpu_count()}  # fmt: skip
+    return {
+        "model": str(path),
+        "k": k,
+        "tokens": tokens,
+        "prompt_len": prompt_len,
+        "repeats": repeats,
+        "same_prompt": same,
+        "calibration": calibration,
+        "rows": table,
+        "load_avg": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -29,10 +29,15 @@ from edge0.kernels import native, ops
 SHAPES: dict[str, tuple[int, int, int, tuple[str, int, int], list[tuple[str, int, int]]]] = {
     "demo": (256, 128, 4, ("affine", 4, 64), [("q_proj", 256, 256), ("o_proj", 256, 256)]),
     "medium": (1024, 512, 8, ("affine", 4, 64), [("q_proj", 2048, 1024), ("o_proj", 1024, 1024)]),
-    "35b": (2048, 512, 8, ("affine", 4, 64),
-            [("q_proj", 8192, 2048), ("o_proj", 2048, 4096), ("shared up", 512, 2048)]),
+    "35b": (
+        2048,
+        512,
+        8,
+        ("affine", 4, 64),
+        [("q_proj", 8192, 2048), ("o_proj", 2048, 4096), ("shared up", 512, 2048)],
+    ),
     "gpt-oss-20b": (2880, 2880, 4, ("mxfp4", 4, 32), [("q_proj", 4096, 2880)]),
-}  # fmt: skip
+}
 
 
 def memory_bandwidth(mib: int = 512, rounds: int = 3) -> dict[str, float]:
@@ -83,20 +88,22 @@ def _linear_case(rows: int, cols: int, m: int, footprint: int) -> dict[str, Call
         "mlx": lambda: [
             mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
             for w, s, b in mats
-        ],  # fmt: skip
+        ],
     }
 
 
-def _ffn_case(d: int, ff: int, k: int, quant: tuple[str, int, int], m: int,
-              footprint: int) -> dict[str, Callable[[], Any]]:  # fmt: skip
+def _ffn_case(
+    d: int, ff: int, k: int, quant: tuple[str, int, int], m: int, footprint: int
+) -> dict[str, Callable[[], Any]]:
     mode, bits, group = quant
     oai = mode == "mxfp4"  # gpt-oss: biased projections, the clamped SwiGLU
     act = SwigluOAI() if oai else SwiGLU()
     slots = max(2 * k, -(-footprint // (3 * d * ff * bits // 8)))
 
     def stack(rows: int, cols: int) -> ops.Proj:
-        q = mx.quantize(mx.random.normal((slots, rows, cols)) * 0.05, group_size=group,
-                        bits=bits, mode=mode)  # fmt: skip
+        q = mx.quantize(
+            mx.random.normal((slots, rows, cols)) * 0.05, group_size=group, bits=bits, mode=mode
+        )
         bias = mx.zeros((slots, rows)) if oai else None
         return (q[0], q[1], q[2] if mode == "affine" else None, bias, group, bits, mode)
 
@@ -104,8 +111,10 @@ def _ffn_case(d: int, ff: int, k: int, quant: tuple[str, int, int], m: int,
     mx.eval([a for p in (up, gate, down) for a in p[:4] if a is not None])
     calls = slots // k  # every slot visited once per round: weights from DRAM
     perm = np.random.default_rng(0).permutation(slots)
-    idxs = [mx.array(perm[i * k:(i + 1) * k].reshape(1, 1, k).repeat(m, 0).astype(np.uint32))
-            for i in range(calls)]  # fmt: skip
+    idxs = [
+        mx.array(perm[i * k : (i + 1) * k].reshape(1, 1, k).repeat(m, 0).astype(np.uint32))
+        for i in range(calls)
+    ]
     # m rows each with its own k experts where the pool allows, else sharing them
     h = mx.random.normal((m, 1, 1, 1, d))
     per_slot = sum(_nbytes(p[:4]) for p in (up, gate, down)) // slots
@@ -113,8 +122,9 @@ def _ffn_case(d: int, ff: int, k: int, quant: tuple[str, int, int], m: int,
     def mlx_ffn(idx: mx.array) -> mx.array:
         def proj(p: ops.Proj, inp: mx.array) -> mx.array:
             w, s, b, bias, g, nb, md = p
-            y = mx.gather_qmm(inp, w, s, b, rhs_indices=idx, transpose=True, group_size=g,
-                              bits=nb, mode=md)  # fmt: skip
+            y = mx.gather_qmm(
+                inp, w, s, b, rhs_indices=idx, transpose=True, group_size=g, bits=nb, mode=md
+            )
             return y if bias is None else y + mx.expand_dims(bias[idx], -2)
 
         return proj(down, act(proj(up, h), proj(gate, h)))
@@ -132,9 +142,14 @@ def _ffn_case(d: int, ff: int, k: int, quant: tuple[str, int, int], m: int,
 
 
 def run_bench(
-    shapes: list[str], rows: list[int], rounds: int, threads: list[int], footprint_mib: int = 96,
-    progress: Callable[[dict[str, Any]], None] | None = None, int8: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    shapes: list[str],
+    rows: list[int],
+    rounds: int,
+    threads: list[int],
+    footprint_mib: int = 96,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    int8: bool = False,
+) -> dict[str, Any]:
     """Every case of `shapes` at `rows` (M), native at each thread count and MLX, interleaved
     (with `int8`, also the opt-in int8-activation path on one thread, and its error)."""
     mod = native.module()
@@ -143,9 +158,14 @@ def run_bench(
     if int8 and not mod.has_int8_inputs():
         raise RuntimeError(f"the {mod.isa()} row kernel has no int8-activation path to measure")
     footprint = footprint_mib * 2**20
-    result: dict[str, Any] = {"status": native.status(), "isa": mod.isa(), "rounds": rounds,
-                              "footprint_mib": footprint_mib, "cases": [],
-                              "load_before": os.getloadavg()}  # fmt: skip
+    result: dict[str, Any] = {
+        "status": native.status(),
+        "isa": mod.isa(),
+        "rounds": rounds,
+        "footprint_mib": footprint_mib,
+        "cases": [],
+        "load_before": os.getloadavg(),
+    }
     result["memory"] = memory_bandwidth()
     mx.random.seed(0)
     for shape in shapes:
@@ -178,8 +198,13 @@ def _int8_error(mod: Any, case: dict[str, Callable[[], Any]]) -> float:
     return float(np.abs(outs[True] - outs[False]).max() / np.abs(outs[False]).max())
 
 
-def _measure(mod: Any, case: dict[str, Callable[[], Any]], rounds: int,
-             threads: list[int], int8: bool = False) -> dict[str, Any]:  # fmt: skip
+def _measure(
+    mod: Any,
+    case: dict[str, Callable[[], Any]],
+    rounds: int,
+    threads: list[int],
+    int8: bool = False,
+) -> dict[str, Any]:
     nbytes = case["bytes"]()
     variants = [f"native {t}t" for t in threads] + ([INT8] if int8 else []) + ["mlx"]
     wall: dict[str, list[float]] = {v: [] for v in variants}
@@ -212,8 +237,11 @@ def _measure(mod: Any, case: dict[str, Callable[[], Any]], rounds: int,
         rec["int8_ratio_rounds"] = [n / m for n, m in zip(wall[INT8], wall["mlx"], strict=True)]
         rec["int8_ratio_median"] = statistics.median(rec["int8_ratio_rounds"])
     for v in variants:
-        rec[v] = {"gbs": statistics.median(wall[v]), "gbs_per_cpu_s": statistics.median(cpu[v]),
-                  "rounds": wall[v]}  # fmt: skip
+        rec[v] = {
+            "gbs": statistics.median(wall[v]),
+            "gbs_per_cpu_s": statistics.median(cpu[v]),
+            "rounds": wall[v],
+        }
     return rec
 
 
@@ -223,14 +251,23 @@ def markdown(result: dict[str, Any]) -> str:
     first = result["cases"][0]
     variants = [k for k in first if k.startswith("native")] + ["mlx"]
     int8 = "int8_ratio_median" in first
-    head = ["shape", "kernel", "M", *(f"{v} GB/s" for v in variants),
-            "native 1t / mlx (median of per-round ratios)"]  # fmt: skip
+    head = [
+        "shape",
+        "kernel",
+        "M",
+        *(f"{v} GB/s" for v in variants),
+        "native 1t / mlx (median of per-round ratios)",
+    ]
     if int8:
         head += ["int8 / mlx", "int8 max rel. error"]
-    lines = [f"memory: triad {mem['triad_gbs']:.1f} GB/s, read {mem['read_gbs']:.1f} GB/s "
-             f"(one thread); {result['status']}; load {result['load_before'][0]:.1f} -> "
-             f"{result['load_after'][0]:.1f}", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    lines = [
+        f"memory: triad {mem['triad_gbs']:.1f} GB/s, read {mem['read_gbs']:.1f} GB/s "
+        f"(one thread); {result['status']}; load {result['load_before'][0]:.1f} -> "
+        f"{result['load_after'][0]:.1f}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for c in result["cases"]:
         cells = [c["shape"], c["kernel"], str(c["m"])]
         cells += [f"{c[v]['gbs']:.2f} ({c[v]['gbs_per_cpu_s']:.2f}/cpu-s)" for v in variants]
@@ -238,7 +275,9 @@ def markdown(result: dict[str, Any]) -> str:
         cells.append(f"{c['ratio_median']:.1f}x ({lo:.1f}-{hi:.1f})")
         if int8:
             lo, hi = min(c["int8_ratio_rounds"]), max(c["int8_ratio_rounds"])
-            cells += [f"{c['int8_ratio_median']:.1f}x ({lo:.1f}-{hi:.1f})",
-                      f"{c['int8_rel_err']:.1e}"]  # fmt: skip
+            cells += [
+                f"{c['int8_ratio_median']:.1f}x ({lo:.1f}-{hi:.1f})",
+                f"{c['int8_rel_err']:.1e}",
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -13,8 +13,14 @@ from typing import Any
 from edge0.errors import ConfigError
 
 _MIB = 1 << 20
-COLORS = {"eval": "#4c72b0", "predict": "#8172b2", "wait": "#c44e52", "sample": "#64b5cd",
-          "demand": "#dd8452", "prefetch": "#55a868"}  # fmt: skip
+COLORS = {
+    "eval": "#4c72b0",
+    "predict": "#8172b2",
+    "wait": "#c44e52",
+    "sample": "#64b5cd",
+    "demand": "#dd8452",
+    "prefetch": "#55a868",
+}
 
 
 def _pyplot() -> Any:
@@ -40,8 +46,11 @@ def last_steps(trace: dict[str, Any], steps: int) -> tuple[list[dict], list[dict
     spans = [e for e in compute if e["args"]["step"] in chosen]
     t0 = min(e["ts"] for e in spans)
     t1 = max(e["ts"] + e["dur"] for e in spans)
-    reads = [e for e in events if e["cat"].startswith("read.") and e["ts"] + e["dur"] > t0
-             and e["ts"] < t1]  # fmt: skip
+    reads = [
+        e
+        for e in events
+        if e["cat"].startswith("read.") and e["ts"] + e["dur"] > t0 and e["ts"] < t1
+    ]
     return spans, reads, t0 / 1e3, t1 / 1e3
 
 
@@ -55,14 +64,22 @@ def timeline(traces: dict[str, Path], out: Path, steps: int = 3) -> Path:
         rows = ["compute"] + [f"reader {w - 1}" for w in workers]
         for e in spans:
             kind = e["cat"].split(".", 1)[1]
-            ax.broken_barh([(e["ts"] / 1e3 - t0, e["dur"] / 1e3)], (0.6, 0.8),
-                           color=COLORS.get(kind, "grey"), linewidth=0)  # fmt: skip
+            ax.broken_barh(
+                [(e["ts"] / 1e3 - t0, e["dur"] / 1e3)],
+                (0.6, 0.8),
+                color=COLORS.get(kind, "grey"),
+                linewidth=0,
+            )
         for e in reads:
             row = 1 + workers.index(e["tid"])
             kind = e["cat"].split(".", 1)[1]
-            ax.broken_barh([(e["ts"] / 1e3 - t0, e["dur"] / 1e3)], (row + 0.6, 0.8),
-                           color=COLORS.get(kind, "grey"), edgecolor="white",
-                           linewidth=0.3)  # fmt: skip
+            ax.broken_barh(
+                [(e["ts"] / 1e3 - t0, e["dur"] / 1e3)],
+                (row + 0.6, 0.8),
+                color=COLORS.get(kind, "grey"),
+                edgecolor="white",
+                linewidth=0.3,
+            )
         starts: dict[int, float] = {}
         for e in spans:
             step = e["args"]["step"]
@@ -95,8 +112,10 @@ def bars(report: dict[str, Any], out: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(4 + 1.6 * len(rows), 4.2))
     x = list(range(len(rows)))
     med = [v["median"]["decode_tps"] for v in rows]
-    err = [[m - v["min"]["decode_tps"] for m, v in zip(med, rows, strict=True)],
-           [v["max"]["decode_tps"] - m for m, v in zip(med, rows, strict=True)]]  # fmt: skip
+    err = [
+        [m - v["min"]["decode_tps"] for m, v in zip(med, rows, strict=True)],
+        [v["max"]["decode_tps"] - m for m, v in zip(med, rows, strict=True)],
+    ]
     panels = [
         ("decode tok/s (median, min-max)", med, err),
         ("blocked load ms/step", [v["median"]["blocked_ms_per_step"] for v in rows], None),
@@ -115,9 +134,11 @@ def bars(report: dict[str, Any], out: Path) -> Path:
 
 
 def sweep_plot(
-    points: dict[str, list[tuple[float, float, float, float]]], bounds: dict[str, float],
-    out: Path, title: str = "",
-) -> Path:  # fmt: skip
+    points: dict[str, list[tuple[float, float, float, float]]],
+    bounds: dict[str, float],
+    out: Path,
+    title: str = "",
+) -> Path:
     """Decode tok/s against bandwidth (GB/s, log axis), one line per mode, bounds dashed.
 
     points: mode -> [(GB/s, median tok/s, min, max)]; bounds: label -> tok/s.

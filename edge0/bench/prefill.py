@@ -28,10 +28,11 @@ def prefill_ratios(
 ) -> list[dict[str, Any]]:
     """Prefill tok/s of each chunked variant over the same variant at chunk 1, per round."""
     return paired_ratios(
-        variants, runs,
+        variants,
+        runs,
         lambda v: None if v.prefill_chunk in (None, 1) else attrs.evolve(v, prefill_chunk=1),
         "prefill_tps",
-    )  # fmt: skip
+    )
 
 
 def ratio_lines(rs: list[dict[str, Any]]) -> str:

@@ -78,8 +78,9 @@ class Variant:
         k = f"K={self.k}" if self.k is not None else "K=model"
         pred = f" ({self.predictor})" if self.mode in ("hint", "route") else ""
         if self.mode == "route" and (self.policy != "predicted" or self.deadline_ms is not None):
-            pred += f" {self.policy}" + ("" if self.deadline_ms is None
-                                         else f" {self.deadline_ms:g}ms")  # fmt: skip
+            pred += f" {self.policy}" + (
+                "" if self.deadline_ms is None else f" {self.deadline_ms:g}ms"
+            )
         tiers = "-" if self.mode == "resident" else self.tiers
         chunk = "" if self.prefill_chunk is None else f" chunk={self.prefill_chunk}"
         ops = "" if self.kernels == "native" else f" [{self.kernels} ops]"
@@ -114,11 +115,16 @@ class BenchOptions:
 
 
 def make_variants(
-    modes: Sequence[str], ks: Sequence[int | None], tiers: Sequence[str], predictor: str = "init",
-    chunks: Sequence[int | None] = (None,), policies: Sequence[str] = ("predicted",),
-    deadline_ms: float | None = None, kernels: Sequence[str] = ("native",),
+    modes: Sequence[str],
+    ks: Sequence[int | None],
+    tiers: Sequence[str],
+    predictor: str = "init",
+    chunks: Sequence[int | None] = (None,),
+    policies: Sequence[str] = ("predicted",),
+    deadline_ms: float | None = None,
+    kernels: Sequence[str] = ("native",),
     sync_every: Sequence[int | None] = (None,),
-) -> list[Variant]:  # fmt: skip
+) -> list[Variant]:
     """modes x K x tier stacks x prefill chunks x kernels, and route x route policies x
     --sync-every values (resident once per K: it reads nothing)."""
     from edge0.runtime.compute.steps import MODES
@@ -131,23 +137,39 @@ def make_variants(
             for spec in tiers[:1] if mode == "resident" else tiers:
                 for pol in policies if mode == "route" else ("predicted",):
                     dl = deadline_ms if pol != "predicted" else None
-                    out += [Variant(mode, k, spec, predictor, c, pol, dl, kern, g)
-                            for g in (sync_every if mode == "route" else (None,))
-                            for c in chunks for kern in kernels]  # fmt: skip
+                    out += [
+                        Variant(mode, k, spec, predictor, c, pol, dl, kern, g)
+                        for g in (sync_every if mode == "route" else (None,))
+                        for c in chunks
+                        for kern in kernels
+                    ]
     return out
 
 
 def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None) -> dict[str, Any]:
     return {
-        "label": v.label, "round": rnd, "model": str(opts.model), "mode": v.mode, "k": v.k,
-        "tiers": v.tiers, "predictor": v.predictor, "prompts": opts.prompts,
-        "prompt_len": opts.prompt_len, "tokens": opts.tokens,
-        "warmup_tokens": opts.warmup_tokens, "cold": opts.cold,
-        "memory_budget": opts.memory_budget, "first_layer": opts.first_layer,
-        "io_workers": opts.io_workers, "trace": trace, "prefill_chunk": v.prefill_chunk,
-        "route_policy": v.policy, "route_deadline_ms": v.deadline_ms, "kernels": v.kernels,
+        "label": v.label,
+        "round": rnd,
+        "model": str(opts.model),
+        "mode": v.mode,
+        "k": v.k,
+        "tiers": v.tiers,
+        "predictor": v.predictor,
+        "prompts": opts.prompts,
+        "prompt_len": opts.prompt_len,
+        "tokens": opts.tokens,
+        "warmup_tokens": opts.warmup_tokens,
+        "cold": opts.cold,
+        "memory_budget": opts.memory_budget,
+        "first_layer": opts.first_layer,
+        "io_workers": opts.io_workers,
+        "trace": trace,
+        "prefill_chunk": v.prefill_chunk,
+        "route_policy": v.policy,
+        "route_deadline_ms": v.deadline_ms,
+        "kernels": v.kernels,
         "sync_every": v.sync_every,
-    }  # fmt: skip
+    }
 
 
 def mem_available() -> int:
@@ -164,8 +186,11 @@ def run_subprocess(job: dict[str, Any], timeout_s: float, mem_floor: int) -> dic
         start = time.perf_counter()
         max_rss, stopped = 0, None
         with err.open("w") as ef:
-            proc = subprocess.Popen([sys.executable, "-m", "edge0.bench.worker", str(src),
-                                     str(dst)], stdout=subprocess.DEVNULL, stderr=ef)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "edge0.bench.worker", str(src), str(dst)],
+                stdout=subprocess.DEVNULL,
+                stderr=ef,
+            )
             status = Path(f"/proc/{proc.pid}/status")
             while proc.poll() is None:
                 time.sleep(0.1)
@@ -175,9 +200,11 @@ def run_subprocess(job: dict[str, Any], timeout_s: float, mem_floor: int) -> dic
                 if elapsed > timeout_s:
                     stopped = f"stopped after the {timeout_s:.0f} s timeout"
                 elif mem_available() < mem_floor:
-                    stopped = (f"stopped by the memory guard: MemAvailable fell below "
-                               f"{mem_floor / _GIB:.1f} GiB at RSS {rss / _GIB:.2f} GiB "
-                               f"after {elapsed:.0f} s")  # fmt: skip
+                    stopped = (
+                        f"stopped by the memory guard: MemAvailable fell below "
+                        f"{mem_floor / _GIB:.1f} GiB at RSS {rss / _GIB:.2f} GiB "
+                        f"after {elapsed:.0f} s"
+                    )
                 if stopped:
                     proc.kill()
                     proc.wait()
@@ -188,8 +215,12 @@ def run_subprocess(job: dict[str, Any], timeout_s: float, mem_floor: int) -> dic
         else:
             tail = err.read_text().strip().splitlines()[-3:]
             why = stopped or f"worker exited with {proc.returncode}: {' | '.join(tail)}"
-            result = {"label": job["label"], "round": job["round"], "error": why,
-                      "rss_method": "subprocess"}  # fmt: skip
+            result = {
+                "label": job["label"],
+                "round": job["round"],
+                "error": why,
+                "rss_method": "subprocess",
+            }
         result["process_wall_s"] = wall
         result["rss_polled_max_bytes"] = max_rss
         return result
@@ -202,9 +233,10 @@ def run_one(job: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
 
 
 def run_rounds(
-    variants: Sequence[Variant], opts: BenchOptions,
+    variants: Sequence[Variant],
+    opts: BenchOptions,
     progress: Callable[[int, Variant, dict[str, Any]], None] | None = None,
-) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+) -> dict[str, list[dict[str, Any]]]:
     """`repeats` rounds, each running every variant once in the given order; label -> runs."""
     opts.check()
     runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
@@ -230,16 +262,25 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     med = {k: statistics.median(s[k] for s in ok) for k in keys}
     lo = {k: min(s[k] for s in ok) for k in keys}
     hi = {k: max(s[k] for s in ok) for k in keys}
-    spread = (hi["decode_tps"] - lo["decode_tps"]) / 2 / med["decode_tps"] if med[
-        "decode_tps"] else 0.0  # fmt: skip
-    return {"runs_ok": len(ok), "errors": errors, "median": med, "min": lo, "max": hi,
-            "decode_spread": spread}  # fmt: skip
+    spread = (
+        (hi["decode_tps"] - lo["decode_tps"]) / 2 / med["decode_tps"] if med["decode_tps"] else 0.0
+    )
+    return {
+        "runs_ok": len(ok),
+        "errors": errors,
+        "median": med,
+        "min": lo,
+        "max": hi,
+        "decode_spread": spread,
+    }
 
 
 def paired_ratios(
-    variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]],
-    base_of: Callable[[Variant], Variant | None], key: str,
-) -> list[dict[str, Any]]:  # fmt: skip
+    variants: Sequence[Variant],
+    runs: dict[str, list[dict[str, Any]]],
+    base_of: Callable[[Variant], Variant | None],
+    key: str,
+) -> list[dict[str, Any]]:
     """`key` of each variant over its base variant (`base_of`; None: no base), per round
     (the rounds ran interleaved) and their median."""
     out = []
@@ -253,23 +294,28 @@ def paired_ratios(
             if a.get("summary") and b.get("summary") and b["summary"][key]
         ]
         if per_round:
-            out.append({"variant": v.label, "over": base.label, "per_round": per_round,
-                        "median": statistics.median(per_round)})  # fmt: skip
+            out.append(
+                {
+                    "variant": v.label,
+                    "over": base.label,
+                    "per_round": per_round,
+                    "median": statistics.median(per_round),
+                }
+            )
     return out
 
 
 def ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
     """Decode tok/s of hint/route over reactive at the same K and tiers: per-round and median."""
     return paired_ratios(
-        variants, runs,
+        variants,
+        runs,
         lambda v: attrs.evolve(v, mode="reactive") if v.mode in ("hint", "route") else None,
         "decode_tps",
-    )  # fmt: skip
+    )
 
 
-def policy_ratios(
-    variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]
-) -> list[dict]:
+def policy_ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
     """Decode tok/s and process CPU per step of each route policy over `predicted` at the same
     K, tiers and chunk: per round and median (the issue-19 speed comparison)."""
 
@@ -329,18 +375,20 @@ def ratio_lines(rs: list[dict]) -> str:
         b, _, base_tiers = r["over"].partition(" @ ")
         what = f"{a} / {b} @ {tiers}" if tiers == base_tiers else f"{r['variant']} / {r['over']}"
         rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
-        key = {"cpu_ms_per_step": "process CPU ms/step",
-               "blocked_ms_per_step": "blocked ms/step"}.get(r.get("key", ""),
-                                                             "decode tok/s")  # fmt: skip
-        lines.append(f"- {what}: {r['median']:.2f}x {key} (median of per-round ratios "
-                     f"{rounds})")  # fmt: skip
+        key = {
+            "cpu_ms_per_step": "process CPU ms/step",
+            "blocked_ms_per_step": "blocked ms/step",
+        }.get(r.get("key", ""), "decode tok/s")
+        lines.append(f"- {what}: {r['median']:.2f}x {key} (median of per-round ratios {rounds})")
     return "\n".join(lines)
 
 
 def report(
-    variants: Sequence[Variant], opts: BenchOptions, runs: dict[str, list[dict[str, Any]]],
+    variants: Sequence[Variant],
+    opts: BenchOptions,
+    runs: dict[str, list[dict[str, Any]]],
     command: str = "",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Everything a result file holds: options, run order, per-run results, medians, ratios."""
     summaries = {v.label: summarise(runs[v.label]) for v in variants}
     order = sorted((r["seq"], r["label"], r["round"]) for rs in runs.values() for r in rs)
@@ -352,11 +400,11 @@ def report(
             "cpus": os.cpu_count(),
             "load_average_end": load,
             "mem_available_end": mem_available(),
-        },  # fmt: skip
+        },
         "variants": [
             {**attrs.asdict(v), "label": v.label, **summaries[v.label], "runs": runs[v.label]}
             for v in variants
-        ],  # fmt: skip
+        ],
         "order": [{"seq": s, "label": lab, "round": r} for s, lab, r in order],
         "ratios": ratios(variants, runs),
         "policy_ratios": policy_ratios(variants, runs),

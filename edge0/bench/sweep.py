@@ -33,8 +33,11 @@ class Sweep:
         return f"throttle:bw={gbs:g}GB/s,lat={self.lat}>{self.inner}"
 
     def points(self) -> list[tuple[float, Variant]]:
-        return [(b, Variant(m, self.k, self.spec(b), self.predictor))
-                for b in self.bandwidths for m in self.modes]  # fmt: skip
+        return [
+            (b, Variant(m, self.k, self.spec(b), self.predictor))
+            for b in self.bandwidths
+            for m in self.modes
+        ]
 
     def bound_variants(self) -> list[Variant]:
         for b in self.bounds:
@@ -65,15 +68,20 @@ def curves(sweep: Sweep, report: dict[str, Any]) -> dict[str, Any]:
     for gbs, v in sweep.points():
         row = by_label[v.label]
         if row.get("runs_ok"):
-            points[v.mode].append((gbs, row["median"]["decode_tps"], row["min"]["decode_tps"],
-                                   row["max"]["decode_tps"]))  # fmt: skip
+            points[v.mode].append(
+                (
+                    gbs,
+                    row["median"]["decode_tps"],
+                    row["min"]["decode_tps"],
+                    row["max"]["decode_tps"],
+                )
+            )
     bounds = {}
     for v in sweep.bound_variants():
         row = by_label[v.label]
         if row.get("runs_ok"):
             name = "resident (no reads)" if v.mode == "resident" else f"{v.mode} over {v.tiers}"
-            bounds[f"{name}: {row['median']['decode_tps']:.2f} tok/s"] = row["median"][
-                "decode_tps"]  # fmt: skip
+            bounds[f"{name}: {row['median']['decode_tps']:.2f} tok/s"] = row["median"]["decode_tps"]
     return {"points": points, "bounds": bounds}
 
 
@@ -104,6 +112,8 @@ def table(sweep: Sweep, report: dict[str, Any]) -> str:
     for v in sweep.bound_variants():
         row = by_label[v.label]
         if row.get("runs_ok"):
-            lines.append(f"\nbound, {v.label}: {row['median']['decode_tps']:.2f} tok/s "
-                         f"(±{100 * row['decode_spread']:.0f}%)")  # fmt: skip
+            lines.append(
+                f"\nbound, {v.label}: {row['median']['decode_tps']:.2f} tok/s "
+                f"(±{100 * row['decode_spread']:.0f}%)"
+            )
     return "\n".join(lines)

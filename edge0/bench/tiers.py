@@ -21,12 +21,19 @@ from edge0.storage.tier import ExpertKey, Tier
 log = get_logger("edge0.bench")
 
 DEFAULT_SPECS = (
-    "pread", "mmap", "direct", "zstd", "pread:verify=false", "ram:1GiB>direct",
+    "pread",
+    "mmap",
+    "direct",
+    "zstd",
+    "pread:verify=false",
+    "ram:1GiB>direct",
     # a RAM stage inside the throttle: warm passes then measure the emulation alone
-    "throttle:m2>ram:1GiB>pread", "throttle:nvme4>ram:1GiB>pread",
-    "throttle:sata>ram:1GiB>pread", "throttle:usb3>ram:1GiB>pread",
+    "throttle:m2>ram:1GiB>pread",
+    "throttle:nvme4>ram:1GiB>pread",
+    "throttle:sata>ram:1GiB>pread",
+    "throttle:usb3>ram:1GiB>pread",
     "throttle:hdd>ram:1GiB>pread",
-)  # fmt: skip
+)
 MLX_OFFSET = 24  # MLX CPU buffers sit at address % 4096 == 24 (measured)
 
 
@@ -130,11 +137,20 @@ async def bench_spec(
             for phase in ("cold", "warm"):
                 lat, wall, hits = await _one_pass(tier, keys, bufs)
                 ms = np.asarray(lat) * 1e3
-                rows.append(BenchRow(
-                    spec, qd, phase, len(keys), len(keys) * manifest.record_size / wall / 1e6,
-                    float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                    hits / len(keys), set_mb_s, model_mb_s,
-                ))  # fmt: skip
+                rows.append(
+                    BenchRow(
+                        spec,
+                        qd,
+                        phase,
+                        len(keys),
+                        len(keys) * manifest.record_size / wall / 1e6,
+                        float(np.percentile(ms, 50)),
+                        float(np.percentile(ms, 99)),
+                        hits / len(keys),
+                        set_mb_s,
+                        model_mb_s,
+                    )
+                )
         finally:
             await tier.aclose()
     return rows

@@ -89,8 +89,11 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
     decode_s = sum(s["decode_s"] for s in stats)
     prefill_s = sum(s["prefill_s"] for s in stats)
     recall_slots = sum(s.get("recall_slots", 0) for s in stats)
-    recall = {"route_recall": sum(s["recall_hits"] for s in stats) / recall_slots
-              } if recall_slots else {}  # fmt: skip  # only where the true sets were read
+    recall = (
+        {"route_recall": sum(s["recall_hits"] for s in stats) / recall_slots}
+        if recall_slots
+        else {}
+    )  # only where the true sets were read
     return {
         **recall,
         "decode_tps": steps / decode_s if decode_s > 0 else 0.0,
@@ -105,7 +108,7 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         )
         / tokens
         if tokens
-        else 0.0,  # fmt: skip
+        else 0.0,
         "decode_bytes_per_step": wmean("decode_bytes_per_step"),
         # bytes read per second of decode (decode steps: every generated token after the first)
         "read_bytes_per_s": sum(
@@ -113,7 +116,7 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         )
         / decode_s
         if decode_s > 0
-        else 0.0,  # fmt: skip
+        else 0.0,
         "prefill_bytes_per_token": wmean("prefill_bytes_per_token", "prompt_tokens"),
         "first_decode_blocked_ms": wmean("first_decode_blocked_ms", "prompt_tokens"),
         "prefill_blocked_ms": wmean("prefill_blocked_ms", "prompt_tokens"),
@@ -157,10 +160,13 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     mx.clear_cache()
     reset = reset_peak_rss()
     result: dict[str, Any] = {
-        "label": job["label"], "round": job.get("round", 0), "error": None,
-        "rss_before_bytes": rss_bytes(), "rss_method": job.get("rss_method", "clear_refs"),
+        "label": job["label"],
+        "round": job.get("round", 0),
+        "error": None,
+        "rss_before_bytes": rss_bytes(),
+        "rss_method": job.get("rss_method", "clear_refs"),
         "vmhwm_reset": reset,
-    }  # fmt: skip
+    }
     path = Path(job["model"])
     opts: dict[str, Any] = dict(
         mode=job["mode"],
@@ -190,8 +196,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                 result["tiers_used"] = apply_to_spec(opts["tiers"], plan.cache)
             prompts = encode_prompts(eng.tokenizer, job["prompts"], job["prompt_len"])
             if job.get("warmup_tokens", 0) > 0:  # MLX kernels, allocator, the tier's first reads
-                async for _ in eng.tokens(prompts[0][:4], max_tokens=job["warmup_tokens"],
-                                          stop=False):  # fmt: skip
+                async for _ in eng.tokens(
+                    prompts[0][:4], max_tokens=job["warmup_tokens"], stop=False
+                ):
                     pass
             # peak RSS of generation alone: drop what loading and warm-up left cached, reset VmHWM
             gc.collect()

@@ -49,9 +49,15 @@ def command() -> None:
     is_flag=True,
     help="Also time sync preadv, executor preadv and aiofiles on hot pages.",
 )
-@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None,
-              type=click.Path(dir_okay=False, allow_dash=True),
-              help="Write the rows as JSON to this file ('-' or no value: stdout).")
+@click.option(
+    "--json",
+    "json_out",
+    is_flag=False,
+    flag_value="-",
+    default=None,
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the rows as JSON to this file ('-' or no value: stdout).",
+)
 def tiers(
     model_dir: Path,
     specs: tuple[str, ...],

@@ -22,8 +22,12 @@ def _list(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
 
 
 @click.command(name="kernels")
-@click.option("--shapes", default="demo,medium,35b,gpt-oss-20b", show_default=True,
-              help="Model shapes whose matrices are measured, comma-separated.")  # fmt: skip
+@click.option(
+    "--shapes",
+    default="demo,medium,35b,gpt-oss-20b",
+    show_default=True,
+    help="Model shapes whose matrices are measured, comma-separated.",
+)
 @click.option(
     "--rows",
     default="1,4",
@@ -51,12 +55,28 @@ def _list(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
     show_default=True,
     help="MiB of weights per measurement (larger than the caches).",
 )
-@click.option("--int8", is_flag=True, help="Also measure the opt-in int8-activation path "
-              "(EDGE0_INT8_ACTIVATIONS) on one thread, and its error against float32.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write the result as JSON here.")  # fmt: skip
-def command(shapes: str, rows: str, threads: str, rounds: int, footprint_mib: int, int8: bool,
-            json_out: Path | None) -> None:  # fmt: skip
+@click.option(
+    "--int8",
+    is_flag=True,
+    help="Also measure the opt-in int8-activation path "
+    "(EDGE0_INT8_ACTIVATIONS) on one thread, and its error against float32.",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the result as JSON here.",
+)
+def command(
+    shapes: str,
+    rows: str,
+    threads: str,
+    rounds: int,
+    footprint_mib: int,
+    int8: bool,
+    json_out: Path | None,
+) -> None:
     """GB/s of quantized weights read by the native kernels and by MLX's own ops, per
     matrix of each shape, with the machine's memory bandwidth (docs/benchmarks/kernels.md)."""
     from edge0.bench.kernels import SHAPES, markdown, run_bench
@@ -69,8 +89,7 @@ def command(shapes: str, rows: str, threads: str, rounds: int, footprint_mib: in
         click.echo(f"{r['shape']} {r['kernel']} M={r['m']}: {parts} GB/s", err=True)
 
     try:
-        result = run_bench(shape_list, row_list, rounds, thread_list, footprint_mib, progress,
-                           int8)
+        result = run_bench(shape_list, row_list, rounds, thread_list, footprint_mib, progress, int8)
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from exc
     click.echo(markdown(result))

@@ -38,8 +38,9 @@ def _sync_every(text: str) -> list[int | None]:
     except ValueError:
         gs = []
     if not gs or min(gs) < 1 or len(set(gs)) != len(gs):
-        raise click.BadParameter(f"--sync-every takes distinct integers of 1 or more like "
-                                 f"1,2,4,8, not {text!r}")  # fmt: skip
+        raise click.BadParameter(
+            f"--sync-every takes distinct integers of 1 or more like 1,2,4,8, not {text!r}"
+        )
     return list(gs)
 
 
@@ -47,35 +48,85 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `run` and `sweep`: run shape, isolation, outputs."""
     options = [
         click.argument("model", type=click.Path(exists=True, file_okay=False, path_type=Path)),
-        click.option("--predictor", type=click.Choice(["init", "heads", "temporal"]),
-                     default="init", show_default=True, help="Predictor of hint/route."),
+        click.option(
+            "--predictor",
+            type=click.Choice(["init", "heads", "temporal"]),
+            default="init",
+            show_default=True,
+            help="Predictor of hint/route.",
+        ),
         click.option("--prompts", default=2, show_default=True, help="Prompts per run."),
         click.option("--prompt-len", default=16, show_default=True, help="Tokens per prompt."),
         click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt."),
-        click.option("--repeats", default=3, show_default=True,
-                     help="Rounds; each runs every variant once (A B A B ...)."),
-        click.option("--warmup-tokens", default=4, show_default=True,
-                     help="Tokens of an unmeasured warm-up request in each run."),
-        click.option("--isolate", type=click.Choice(["subprocess", "process"]),
-                     default="subprocess", show_default=True, help="One process per run "
-                     "(own peak RSS) or all in this one (VmHWM reset via clear_refs)."),
-        click.option("--cold", is_flag=True, help="Drop the page cache of the expert file "
-                     "(posix_fadvise DONTNEED) before each measured prompt."),
+        click.option(
+            "--repeats",
+            default=3,
+            show_default=True,
+            help="Rounds; each runs every variant once (A B A B ...).",
+        ),
+        click.option(
+            "--warmup-tokens",
+            default=4,
+            show_default=True,
+            help="Tokens of an unmeasured warm-up request in each run.",
+        ),
+        click.option(
+            "--isolate",
+            type=click.Choice(["subprocess", "process"]),
+            default="subprocess",
+            show_default=True,
+            help="One process per run "
+            "(own peak RSS) or all in this one (VmHWM reset via clear_refs).",
+        ),
+        click.option(
+            "--cold",
+            is_flag=True,
+            help="Drop the page cache of the expert file "
+            "(posix_fadvise DONTNEED) before each measured prompt.",
+        ),
         click.option("--memory-budget", default=None, help="Engine memory budget, e.g. 3GiB."),
-        click.option("--first-layer", type=click.Choice(["resident", "wrap", "reactive"]),
-                     default="resident", show_default=True),
+        click.option(
+            "--first-layer",
+            type=click.Choice(["resident", "wrap", "reactive"]),
+            default="resident",
+            show_default=True,
+        ),
         click.option("--io-workers", default=2, show_default=True),
-        click.option("--timeout", "timeout_s", default=900.0, show_default=True,
-                     help="Seconds before a run is stopped."),
-        click.option("--mem-floor", default="1.5GiB", show_default=True, help="Stop a run "
-                     "when the machine's MemAvailable falls below this."),
-        click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-                     default=None, help="Write PNG plots into this directory."),
-        click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
-                     default=None, help="Write every run and the medians as JSON."),
-        click.option("--md", "md_out", type=click.Path(dir_okay=False, path_type=Path),
-                     default=None, help="Write a markdown result file (with this command)."),
-    ]  # fmt: skip
+        click.option(
+            "--timeout",
+            "timeout_s",
+            default=900.0,
+            show_default=True,
+            help="Seconds before a run is stopped.",
+        ),
+        click.option(
+            "--mem-floor",
+            default="1.5GiB",
+            show_default=True,
+            help="Stop a run when the machine's MemAvailable falls below this.",
+        ),
+        click.option(
+            "--plot",
+            "plot_dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Write PNG plots into this directory.",
+        ),
+        click.option(
+            "--json",
+            "json_out",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Write every run and the medians as JSON.",
+        ),
+        click.option(
+            "--md",
+            "md_out",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Write a markdown result file (with this command).",
+        ),
+    ]
     for option in reversed(options):
         fn = option(fn)
     return fn
@@ -86,19 +137,30 @@ def _options(kw: dict[str, Any]) -> Any:
     from edge0.storage.spec import parse_size
 
     return BenchOptions(
-        model=kw["model"], prompts=kw["prompts"], prompt_len=kw["prompt_len"],
-        tokens=kw["tokens"], repeats=kw["repeats"], warmup_tokens=kw["warmup_tokens"],
-        isolate=kw["isolate"], cold=kw["cold"], memory_budget=kw["memory_budget"],
-        first_layer=kw["first_layer"], io_workers=kw["io_workers"],
-        timeout_s=kw["timeout_s"], mem_floor=parse_size(kw["mem_floor"]),
-    )  # fmt: skip
+        model=kw["model"],
+        prompts=kw["prompts"],
+        prompt_len=kw["prompt_len"],
+        tokens=kw["tokens"],
+        repeats=kw["repeats"],
+        warmup_tokens=kw["warmup_tokens"],
+        isolate=kw["isolate"],
+        cold=kw["cold"],
+        memory_budget=kw["memory_budget"],
+        first_layer=kw["first_layer"],
+        io_workers=kw["io_workers"],
+        timeout_s=kw["timeout_s"],
+        mem_floor=parse_size(kw["mem_floor"]),
+    )
 
 
 def _progress(rnd: int, v: Any, res: dict[str, Any]) -> None:
     s = res.get("summary")
-    what = (f"{s['decode_tps']:.2f} tok/s, blocked {s['blocked_ms_per_step']:.1f} ms/step, "
-            f"prefill {s['prefill_tps']:.2f} tok/s"
-            if s and not res.get("error") else f"failed: {res.get('error')}")  # fmt: skip
+    what = (
+        f"{s['decode_tps']:.2f} tok/s, blocked {s['blocked_ms_per_step']:.1f} ms/step, "
+        f"prefill {s['prefill_tps']:.2f} tok/s"
+        if s and not res.get("error")
+        else f"failed: {res.get('error')}"
+    )
     click.echo(f"round {rnd + 1}  {v.label}: {what}", err=True)
 
 
@@ -128,8 +190,9 @@ def _traces(variants: list[Any], opts: Any, plot_dir: Path) -> dict[str, Path]:
     return out
 
 
-def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
-           plots: list[Path]) -> None:  # fmt: skip
+def _write(
+    report: dict[str, Any], kw: dict[str, Any], title: str, body: str, plots: list[Path]
+) -> None:
     if kw["json_out"] is not None:
         kw["json_out"].write_text(json.dumps(report, indent=1))
         click.echo(f"wrote {kw['json_out']}", err=True)
@@ -137,13 +200,23 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
         o = report["options"]
         m = report["machine"]
         lines = [
-            f"# {title}", "", "Command:", "", "```", report["command"], "```", "",
+            f"# {title}",
+            "",
+            "Command:",
+            "",
+            "```",
+            report["command"],
+            "```",
+            "",
             f"Model `{o['model']}`; {o['repeats']} interleaved rounds x {o['prompts']} prompts "
             f"of {o['prompt_len']} tokens, {o['tokens']} decode tokens each (after a "
             f"{o['warmup_tokens']}-token warm-up request per run); isolation: {o['isolate']}; "
             f"cold: {o['cold']}; machine: {m['cpus']} CPUs, load average "
-            f"{m['load_average_end']:.1f} at the end.", "", body, "",
-        ]  # fmt: skip
+            f"{m['load_average_end']:.1f} at the end.",
+            "",
+            body,
+            "",
+        ]
         rel = [os.path.relpath(p, kw["md_out"].parent) for p in plots]
         lines += [f"![{Path(r).stem}]({r})" for r in rel]
         kw["md_out"].write_text("\n".join(lines) + "\n")
@@ -152,14 +225,28 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
 
 @click.command(name="run")
 @common
-@click.option("--modes", default="resident,reactive,hint,route", show_default=True,
-              help="Decode modes, comma-separated.")  # fmt: skip
-@renamed("--top-k", "--k", dest="ks", default="", help="Routing capacities K, e.g. 2,4,8 "
-         "[default: the model's top-k].")  # fmt: skip
-@click.option("--tiers", "specs", multiple=True, metavar="SPEC",
-              help="Tier stack (repeatable) [default: ram:1GiB>pread, or ram>pread under "
-              "--memory-budget; with --io-ratio, "
-              "only the calibrated stack].")  # fmt: skip
+@click.option(
+    "--modes",
+    default="resident,reactive,hint,route",
+    show_default=True,
+    help="Decode modes, comma-separated.",
+)
+@renamed(
+    "--top-k",
+    "--k",
+    dest="ks",
+    default="",
+    help="Routing capacities K, e.g. 2,4,8 [default: the model's top-k].",
+)
+@click.option(
+    "--tiers",
+    "specs",
+    multiple=True,
+    metavar="SPEC",
+    help="Tier stack (repeatable) [default: ram:1GiB>pread, or ram>pread under "
+    "--memory-budget; with --io-ratio, "
+    "only the calibrated stack].",
+)
 @click.option(
     "--io-ratio",
     type=float,
@@ -167,20 +254,44 @@ def _write(report: dict[str, Any], kw: dict[str, Any], title: str, body: str,
     help="Add a throttle>pread stack "
     "calibrated so reactive's reads per step take this many times its compute.",
 )
-@click.option("--prefill-chunk", "chunks", default="", help="Prefill chunk sizes to compare, "
-              "e.g. 1,64 (1: one token per step) [default: the engine's].")  # fmt: skip
-@click.option("--route-policies", "policies", default="predicted", show_default=True,
-              help="Route policies to compare (comma-separated: predicted, available-first, "
-              "deadline); each route variant runs once per policy.")  # fmt: skip
-@click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
-              help="--route-deadline-ms of the non-predicted policies [default: the engine's].")
-@click.option("--kernels", default="native", show_default=True,
-              help="Matrix kernels to compare (comma-separated: native, native:N = N threads "
-              "per call, native-int8 = with EDGE0_INT8_ACTIVATIONS=1, mlx = MLX's own ops, as "
-              "with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.")
-@click.option("--sync-every", "sync_every", default="", help="Route mode's --sync-every values "
-              "to compare, e.g. 1,2,4,8 (layers per host sync); each route variant runs once "
-              "per value, ratios over the first [default: the engine's].")  # fmt: skip
+@click.option(
+    "--prefill-chunk",
+    "chunks",
+    default="",
+    help="Prefill chunk sizes to compare, "
+    "e.g. 1,64 (1: one token per step) [default: the engine's].",
+)
+@click.option(
+    "--route-policies",
+    "policies",
+    default="predicted",
+    show_default=True,
+    help="Route policies to compare (comma-separated: predicted, available-first, "
+    "deadline); each route variant runs once per policy.",
+)
+@click.option(
+    "--route-deadline-ms",
+    "deadline_ms",
+    type=click.FloatRange(0.0),
+    default=None,
+    help="--route-deadline-ms of the non-predicted policies [default: the engine's].",
+)
+@click.option(
+    "--kernels",
+    default="native",
+    show_default=True,
+    help="Matrix kernels to compare (comma-separated: native, native:N = N threads "
+    "per call, native-int8 = with EDGE0_INT8_ACTIVATIONS=1, mlx = MLX's own ops, as "
+    "with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.",
+)
+@click.option(
+    "--sync-every",
+    "sync_every",
+    default="",
+    help="Route mode's --sync-every values "
+    "to compare, e.g. 1,2,4,8 (layers per host sync); each route variant runs once "
+    "per value, ratios over the first [default: the engine's].",
+)
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
     for spec in kw["specs"]:
@@ -197,10 +308,12 @@ def run_cmd(**kw: Any) -> None:
     extra = ""
     if kw["io_ratio"] is not None:
         spec, cal = bench_run.calibrate(opts, ks[0], kw["io_ratio"])
-        extra = (f"Calibration (reactive over the page cache): compute "
-                 f"{cal['compute_ms_per_step']:.1f} ms/step, reads "
-                 f"{cal['decode_bytes_per_step'] / 2**20:.2f} MiB/step -> `{spec}` "
-                 f"(reads = {kw['io_ratio']:g} x compute).")  # fmt: skip
+        extra = (
+            f"Calibration (reactive over the page cache): compute "
+            f"{cal['compute_ms_per_step']:.1f} ms/step, reads "
+            f"{cal['decode_bytes_per_step'] / 2**20:.2f} MiB/step -> `{spec}` "
+            f"(reads = {kw['io_ratio']:g} x compute)."
+        )
         click.echo(extra, err=True)
         specs.append(spec)
     modes = _csv(kw["modes"])
@@ -214,18 +327,23 @@ def run_cmd(**kw: Any) -> None:
     policies = _csv(kw["policies"])
     for p in policies:
         if p not in ROUTE_POLICIES:
-            raise click.BadParameter(f"unknown route policy {p!r}; choose from "
-                                     f"{', '.join(ROUTE_POLICIES)}")  # fmt: skip
+            raise click.BadParameter(
+                f"unknown route policy {p!r}; choose from {', '.join(ROUTE_POLICIES)}"
+            )
     kernels = _csv(kw["kernels"])
     for name in kernels:
         threads = name.partition(":")[2]
         if name not in ("native", "native-int8", "mlx") and not (
-                name.startswith("native:") and threads.isdigit() and 1 <= int(threads) <= 64):
-            raise click.BadParameter(f"unknown kernels {name!r}; choose from native, native:N "
-                                     "(N threads per call, 1-64), native-int8, mlx")  # fmt: skip
+            name.startswith("native:") and threads.isdigit() and 1 <= int(threads) <= 64
+        ):
+            raise click.BadParameter(
+                f"unknown kernels {name!r}; choose from native, native:N "
+                "(N threads per call, 1-64), native-int8, mlx"
+            )
     sync_every = _sync_every(kw["sync_every"])
-    variants = bench_run.make_variants(modes, ks, specs, kw["predictor"], chunks, policies,
-                                       kw["deadline_ms"], kernels, sync_every)  # fmt: skip
+    variants = bench_run.make_variants(
+        modes, ks, specs, kw["predictor"], chunks, policies, kw["deadline_ms"], kernels, sync_every
+    )
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None
@@ -256,11 +374,21 @@ def run_cmd(**kw: Any) -> None:
 
 @click.command(name="sweep")
 @common
-@click.option("--bandwidths", default="0.1,0.2,0.4,0.8,1.6,3.2", show_default=True,
-              help="Emulated storage bandwidths in GB/s.")  # fmt: skip
+@click.option(
+    "--bandwidths",
+    default="0.1,0.2,0.4,0.8,1.6,3.2",
+    show_default=True,
+    help="Emulated storage bandwidths in GB/s.",
+)
 @click.option("--modes", default="reactive,route", show_default=True)
-@renamed("--top-k", "--k", dest="k", type=int, default=None,
-         help="Routing capacity K [default: the model's top-k].")  # fmt: skip
+@renamed(
+    "--top-k",
+    "--k",
+    dest="k",
+    type=int,
+    default=None,
+    help="Routing capacity K [default: the model's top-k].",
+)
 @click.option("--lat", default="100us", show_default=True, help="Throttle latency per read.")
 @click.option("--inner", default="pread", show_default=True, help="Tier under the throttle.")
 @click.option(
@@ -278,9 +406,14 @@ def sweep_cmd(**kw: Any) -> None:
 
     opts = _options(kw)
     sweep = bench_sweep.Sweep(
-        bench_sweep.parse_bandwidths(kw["bandwidths"]), tuple(_csv(kw["modes"])), kw["k"],
-        kw["lat"], kw["inner"], tuple(_csv(kw["bounds"])), kw["predictor"],
-    )  # fmt: skip
+        bench_sweep.parse_bandwidths(kw["bandwidths"]),
+        tuple(_csv(kw["modes"])),
+        kw["k"],
+        kw["lat"],
+        kw["inner"],
+        tuple(_csv(kw["bounds"])),
+        kw["predictor"],
+    )
     variants = sweep.variants()
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
@@ -293,8 +426,9 @@ def sweep_cmd(**kw: Any) -> None:
         kw["plot_dir"].mkdir(parents=True, exist_ok=True)
         c = report["sweep"]
         title = f"{Path(kw['model']).name}, K={kw['k'] or 'model'}, throttle lat {kw['lat']}"
-        plots.append(bench_plot.sweep_plot(c["points"], c["bounds"],
-                                           kw["plot_dir"] / "sweep.png", title))  # fmt: skip
+        plots.append(
+            bench_plot.sweep_plot(c["points"], c["bounds"], kw["plot_dir"] / "sweep.png", title)
+        )
         report["plots"] = [str(p) for p in plots]
     click.echo(body)
     _write(report, kw, "edge0 bench sweep", body, plots)

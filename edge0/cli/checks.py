@@ -16,11 +16,17 @@ import click
 from edge0.errors import ConfigError, ModelLoadError, PromptError
 
 # `edge0 run` flags that only the streaming engine reads (the resident loop would ignore them)
-STREAMING_ONLY = {"tiers": "--tiers", "route_top_k": "--top-k", "predictor": "--predictor",
-                  "first_layer": "--first-layer", "memory_budget": "--memory-budget",
-                  "trace_file": "--trace", "io_workers": "--io-workers",
-                  "route_policy": "--route-policy",
-                  "route_deadline_ms": "--route-deadline-ms"}  # fmt: skip
+STREAMING_ONLY = {
+    "tiers": "--tiers",
+    "route_top_k": "--top-k",
+    "predictor": "--predictor",
+    "first_layer": "--first-layer",
+    "memory_budget": "--memory-budget",
+    "trace_file": "--trace",
+    "io_workers": "--io-workers",
+    "route_policy": "--route-policy",
+    "route_deadline_ms": "--route-deadline-ms",
+}
 
 
 def output_file(path: str | None, flag: str) -> None:

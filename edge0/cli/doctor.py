@@ -22,7 +22,9 @@ def command() -> None:
 
     from edge0.kernels.native import status
 
-    click.echo(f"edge0 {_version('edge0')}, mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, "
-               f"python {platform.python_version()} ({platform.machine()})")  # fmt: skip
+    click.echo(
+        f"edge0 {_version('edge0')}, mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, "
+        f"python {platform.python_version()} ({platform.machine()})"
+    )
     click.echo(f"device: {mx.default_device()}")
     click.echo(status())

@@ -56,10 +56,12 @@ def _windows(corpus: str, split: str, encode: Any, n: int, length: int) -> Any:
 
 
 _first_layer_option = click.option(
-    "--first-layer", type=click.Choice(["wrap", "resident", "reactive"]), default=None,
+    "--first-layer",
+    type=click.Choice(["wrap", "resident", "reactive"]),
+    default=None,
     help="First MoE layer: routed by the wrap-around head, or its true top-K "
     "(resident/reactive) [default: edge0 run's default].",
-)  # fmt: skip
+)
 
 
 def _wrap(first_layer: str | None) -> bool:
@@ -75,10 +77,21 @@ def _eos(tokenizer: Any) -> tuple[int, ...]:
 
 def _loop_options(fn: Any) -> Any:
     opts = [
-        renamed("--top-k", "--k", dest="k", type=int, default=None,
-                help="Route capacity K [default: the heads' K, else top-k/2]."),
-        click.option("--heads", "heads_dir", type=click.Path(exists=True, file_okay=False),
-                     default=None, help="Directory with prerouter.safetensors [default: MODEL]."),
+        renamed(
+            "--top-k",
+            "--k",
+            dest="k",
+            type=int,
+            default=None,
+            help="Route capacity K [default: the heads' K, else top-k/2].",
+        ),
+        click.option(
+            "--heads",
+            "heads_dir",
+            type=click.Path(exists=True, file_okay=False),
+            default=None,
+            help="Directory with prerouter.safetensors [default: MODEL].",
+        ),
         _first_layer_option,
         click.option("--steps", default=300, show_default=True),
         click.option("--batch", default=4, show_default=True, help="Sequences per step."),
@@ -86,7 +99,7 @@ def _loop_options(fn: Any) -> Any:
         click.option("--eval-every", default=25, show_default=True),
         click.option("--max-minutes", type=float, default=None, help="Stop after this long."),
         click.option("--seed", default=0, show_default=True),
-    ]  # fmt: skip
+    ]
     for o in reversed(opts):
         fn = o(fn)
     return fn
@@ -101,18 +114,46 @@ def _loop_options(fn: Any) -> Any:
 @click.option("--heldout", default=32, show_default=True, help="Held-out prompts.")
 @click.option("--prompt-len", default=32, show_default=True)
 @click.option("--gen-len", default=96, show_default=True, help="Teacher tokens per prompt.")
-@renamed("--temp", "--temperature", dest="temperature", default=1.0, show_default=True,
-         help="Teacher sampling temperature.")
+@renamed(
+    "--temp",
+    "--temperature",
+    dest="temperature",
+    default=1.0,
+    show_default=True,
+    help="Teacher sampling temperature.",
+)
 @click.option("--rank", default=8, show_default=True)
 @click.option("--alpha", default=16.0, show_default=True, help="LoRA scale = alpha / rank.")
 @click.option("--targets", default=None, help="Comma-separated layer-relative module paths.")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Adapter directory [default: MODEL/adapters-sft].")  # fmt: skip
-def sft(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
-        first_layer: str | None, steps: int,
-        batch: int, lr: float, eval_every: int, max_minutes: float | None, seed: int, prompts: int,
-        heldout: int, prompt_len: int, gen_len: int, temperature: float, rank: int, alpha: float,
-        targets: str | None, out: str | None) -> None:  # fmt: skip
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Adapter directory [default: MODEL/adapters-sft].",
+)
+def sft(
+    model: str,
+    corpus: str,
+    teacher: str,
+    k: int | None,
+    heads_dir: str | None,
+    first_layer: str | None,
+    steps: int,
+    batch: int,
+    lr: float,
+    eval_every: int,
+    max_minutes: float | None,
+    seed: int,
+    prompts: int,
+    heldout: int,
+    prompt_len: int,
+    gen_len: int,
+    temperature: float,
+    rank: int,
+    alpha: float,
+    targets: str | None,
+    out: str | None,
+) -> None:
     """Stage 2: the int4 student in route mode learns TEACHER's samples of CORPUS prompts."""
     import mlx.core as mx
     import numpy as np
@@ -132,26 +173,43 @@ def sft(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | N
     out_dir = Path(out or Path(model) / "adapters-sft")
     out_dir.mkdir(parents=True, exist_ok=True)
     np.savez(out_dir / SAMPLES_FILE, train=train, heldout=held, prompt_len=prompt_len)
-    cfg_l = lora.LoraConfig(rank=rank, alpha=alpha,
-                            keys=tuple(targets.split(",")) if targets else None)  # fmt: skip
+    cfg_l = lora.LoraConfig(
+        rank=rank, alpha=alpha, keys=tuple(targets.split(",")) if targets else None
+    )
     lora.apply_lora(s.model, cfg_l)
-    cfg = SftConfig(k=k, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                    max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer),
-                    eos=_eos(s.tokenizer))  # fmt: skip
+    cfg = SftConfig(
+        k=k,
+        steps=steps,
+        batch=batch,
+        lr=lr,
+        eval_every=eval_every,
+        max_minutes=max_minutes,
+        seed=seed,
+        wrap=_wrap(first_layer),
+        eos=_eos(s.tokenizer),
+    )
     summary = train_sft(s.model, trained or init, train, held, prompt_len, cfg)
     meta = _meta("sft", k, trained, teacher, summary, cfg.wrap)
     lora.save_adapters(s.model, out_dir, cfg_l, meta=meta)
     click.echo(json.dumps({k_: v for k_, v in summary.items() if k_ != "history"}, indent=2))
-    click.echo(f"held-out route-mode CE (K={k}): {summary['heldout_before']:.4f} -> "
-               f"{summary['heldout_best']:.4f} nats/token; wrote {out_dir}")  # fmt: skip
+    click.echo(
+        f"held-out route-mode CE (K={k}): {summary['heldout_before']:.4f} -> "
+        f"{summary['heldout_best']:.4f} nats/token; wrote {out_dir}"
+    )
 
 
-def _meta(stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any],
-          wrap: bool | None) -> dict[str, Any]:  # fmt: skip
+def _meta(
+    stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any], wrap: bool | None
+) -> dict[str, Any]:
     keep = ("steps", "heldout_before", "heldout_best", "seconds", "trainable_params")
-    return {"stage": stage, "k": k, "heads": "trained" if trained is not None else "init",
-            "first_layer": "wrap" if wrap else "true-top-k", "teacher": str(teacher),
-            **{k_: summary[k_] for k_ in keep}}  # fmt: skip
+    return {
+        "stage": stage,
+        "k": k,
+        "heads": "trained" if trained is not None else "init",
+        "first_layer": "wrap" if wrap else "true-top-k",
+        "teacher": str(teacher),
+        **{k_: summary[k_] for k_ in keep},
+    }
 
 
 @click.command("distill")
@@ -176,8 +234,14 @@ def _meta(stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any
 @click.option("--tail-k", default=8, show_default=True)
 @click.option("--tail-weight", default=0.5, show_default=True)
 @click.option("--gen-len", default=64, show_default=True, help="Student tokens per prompt.")
-@renamed("--temp", "--temperature", dest="temperature", default=1.0, show_default=True,
-         help="Sampling temperature of the student's generations.")
+@renamed(
+    "--temp",
+    "--temperature",
+    dest="temperature",
+    default=1.0,
+    show_default=True,
+    help="Sampling temperature of the student's generations.",
+)
 @click.option("--prompt-len", default=32, show_default=True)
 @click.option("--prompts", default=256, show_default=True)
 @click.option("--rank", default=8, show_default=True, help="Only without --init.")
@@ -188,12 +252,32 @@ def _meta(stage: str, k: int, trained: Any, teacher: str, summary: dict[str, Any
     default=None,
     help="Adapter directory [default: MODEL/adapters, what the runtime loads].",
 )
-def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
-            first_layer: str | None, steps: int,
-            batch: int, lr: float, eval_every: int, max_minutes: float | None, seed: int,
-            init_dir: str | None, on_policy: float, beta: float, tail_k: int, tail_weight: float,
-            gen_len: int, temperature: float, prompt_len: int, prompts: int, rank: int,
-            alpha: float, out: str | None) -> None:  # fmt: skip
+def distill(
+    model: str,
+    corpus: str,
+    teacher: str,
+    k: int | None,
+    heads_dir: str | None,
+    first_layer: str | None,
+    steps: int,
+    batch: int,
+    lr: float,
+    eval_every: int,
+    max_minutes: float | None,
+    seed: int,
+    init_dir: str | None,
+    on_policy: float,
+    beta: float,
+    tail_k: int,
+    tail_weight: float,
+    gen_len: int,
+    temperature: float,
+    prompt_len: int,
+    prompts: int,
+    rank: int,
+    alpha: float,
+    out: str | None,
+) -> None:
     """Stage 3: on-policy distillation of the routed int4 student towards TEACHER."""
     import mlx.core as mx
     import numpy as np
@@ -224,20 +308,36 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
     if len(off) == 0 and on_policy < 1.0:
         raise click.UsageError("--on-policy < 1 needs teacher samples: run `edge0 train sft` first")
     train_p = _windows(corpus, "train", enc, prompts, prompt_len)
-    loop = SftConfig(k=k, steps=steps, batch=batch, lr=lr, eval_every=eval_every,
-                     max_minutes=max_minutes, seed=seed, wrap=_wrap(first_layer),
-                     eos=_eos(s.tokenizer))  # fmt: skip
-    cfg = DistillConfig(loop=loop, on_policy=on_policy, beta=beta, tail_k=tail_k,
-                        tail_weight=tail_weight, temperature=temperature,
-                        gen_len=gen_len)  # fmt: skip
+    loop = SftConfig(
+        k=k,
+        steps=steps,
+        batch=batch,
+        lr=lr,
+        eval_every=eval_every,
+        max_minutes=max_minutes,
+        seed=seed,
+        wrap=_wrap(first_layer),
+        eos=_eos(s.tokenizer),
+    )
+    cfg = DistillConfig(
+        loop=loop,
+        on_policy=on_policy,
+        beta=beta,
+        tail_k=tail_k,
+        tail_weight=tail_weight,
+        temperature=temperature,
+        gen_len=gen_len,
+    )
     summary = train_distill(s.model, trained or init, t.model, train_p, off, held, cfg)
     out_dir = Path(out or Path(model) / lora.ADAPTER_DIR)
     meta = _meta("distill", k, trained, teacher, summary, loop.wrap)
     meta["on_policy_steps"] = summary["on_policy_steps"]
     lora.save_adapters(s.model, out_dir, cfg_l, meta=meta)
     click.echo(json.dumps({k_: v for k_, v in summary.items() if k_ != "history"}, indent=2))
-    click.echo(f"held-out reverse KL (K={k}): {summary['heldout_before']:.4f} -> "
-               f"{summary['heldout_best']:.4f}; wrote {out_dir}")  # fmt: skip
+    click.echo(
+        f"held-out reverse KL (K={k}): {summary['heldout_before']:.4f} -> "
+        f"{summary['heldout_best']:.4f}; wrote {out_dir}"
+    )
 
 
 @click.command("quality")
@@ -280,29 +380,78 @@ def distill(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
 @click.option("--split", default="heldout", show_default=True)
 @click.option("--batch", default=8, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
-@renamed("--md", "--markdown", dest="md_out", type=click.Path(dir_okay=False), default=None,
-         help="Write a markdown table here.")
-@click.option("--route-policy", "policies", multiple=True,
-              type=click.Choice(ROUTE_POLICIES),
-              help="Instead of the adapter variants: these route policies (repeatable) at K = "
-              "--top-k, else top-k and top-k/2, through the streaming engine on MODEL (an "
-              "edge0-layout dir), decode steps teacher-forced (edge0/eval/policy.py).")
-@click.option("--route-deadline-ms", "deadline_ms", type=click.FloatRange(0.0), default=None,
-              help="With --route-policy: the deadline of available-first/deadline.")
-@click.option("--tiers", default="ram:1GiB>pread", show_default=True,
-              help="With --route-policy: the engine's tier stack.")
-def quality(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str | None,
-            first_layer: str | None, sft_adapter: str | None, adapter: str | None, tokens: int,
-            seq_len: int, prompts: int, prompt_len: int, gen_len: int, split: str, batch: int,
-            json_out: str | None, md_out: str | None, policies: tuple[str, ...],
-            deadline_ms: float | None, tiers: str) -> None:  # fmt: skip
+@renamed(
+    "--md",
+    "--markdown",
+    dest="md_out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a markdown table here.",
+)
+@click.option(
+    "--route-policy",
+    "policies",
+    multiple=True,
+    type=click.Choice(ROUTE_POLICIES),
+    help="Instead of the adapter variants: these route policies (repeatable) at K = "
+    "--top-k, else top-k and top-k/2, through the streaming engine on MODEL (an "
+    "edge0-layout dir), decode steps teacher-forced (edge0/eval/policy.py).",
+)
+@click.option(
+    "--route-deadline-ms",
+    "deadline_ms",
+    type=click.FloatRange(0.0),
+    default=None,
+    help="With --route-policy: the deadline of available-first/deadline.",
+)
+@click.option(
+    "--tiers",
+    default="ram:1GiB>pread",
+    show_default=True,
+    help="With --route-policy: the engine's tier stack.",
+)
+def quality(
+    model: str,
+    corpus: str,
+    teacher: str,
+    k: int | None,
+    heads_dir: str | None,
+    first_layer: str | None,
+    sft_adapter: str | None,
+    adapter: str | None,
+    tokens: int,
+    seq_len: int,
+    prompts: int,
+    prompt_len: int,
+    gen_len: int,
+    split: str,
+    batch: int,
+    json_out: str | None,
+    md_out: str | None,
+    policies: tuple[str, ...],
+    deadline_ms: float | None,
+    tiers: str,
+) -> None:
     """Perplexity ratio, KL, top-1 agreement, greedy divergence of each student variant
     (with --route-policy: of each route policy, with recall and decode speed)."""
     if policies:
         from edge0.cli.eval_policy import policy_quality
 
-        policy_quality(model, corpus, teacher, policies, k, deadline_ms, tiers, tokens, seq_len,
-                       prompt_len, split, json_out, md_out)  # fmt: skip
+        policy_quality(
+            model,
+            corpus,
+            teacher,
+            policies,
+            k,
+            deadline_ms,
+            tiers,
+            tokens,
+            seq_len,
+            prompt_len,
+            split,
+            json_out,
+            md_out,
+        )
         return
     from edge0.eval.quality import Variant, evaluate_quality, markdown
     from edge0.model import lora
@@ -328,11 +477,29 @@ def quality(model: str, corpus: str, teacher: str, k: int | None, heads_dir: str
     enc = s.tokenizer.encode
     windows = _windows(corpus, split, enc, tokens // seq_len, seq_len + 1)
     greedy_p = _windows(corpus, split, enc, prompts, prompt_len) if prompts else windows[:0, :1]
-    result = evaluate_quality(t.model, s.model, variants, heads, k, windows, greedy_p, gen_len,
-                              batch=batch, wrap=_wrap(first_layer))  # fmt: skip
-    result.update(model=str(model), teacher=str(teacher), corpus=str(corpus), split=split,
-                  tokens=int(windows.shape[0] * seq_len), seq_len=seq_len, prompts=prompts,
-                  prompt_len=prompt_len, gen_len=gen_len)  # fmt: skip
+    result = evaluate_quality(
+        t.model,
+        s.model,
+        variants,
+        heads,
+        k,
+        windows,
+        greedy_p,
+        gen_len,
+        batch=batch,
+        wrap=_wrap(first_layer),
+    )
+    result.update(
+        model=str(model),
+        teacher=str(teacher),
+        corpus=str(corpus),
+        split=split,
+        tokens=int(windows.shape[0] * seq_len),
+        seq_len=seq_len,
+        prompts=prompts,
+        prompt_len=prompt_len,
+        gen_len=gen_len,
+    )
     md = markdown(result)
     click.echo(md)
     if json_out:

@@ -26,11 +26,19 @@ class Edge0Group(click.Group):
 
 @click.group(cls=Edge0Group)
 @click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
-@click.option("--log-json", type=click.Path(dir_okay=False), default=None,
-              help="Write every structlog event as JSON lines to this file ('-' = stderr).")
-@click.option("--log-level", default="warning", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]),
-              help="Level of human-readable logs on stderr.")
+@click.option(
+    "--log-json",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write every structlog event as JSON lines to this file ('-' = stderr).",
+)
+@click.option(
+    "--log-level",
+    default="warning",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Level of human-readable logs on stderr.",
+)
 @click.version_option(package_name="edge0")
 @click.pass_context
 def main(ctx: click.Context, debug: bool, log_json: str | None, log_level: str) -> None:

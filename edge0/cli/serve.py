@@ -33,8 +33,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
-def check_options(max_body: str, grace: float, model_name: str | None, api_key: str | None,
-                  runtime: dict[str, Any]) -> int:  # fmt: skip
+def check_options(
+    max_body: str,
+    grace: float,
+    model_name: str | None,
+    api_key: str | None,
+    runtime: dict[str, Any],
+) -> int:
     """The server options checked before any work; returns --max-body in bytes."""
     from edge0.cli.checks import output_file
     from edge0.storage.spec import parse_size
@@ -47,13 +52,15 @@ def check_options(max_body: str, grace: float, model_name: str | None, api_key: 
     if not lo <= limit <= hi:
         raise ConfigError(f"--max-body {max_body} is {limit} bytes; give 1KiB to 1GiB")
     if not 0 <= grace <= MAX_GRACE_S:  # also refuses nan
-        raise ConfigError(f"--shutdown-grace {grace} must be between 0 and {MAX_GRACE_S:g} "
-                          "seconds")  # fmt: skip
+        raise ConfigError(f"--shutdown-grace {grace} must be between 0 and {MAX_GRACE_S:g} seconds")
     for flag, text in (("--model-name", model_name), ("--api-key", api_key)):
-        if text is not None and not (text.isascii() and text.isprintable() or
-                                     flag == "--model-name" and _utf8(text)):  # fmt: skip
-            raise ConfigError(f"{flag} {text!r} cannot be sent over HTTP; use printable "
-                              f"{'ASCII' if flag == '--api-key' else 'UTF-8 text'}")  # fmt: skip
+        if text is not None and not (
+            text.isascii() and text.isprintable() or flag == "--model-name" and _utf8(text)
+        ):
+            raise ConfigError(
+                f"{flag} {text!r} cannot be sent over HTTP; use printable "
+                f"{'ASCII' if flag == '--api-key' else 'UTF-8 text'}"
+            )
     output_file(runtime["trace_file"], "--trace")
     output_file(runtime["run_log_json"], "--log-json")
     return limit
@@ -79,8 +86,10 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind(addr)
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another "
-                          "--port (0 takes a free one)") from None  # fmt: skip
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; pick another "
+            "--port (0 takes a free one)"
+        ) from None
     return sock
 
 
@@ -148,9 +157,17 @@ class _QuietStartupFailure(logging.Filter):
 @max_batch_option(SERVE_MAX_BATCH)
 @runtime_options
 def command(
-    model: Path | None, host: str, port: int, api_key: str | None, model_name: str | None,
-    max_body: str, grace: float, access_log: bool, max_batch: int, **kw: Any,
-) -> None:  # fmt: skip
+    model: Path | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    model_name: str | None,
+    max_body: str,
+    grace: float,
+    access_log: bool,
+    max_batch: int,
+    **kw: Any,
+) -> None:
     """Serve MODEL (an edge0-layout directory; default: the demo model) over HTTP.
 
     OpenAI: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
@@ -177,8 +194,10 @@ def command(
         log.configure(json_file=runtime["run_log_json"])
     path = model if model is not None else default_model_path()
     if not is_layout(path):
-        raise ConfigError(f"{path} is not an edge0-layout directory; `edge0 serve` streams "
-                          f"experts from one: run `edge0 convert {path} OUT` first")  # fmt: skip
+        raise ConfigError(
+            f"{path} is not an edge0-layout directory; `edge0 serve` streams "
+            f"experts from one: run `edge0 convert {path} OUT` first"
+        )
     model_id = model_name or ("edge0-demo" if model is None else path.resolve().name)
     if host not in LOOPBACK and not api_key:
         click.echo(f"edge0 serve: warning: listening on {host} without --api-key", err=True)
@@ -189,19 +208,36 @@ def command(
         plan = engine.setup.memory_plan
         if plan is not None:
             click.echo(plan.line(), err=True)
-        click.echo(f"edge0 serve: {model_id} ({engine.options.mode}) on "
-                   f"http://{host}:{bound}/v1 (Ctrl-C stops)", err=True)  # fmt: skip
+        click.echo(
+            f"edge0 serve: {model_id} ({engine.options.mode}) on "
+            f"http://{host}:{bound}/v1 (Ctrl-C stops)",
+            err=True,
+        )
 
-    config = ServerConfig(model=path, engine=engine, model_id=model_id,
-                          api_key=api_key or None, max_body=limit, on_ready=ready)  # fmt: skip
+    config = ServerConfig(
+        model=path,
+        engine=engine,
+        model_id=model_id,
+        api_key=api_key or None,
+        max_body=limit,
+        on_ready=ready,
+    )
     app = create_app(config)
     quiet = _QuietStartupFailure(app)
     if not click.get_current_context().meta.get("edge0.debug"):
         logging.getLogger("uvicorn.error").addFilter(quiet)
     level = "info" if access_log else "warning"
-    server = DrainingServer(uvicorn.Config(
-        app, log_level=level, access_log=access_log, lifespan="on", loop="none",
-    ), config.drain, grace)  # fmt: skip
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            log_level=level,
+            access_log=access_log,
+            lifespan="on",
+            loop="none",
+        ),
+        config.drain,
+        grace,
+    )
     # uvicorn handles SIGTERM like SIGINT, then re-raises it: ours ends the command as Ctrl-C
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -23,8 +23,14 @@ def is_layout(path: Path) -> bool:
     return (Path(path) / MANIFEST_FILE).is_file()
 
 
-def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
-                  runtime: dict[str, Any], full: bool = False) -> None:  # fmt: skip
+def run_streaming(
+    path: Path,
+    text: str,
+    chat: bool,
+    sampling: dict[str, Any],
+    runtime: dict[str, Any],
+    full: bool = False,
+) -> None:
     """Stream the reply to stdout, the stats to stderr (one line, or with `full` the whole
     summary); Ctrl-C stops with the stats so far."""
     from edge0 import log
@@ -49,20 +55,29 @@ def run_streaming(path: Path, text: str, chat: bool, sampling: dict[str, Any],
 
     async def main() -> None:
         async with Engine.open(
-            path, tiers=runtime["tiers"], mode=runtime["mode"] or "route",
-            top_k=runtime["route_top_k"], predictor=predictor,
-            first_layer=runtime["first_layer"], memory_budget=runtime["memory_budget"],
-            trace=runtime["trace_file"], io_workers=runtime["io_workers"],
-            adapter=runtime["adapter"], sync_every=runtime["sync_every"],
-            context=runtime["context"], **prefill_kwargs(runtime), **policy_kwargs(runtime),
+            path,
+            tiers=runtime["tiers"],
+            mode=runtime["mode"] or "route",
+            top_k=runtime["route_top_k"],
+            predictor=predictor,
+            first_layer=runtime["first_layer"],
+            memory_budget=runtime["memory_budget"],
+            trace=runtime["trace_file"],
+            io_workers=runtime["io_workers"],
+            adapter=runtime["adapter"],
+            sync_every=runtime["sync_every"],
+            context=runtime["context"],
+            **prefill_kwargs(runtime),
+            **policy_kwargs(runtime),
             **dist,
-        ) as eng:  # fmt: skip
+        ) as eng:
             holder["engine"] = eng
             if eng.setup.memory_plan is not None:
                 click.echo(eng.setup.memory_plan.line(), err=True)
             last = ""
-            async for piece in eng.generate(text, max_tokens=max_tokens, sampling=settings,
-                                            chat=chat):  # fmt: skip
+            async for piece in eng.generate(
+                text, max_tokens=max_tokens, sampling=settings, chat=chat
+            ):
                 if isinstance(piece, RunStats):
                     if not last.endswith("\n"):
                         click.echo("")

@@ -51,9 +51,18 @@ class LayerBytes:
         first layer, the head on the last (a rank's slot slack, baseline and working memory
         are the same on every rank and do not move the balance)."""
         slot = self.fp.top_k * self.fp.slot
-        out = [r + e + h + kv + st + (slot if s else 0) for r, e, h, kv, st, s in
-               zip(self.resident, self.experts, self.heads, self.kv, self.state, self.streamed,
-                   strict=True)]  # fmt: skip
+        out = [
+            r + e + h + kv + st + (slot if s else 0)
+            for r, e, h, kv, st, s in zip(
+                self.resident,
+                self.experts,
+                self.heads,
+                self.kv,
+                self.state,
+                self.streamed,
+                strict=True,
+            )
+        ]
         out[0] += self.embed
         out[-1] += self.head + (self.embed if self.tied and len(out) > 1 else 0)
         return out
@@ -63,7 +72,9 @@ class LayerBytes:
         embed = self.embed if first or (last and self.tied) else 0
         return attrs.evolve(
             self.fp,
-            resident=self.adapter + sum(self.resident[i] for i in own) + embed
+            resident=self.adapter
+            + sum(self.resident[i] for i in own)
+            + embed
             + (self.head if last else 0),
             resident_experts=sum(self.experts[i] for i in own),
             heads=sum(self.heads[i] for i in own),
@@ -71,7 +82,7 @@ class LayerBytes:
             kv=sum(self.kv[i] for i in own),
             state=sum(self.state[i] for i in own),
             load=self.fp.load if any(self.experts[i] for i in own) else 0,
-        )  # fmt: skip
+        )
 
 
 def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int) -> LayerBytes:
@@ -113,16 +124,24 @@ def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: i
                 heads[i] = fp.heads // len(owners)
     kinds = _layer_kinds(text, n)
     per_kv = kv_bytes({**text, "layer_types": ["full_attention"]}, opts.context)
-    per_state = (state_bytes({**text, "layer_types": ["linear_attention"]})
-                 if text.get("layer_types") else 0)  # fmt: skip
+    per_state = (
+        state_bytes({**text, "layer_types": ["linear_attention"]}) if text.get("layer_types") else 0
+    )
     streamed = tuple(opts.mode != "resident" and i in moe and i not in kept for i in range(n))
     tied = bool(text.get("tie_word_embeddings", manifest.config.get("tie_word_embeddings")))
     return LayerBytes(
-        fp, tuple(resident), tuple(experts), tuple(heads),
+        fp,
+        tuple(resident),
+        tuple(experts),
+        tuple(heads),
         tuple(per_kv if k == "full_attention" else 0 for k in kinds),
         tuple(per_state if k == "linear_attention" else 0 for k in kinds),
-        streamed, embed, head, tied, fp.resident - sum(tensors.values()),
-    )  # fmt: skip
+        streamed,
+        embed,
+        head,
+        tied,
+        fp.resident - sum(tensors.values()),
+    )
 
 
 def _layer_kinds(text: dict[str, object], n: int) -> list[str]:
@@ -132,13 +151,15 @@ def _layer_kinds(text: dict[str, object], n: int) -> list[str]:
         return [str(t) for t in types]
     interval = int(str(text.get("full_attention_interval") or 1))
     if interval > 1:
-        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(n)]  # fmt: skip
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        ]
     return ["full_attention"] * n
 
 
-def rank_plan(budget: str | int, lb: LayerBytes, ranges: tuple[range, ...],
-              rank: int) -> MemoryPlan:  # fmt: skip
+def rank_plan(
+    budget: str | int, lb: LayerBytes, ranges: tuple[range, ...], rank: int
+) -> MemoryPlan:
     """Rank `rank`'s memory plan; ConfigError naming the rank, its layers and the fix."""
     own = ranges[rank]
     fp = lb.footprint(own, rank == 0, rank == len(ranges) - 1)

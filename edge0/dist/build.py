@@ -74,24 +74,44 @@ def _predictor(model: nn.Module, opts: EngineOptions, path: Path) -> tuple[int, 
 
 
 def load_node(
-    path: Path, manifest: Manifest, opts: EngineOptions, split: Split, rank: int, link: Link,
-    tracer: Tracer, n_slots: int | None = None,
+    path: Path,
+    manifest: Manifest,
+    opts: EngineOptions,
+    split: Split,
+    rank: int,
+    link: Link,
+    tracer: Tracer,
+    n_slots: int | None = None,
 ) -> tuple[Node, Any, SlotMemory | None, SlotPool | None]:
     """On the compute thread: load this rank's layers and install its streaming blocks."""
     size = len(split.ranges)
     own = split.ranges[rank]
     experts = "resident" if opts.mode == "resident" else "none"
     stage, (k, predictor), tokenizer = load_stage(
-        path, manifest, own, rank == 0, rank == size - 1, experts, opts.adapter,
+        path,
+        manifest,
+        own,
+        rank == 0,
+        rank == size - 1,
+        experts,
+        opts.adapter,
         lambda m: _predictor(m, opts, path),
-    )  # fmt: skip
+    )
     if k > manifest.n_experts:
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     config = manifest.config.get("text_config") or manifest.config
     # the hidden state's dtype: the compute dtype the loader cast to (not a kept narrower one)
     dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
-    node = Node(rank, size, split, stage, Steps(opts.mode, k, tracer), link,
-                int(config["hidden_size"]), dtype)  # fmt: skip
+    node = Node(
+        rank,
+        size,
+        split,
+        stage,
+        Steps(opts.mode, k, tracer),
+        link,
+        int(config["hidden_size"]),
+        dtype,
+    )
     blocks = sparse_blocks(stage.model)
     family = family_for(manifest.model_type)
     if opts.mode == "resident":
@@ -115,19 +135,30 @@ def load_node(
         steps.recording = {}
     streams = make_streams([i for i, _, _ in blocks], steps, memory, manifest, opts.mode)
     if predictor is not None:
-        _wire_heads(node, predictor, streams, [i for i in all_moe if i not in keep],
-                    manifest.quantization, opts.first_layer == "wrap")  # fmt: skip
+        _wire_heads(
+            node,
+            predictor,
+            streams,
+            [i for i in all_moe if i not in keep],
+            manifest.quantization,
+            opts.first_layer == "wrap",
+        )
     install_streams(stage.model, blocks, family, steps, streams)
     return node, tokenizer, memory, table
 
 
-def _wire_heads(node: Node, predictor: Predictor, streams: dict[int, LayerStream],
-                streamed: list[int], quant: dict[str, Any], wrap: bool) -> None:  # fmt: skip
+def _wire_heads(
+    node: Node,
+    predictor: Predictor,
+    streams: dict[int, LayerStream],
+    streamed: list[int],
+    quant: dict[str, Any],
+    wrap: bool,
+) -> None:
     """The heads this rank owns whose targets are streamed somewhere; a head whose target is
     on another rank predicts into a stand-in stream (its prefetch goes to the outbox)."""
     own, steps = node.split.ranges[node.rank], node.ctx
-    predictor.targets = {a: b for a, b in predictor.targets.items()
-                         if a in own and b in streamed}  # fmt: skip
+    predictor.targets = {a: b for a, b in predictor.targets.items() if a in own and b in streamed}
     heads = getattr(predictor, "heads", None)
     if isinstance(heads, PrerouterSet):  # free the heads other ranks own
         heads.heads = {a: h for a, h in heads.heads.items() if a in own}
@@ -155,9 +186,16 @@ def read_bytes() -> int:
     return -1
 
 
-async def build_node(path: Path, opts: EngineOptions, split: Split, rank: int, link: Link,
-                     compute: ComputeThread, baseline: int,
-                     lb: LayerBytes | None = None) -> tuple[Setup, Node]:  # fmt: skip
+async def build_node(
+    path: Path,
+    opts: EngineOptions,
+    split: Split,
+    rank: int,
+    link: Link,
+    compute: ComputeThread,
+    baseline: int,
+    lb: LayerBytes | None = None,
+) -> tuple[Setup, Node]:
     """Load rank `rank` and open its tier stack and scheduler; under `--memory-budget`, the
     rank's own plan (from `baseline`, its RSS before loading) sizes its slot pool and RAM
     cache, and a budget it cannot hold is refused before anything is loaded."""
@@ -183,7 +221,8 @@ async def build_node(path: Path, opts: EngineOptions, split: Split, rank: int, l
     node.n_slots = table.n_slots
     setup.tier = open_tiers(spec, path, manifest)
     remote = set(manifest.moe_layers) - set(table.layers)
-    setup.scheduler = StageScheduler(setup.tier, memory, table, list(table.layers), tracer,
-                                     opts.io_workers, remote=remote)  # fmt: skip
+    setup.scheduler = StageScheduler(
+        setup.tier, memory, table, list(table.layers), tracer, opts.io_workers, remote=remote
+    )
     node.ctx.attach(setup.scheduler)
     return setup, node

@@ -69,8 +69,9 @@ def options_from_json(text: str) -> EngineOptions:
     return EngineOptions(**d)
 
 
-def split_for(path: Path, manifest: Manifest, opts: EngineOptions, size: int,
-              baseline: int = 0) -> tuple[Split, LayerBytes]:  # fmt: skip
+def split_for(
+    path: Path, manifest: Manifest, opts: EngineOptions, size: int, baseline: int = 0
+) -> tuple[Split, LayerBytes]:
     """The split (`--layers`, else balanced by each layer's fixed bytes) and the per-layer
     bytes the ranks' memory plans are made from (with this process's `baseline`)."""
     from edge0.dist.budget import layer_bytes
@@ -119,9 +120,20 @@ class Ranks:
         logdir = Path(tempfile.mkdtemp(prefix="edge0-ranks-"))
         self.logdir = logdir
         for rank in range(1, cluster.size):
-            argv = [sys.executable, "-m", "edge0.dist.worker", str(path.resolve()),
-                    "--rank", str(rank), "--ring", cluster.ring_json(), "--split", split.text(),
-                    "--options", opts_text]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "edge0.dist.worker",
+                str(path.resolve()),
+                "--rank",
+                str(rank),
+                "--ring",
+                cluster.ring_json(),
+                "--split",
+                split.text(),
+                "--options",
+                opts_text,
+            ]
             host = cluster.hosts[rank]
             if not host.local:
                 remote = f"cd {shlex.quote(os.getcwd())} && exec {shlex.join(argv)}"
@@ -129,8 +141,9 @@ class Ranks:
             logfile = logdir / f"rank{rank}.log"
             self.logs.append(logfile)
             with open(logfile, "wb") as fh:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT
+                )
                 self.procs.append(proc)
 
     def check(self) -> None:
@@ -164,8 +177,13 @@ class Ranks:
             self.logdir.rmdir()
 
 
-async def _watch(link: Link, fut: concurrent.futures.Future[T], ranks: Ranks | Launched,
-                 what: str, timeout: float) -> T:  # fmt: skip
+async def _watch(
+    link: Link,
+    fut: concurrent.futures.Future[T],
+    ranks: Ranks | Launched,
+    what: str,
+    timeout: float,
+) -> T:
     """Wait for a link job without blocking the loop; a rank that exits meanwhile is reported
     at once (the link thread may stay blocked: it is a daemon, the process can still exit)."""
     deadline = time.monotonic() + timeout
@@ -222,9 +240,13 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
         os.environ["MLX_HOSTFILE"] = str(ringfile)
         ranks = Ranks(cluster, path, options_json(opts), split)
         ranks.files.append(ringfile)
-    log.info("pipeline", ranks=len(split.ranges), split=split.text(),
-             layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges],
-             cost=list(split.cost))  # fmt: skip
+    log.info(
+        "pipeline",
+        ranks=len(split.ranges),
+        split=split.text(),
+        layers=[f"{r.start}-{r.stop - 1}" for r in split.ranges],
+        cost=list(split.cost),
+    )
     try:
         setup, node = await build_node(path, opts, split, 0, link, compute, baseline, lb)
         _OPENED = True
@@ -240,8 +262,13 @@ async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread
 async def _ready(link: Link, node: Node, ranks: Ranks | Launched) -> None:
     """One empty trip around the ring once every rank has loaded (a long timeout)."""
     link.send(1, Message(PING), "rank 0: ping")
-    await _watch(link, link.start_recv(node.size - 1), ranks,
-                 "rank 0: waiting for every rank to load", START_TIMEOUT_S)  # fmt: skip
+    await _watch(
+        link,
+        link.start_recv(node.size - 1),
+        ranks,
+        "rank 0: waiting for every rank to load",
+        START_TIMEOUT_S,
+    )
 
 
 def _wire(setup: Setup, node: Node, ranks: Ranks | Launched, link: Link) -> Setup:

@@ -64,8 +64,16 @@ class Codec:
     def pack(self, m: Message) -> np.ndarray:
         buf = np.zeros(self.size, dtype=np.int32)
         pred = m.pred or []
-        buf[:FIXED] = (m.kind, m.request, m.step, m.pos, int(m.prefill), m.token,
-                       len(pred) if m.pred is not None else -1, m.flags)  # fmt: skip
+        buf[:FIXED] = (
+            m.kind,
+            m.request,
+            m.step,
+            m.pos,
+            int(m.prefill),
+            m.token,
+            len(pred) if m.pred is not None else -1,
+            m.flags,
+        )
         buf[FIXED : FIXED + len(pred)] = pred
         if m.payload is not None:
             buf[FIXED + self.k : FIXED + self.k + m.payload.size] = m.payload
@@ -74,8 +82,17 @@ class Codec:
     def unpack(self, buf: np.ndarray) -> Message:
         kind, request, step, pos, prefill, token, n_pred, flags = (int(v) for v in buf[:FIXED])
         pred = None if n_pred < 0 else [int(v) for v in buf[FIXED : FIXED + n_pred]]
-        return Message(kind, request, step, pos, bool(prefill), token, pred,
-                       buf[FIXED + self.k :].copy(), flags)  # fmt: skip
+        return Message(
+            kind,
+            request,
+            step,
+            pos,
+            bool(prefill),
+            token,
+            pred,
+            buf[FIXED + self.k :].copy(),
+            flags,
+        )
 
 
 def hidden_words(h: mx.array) -> np.ndarray:
@@ -152,8 +169,11 @@ class Link:
 
         def fn() -> Any:
             group = mx.distributed.init(strict=True, backend="ring")
-            mx.eval(mx.distributed.all_sum(mx.array([1.0], dtype=mx.float32), group=group,
-                                           stream=mx.cpu))  # fmt: skip
+            mx.eval(
+                mx.distributed.all_sum(
+                    mx.array([1.0], dtype=mx.float32), group=group, stream=mx.cpu
+                )
+            )
             self.group = group
             return group
 

@@ -27,7 +27,7 @@ from edge0.dist.link import (
     TOKEN,
     Link,
     Message,
-    hidden_words,  # fmt: skip
+    hidden_words,
     pack_floats,
     unpack_floats,
     words_hidden,
@@ -48,9 +48,23 @@ log = get_logger("edge0.dist.pipeline")
 # the bytes it read while loading (-1: unknown) and the lowest / highest layer whose experts
 # it has read (-1: none); last, the number and wall time of its decode steps alone (the
 # steps after the prompt: a token's time minus every rank's decode step is the ring's share)
-STAT_NAMES = ("rank", "peak_rss_mib", "steps", "wall_s", "cpu_s", "eval_s", "wait_s",
-              "read_mib", "reads", "slots", "load_read_mib", "read_layer_min",
-              "read_layer_max", "decode_steps", "decode_wall_s")  # fmt: skip
+STAT_NAMES = (
+    "rank",
+    "peak_rss_mib",
+    "steps",
+    "wall_s",
+    "cpu_s",
+    "eval_s",
+    "wait_s",
+    "read_mib",
+    "reads",
+    "slots",
+    "load_read_mib",
+    "read_layer_min",
+    "read_layer_max",
+    "decode_steps",
+    "decode_wall_s",
+)
 STAT_WORDS = len(STAT_NAMES)
 
 
@@ -88,8 +102,9 @@ def inject(steps: Steps, layer: int, experts: list[int]) -> None:
 class StageRunner:
     """This rank's part of one request: its caches and one step of its layers."""
 
-    def __init__(self, stage: Stage, ctx: Steps, request: int, entry: int | None,
-                 exit_to: int | None) -> None:  # fmt: skip
+    def __init__(
+        self, stage: Stage, ctx: Steps, request: int, entry: int | None, exit_to: int | None
+    ) -> None:
         self.stage = stage
         self.ctx = ctx
         self.entry = entry  # this rank's first streamed layer (receives predictions), or None
@@ -102,8 +117,9 @@ class StageRunner:
         ctx.begin_request(request)
         self.first_record = len(ctx.records)
 
-    def step(self, x: mx.array, prefill: bool, pred: list[int] | None,
-             prefetch: bool = True) -> mx.array:  # fmt: skip
+    def step(
+        self, x: mx.array, prefill: bool, pred: list[int] | None, prefetch: bool = True
+    ) -> mx.array:
         """Run this rank's layers on `x` for the next step; the output is evaluated."""
         ctx = self.ctx
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -133,11 +149,23 @@ class StageRunner:
         b, n = (sched.stats.bytes, sched.stats.issued) if sched is not None else (0, 0)
         read = sorted(getattr(sched, "read_layers", ())) or [-1]
         loaded = node.load_read / 2**20 if node.load_read >= 0 else -1.0
-        return [float(node.rank), peak_rss_bytes() / 2**20, len(recs),
-                sum(r.wall for r in recs), sum(r.cpu for r in recs), sum(r.eval for r in recs),
-                sum(r.wait for r in recs), (b - self.reads0[0]) / 2**20,
-                float(n - self.reads0[1]), float(node.n_slots), loaded, float(read[0]),
-                float(read[-1]), float(len(decode)), sum(r.wall for r in decode)]  # fmt: skip
+        return [
+            float(node.rank),
+            peak_rss_bytes() / 2**20,
+            len(recs),
+            sum(r.wall for r in recs),
+            sum(r.cpu for r in recs),
+            sum(r.eval for r in recs),
+            sum(r.wait for r in recs),
+            (b - self.reads0[0]) / 2**20,
+            float(n - self.reads0[1]),
+            float(node.n_slots),
+            loaded,
+            float(read[0]),
+            float(read[-1]),
+            float(len(decode)),
+            sum(r.wall for r in decode),
+        ]
 
 
 def settings_words(s: SamplingSettings) -> np.ndarray:
@@ -147,8 +175,9 @@ def settings_words(s: SamplingSettings) -> np.ndarray:
 
 def words_settings(words: np.ndarray) -> SamplingSettings:
     temp, top_p, top_k, min_p, seed = unpack_floats(words, 5)
-    return SamplingSettings(temp=temp, top_p=top_p, top_k=int(top_k), min_p=min_p,
-                            seed=None if seed < 0 else int(seed))  # fmt: skip
+    return SamplingSettings(
+        temp=temp, top_p=top_p, top_k=int(top_k), min_p=min_p, seed=None if seed < 0 else int(seed)
+    )
 
 
 class PipelineRunner:
@@ -161,8 +190,11 @@ class PipelineRunner:
         self.request = request
         self.part = StageRunner(node.stage, node.ctx, request, node.entry, node.exit_to)
         node.part = self.part
-        self.link.send(1, Message(BEGIN, request, payload=settings_words(settings)),
-                       "rank 0: starting a request on rank 1")  # fmt: skip
+        self.link.send(
+            1,
+            Message(BEGIN, request, payload=settings_words(settings)),
+            "rank 0: starting a request on rank 1",
+        )
         self.wrap: list[int] | None = None
 
     def feed(self, token: int, prefill: bool, prefetch: bool = True) -> int:
@@ -170,12 +202,20 @@ class PipelineRunner:
         if self.wrap is not None and self.node.wrap_to is not None:
             inject(part.ctx, self.node.wrap_to, self.wrap)  # last rank's head -> our first layer
         h = part.step(mx.array([[token]]), prefill, None, prefetch)
-        m = Message(STEP, self.request, part.ctx.step, part.ctx.pos, prefill,
-                    pred=part.outgoing(), payload=hidden_words(h),
-                    flags=GREEDY if self.sampler is greedy else 0)  # fmt: skip
+        m = Message(
+            STEP,
+            self.request,
+            part.ctx.step,
+            part.ctx.pos,
+            prefill,
+            pred=part.outgoing(),
+            payload=hidden_words(h),
+            flags=GREEDY if self.sampler is greedy else 0,
+        )
         link.send(1, m, f"rank 0: sending step {m.step} to rank 1")
-        back = link.recv(size - 1, f"rank 0: waiting for the token of step {m.step} from rank "
-                                   f"{size - 1}")  # fmt: skip
+        back = link.recv(
+            size - 1, f"rank 0: waiting for the token of step {m.step} from rank {size - 1}"
+        )
         self.wrap = back.pred
         return back.token
 
@@ -240,14 +280,23 @@ def serve(node: Any) -> None:
                 back = Message(TOKEN, m.request, m.step, token=token, pred=part.outgoing())
                 link.send(0, back, f"rank {rank}: returning the token of step {m.step}")
             else:
-                fwd = Message(STEP, m.request, m.step, m.pos, m.prefill, pred=part.outgoing(),
-                              payload=hidden_words(out), flags=m.flags)  # fmt: skip
+                fwd = Message(
+                    STEP,
+                    m.request,
+                    m.step,
+                    m.pos,
+                    m.prefill,
+                    pred=part.outgoing(),
+                    payload=hidden_words(out),
+                    flags=m.flags,
+                )
                 link.send(nxt, fwd, f"rank {rank}: sending step {m.step} to rank {nxt}")
         elif m.kind == STATS:
             assert m.payload is not None
             if part is not None:
                 m.payload[rank * STAT_WORDS : (rank + 1) * STAT_WORDS] = pack_floats(
-                    part.stats(node))
+                    part.stats(node)
+                )
             link.send(nxt, m, f"rank {rank}: passing stats to rank {nxt}")
         elif m.kind in (PING, STOP):
             link.send(nxt, m, f"rank {rank}: passing a message to rank {nxt}")

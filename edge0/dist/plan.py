@@ -48,8 +48,9 @@ def parse_layers(text: str, n_layers: int, size: int) -> Split:
     return Split(_ranges(counts))
 
 
-def _min_max(weights: list[int], size: int, cap: list[int] | None = None,
-             limit: float = float("inf")) -> list[int] | None:
+def _min_max(
+    weights: list[int], size: int, cap: list[int] | None = None, limit: float = float("inf")
+) -> list[int] | None:
     """Layers per part of the contiguous split of `weights` into `size` parts minimising the
     largest part's weight, with every part's `cap` sum at most `limit` (exact DP); None if
     no split fits."""

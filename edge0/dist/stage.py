@@ -83,9 +83,15 @@ class Stage:
 
 
 def load_stage(
-    path: Path, manifest: Manifest, own: range, first: bool, last: bool, experts: str,
-    adapter: bool, before_prune: Callable[[nn.Module], Any],
-) -> tuple[Stage, Any, Any]:  # fmt: skip
+    path: Path,
+    manifest: Manifest,
+    own: range,
+    first: bool,
+    last: bool,
+    experts: str,
+    adapter: bool,
+    before_prune: Callable[[nn.Module], Any],
+) -> tuple[Stage, Any, Any]:
     """Load only `own` layers of an edge0 layout; `before_prune(model)` runs on the whole lazy
     model (predictors read routers of the next rank's first layer). Returns (stage, its result,
     tokenizer). Every check `load_layout` makes is made (edge0.layout.load._open)."""
@@ -96,9 +102,15 @@ def load_stage(
     _, model = _open(path, "none")  # validated; weights loaded lazily, expert stacks empty
     if experts == "resident":  # this rank's layers' experts only
         switch = switch_modules(model)
-        model.load_weights([(f"{switch[i][0]}.{n}", a) for i in own if i in switch
-                            for n, a in read_expert_stacks(path, manifest, i).items()],
-                           strict=False)  # fmt: skip
+        model.load_weights(
+            [
+                (f"{switch[i][0]}.{n}", a)
+                for i in own
+                if i in switch
+                for n, a in read_expert_stacks(path, manifest, i).items()
+            ],
+            strict=False,
+        )
     # the dtypes one process keeps (edge0.layout.load.load_layout): what the memory plan counts
     cast_params(model, activation_dtype(MX_DTYPES[manifest.float_dtype]), keep=True)
     maybe_apply_adapters(model, path, enabled=adapter)  # evaluates the model when present

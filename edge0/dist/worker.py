@@ -49,8 +49,11 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
         link.init(START_TIMEOUT_S, f"rank {rank}: joining the ring")
         if setup.scheduler is not None:
             await setup.scheduler.start()
-        log.info("rank_ready", rank=rank, layers=f"{split.ranges[rank].start}-"
-                 f"{split.ranges[rank].stop - 1}")  # fmt: skip
+        log.info(
+            "rank_ready",
+            rank=rank,
+            layers=f"{split.ranges[rank].start}-{split.ranges[rank].stop - 1}",
+        )
         try:
             await compute.run(lambda: serve(node))
         finally:
@@ -102,8 +105,9 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def worker_from_cli(path: Path, runtime: dict[str, Any], predictor: str | None,
-                    dist: dict[str, Any]) -> bool:  # fmt: skip
+def worker_from_cli(
+    path: Path, runtime: dict[str, Any], predictor: str | None, dist: dict[str, Any]
+) -> bool:
     """`edge0 run` under mlx.launch: on a rank > 0, serve as a worker (True); rank 0: False."""
     from edge0.dist.hosts import LAUNCHED, launched_rank
 
@@ -111,11 +115,17 @@ def worker_from_cli(path: Path, runtime: dict[str, Any], predictor: str | None,
     if dist.get("hosts") != LAUNCHED or rank is None or rank == 0:
         return False
     opts = EngineOptions(
-        tiers=runtime["tiers"], mode=runtime["mode"] or "route", top_k=runtime["route_top_k"],
-        predictor=predictor, first_layer=runtime["first_layer"],
-        memory_budget=runtime["memory_budget"], io_workers=runtime["io_workers"],
-        adapter=runtime["adapter"], layers=dist["layers"], rank_timeout=dist["rank_timeout"],
-    )  # fmt: skip
+        tiers=runtime["tiers"],
+        mode=runtime["mode"] or "route",
+        top_k=runtime["route_top_k"],
+        predictor=predictor,
+        first_layer=runtime["first_layer"],
+        memory_budget=runtime["memory_budget"],
+        io_workers=runtime["io_workers"],
+        adapter=runtime["adapter"],
+        layers=dist["layers"],
+        rank_timeout=dist["rank_timeout"],
+    )
     opts.check()
     try:
         run_async(work(path, opts, rank, None))

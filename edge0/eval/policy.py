@@ -77,11 +77,13 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
         runner.finish()
         decode = [r for r in steps.records if not r.prefill]
         counters = {
-            "steps": len(decode), "wall_s": wall, "wait_s": sum(r.wait for r in decode),
+            "steps": len(decode),
+            "wall_s": wall,
+            "wait_s": sum(r.wait for r in decode),
             "bytes": (sched.stats.bytes - bytes0) if sched is not None else 0,
             "recall_hits": sum(r.recall_hits for r in decode),
             "recall_slots": sum(r.recall_slots for r in decode),
-        }  # fmt: skip
+        }
         return np.stack(rows), counters
 
     out: tuple[np.ndarray, dict] = await eng.run_on_compute(job)
@@ -89,9 +91,13 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
 
 
 async def evaluate_policy(
-    model_dir: Path, variant: PolicyVariant, teacher_logits: np.ndarray, windows: np.ndarray,
-    prompt_len: int, tiers: str,
-) -> dict[str, Any]:  # fmt: skip
+    model_dir: Path,
+    variant: PolicyVariant,
+    teacher_logits: np.ndarray,
+    windows: np.ndarray,
+    prompt_len: int,
+    tiers: str,
+) -> dict[str, Any]:
     """One row: the variant's engine decodes every window teacher-forced; figures vs teacher."""
     from edge0.runtime.engine.api import Engine
 
@@ -101,8 +107,14 @@ async def evaluate_policy(
         if variant.deadline_ms is not None:
             opts["route_deadline_ms"] = variant.deadline_ms
     parts: dict[str, list[np.ndarray]] = {}
-    total = {"steps": 0, "wall_s": 0.0, "wait_s": 0.0, "bytes": 0, "recall_hits": 0,
-             "recall_slots": 0}  # fmt: skip
+    total = {
+        "steps": 0,
+        "wall_s": 0.0,
+        "wait_s": 0.0,
+        "bytes": 0,
+        "recall_hits": 0,
+        "recall_slots": 0,
+    }
     async with Engine.open(model_dir, **opts) as eng:
         k = eng.setup.ctx.top_k
         await forced_decode(eng, list(map(int, windows[0][: prompt_len + 4])), prompt_len)
@@ -119,8 +131,9 @@ async def evaluate_policy(
     row: dict[str, Any] = {"variant": variant.label, "mode": variant.mode, "k": k, "policy": policy}
     row.update(summarize(stats, np.array([])))
     n = max(1, total["steps"])
-    row["route_recall"] = (total["recall_hits"] / total["recall_slots"]
-                           if total["recall_slots"] else None)  # fmt: skip
+    row["route_recall"] = (
+        total["recall_hits"] / total["recall_slots"] if total["recall_slots"] else None
+    )
     row["decode_tps"] = total["steps"] / total["wall_s"] if total["wall_s"] else 0.0
     row["blocked_ms_per_step"] = total["wait_s"] / n * 1e3
     row["bytes_per_token"] = total["bytes"] / n

@@ -183,7 +183,7 @@ def evaluate_quality(
                 teacher_greedy,
                 batch,
                 wrap,
-            )  # fmt: skip
+            )
         )
     return {"k": k, "wrap": wrap, "rows": rows, "derived": derived(rows)}
 

@@ -32,8 +32,15 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose product runs `qmm`."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size,
-                self.bits, self.mode)  # fmt: skip
+        y = qmm(
+            x,
+            self["weight"],
+            self["scales"],
+            self.get("biases"),
+            self.group_size,
+            self.bits,
+            self.mode,
+        )
         return y + self["bias"] if "bias" in self else y
 
 
@@ -41,13 +48,27 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
     """nn.QuantizedEmbedding whose `as_linear` (a tied output head) runs `qmm`."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size,
-                   self.bits, self.mode)  # fmt: skip
+        return qmm(
+            x,
+            self["weight"],
+            self["scales"],
+            self.get("biases"),
+            self.group_size,
+            self.bits,
+            self.mode,
+        )
 
 
 def _proj(layer: Any) -> Proj:
-    return (layer["weight"], layer["scales"], layer.get("biases"), layer.get("bias"),
-            layer.group_size, layer.bits, layer.mode)  # fmt: skip
+    return (
+        layer["weight"],
+        layer["scales"],
+        layer.get("biases"),
+        layer.get("bias"),
+        layer.group_size,
+        layer.bits,
+        layer.mode,
+    )
 
 
 class NativeSwitchGLU(SwitchGLU):
@@ -73,8 +94,16 @@ class NativeQwen3MoeBlock(Qwen3MoeSparseMoeBlock):
         projs = (experts.up_proj, experts.gate_proj, experts.down_proj)
         if self.sharding_group is None and all(isinstance(p, QuantizedSwitchLinear) for p in projs):
             up, gate, down = (_proj(p) for p in projs)
-            out = moe(x, self.gate(x), self.top_k, bool(self.norm_topk_prob), up, gate, down,
-                      experts.activation)  # fmt: skip
+            out = moe(
+                x,
+                self.gate(x),
+                self.top_k,
+                bool(self.norm_topk_prob),
+                up,
+                gate,
+                down,
+                experts.activation,
+            )
             if out is not None:
                 return out
         return super().__call__(x)
@@ -91,8 +120,14 @@ class NativeRoPE(nn.RoPE):
     """nn.RoPE as one native node (MLX's CPU result bit for bit)."""
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
-        return rope(x, self.dims, traditional=self.traditional, base=self.base,
-                    scale=self.scale, offset=offset)  # fmt: skip
+        return rope(
+            x,
+            self.dims,
+            traditional=self.traditional,
+            base=self.base,
+            scale=self.scale,
+            offset=offset,
+        )
 
 
 _SWAPS: tuple[tuple[type, type], ...] = (
@@ -106,9 +141,14 @@ _SWAPS: tuple[tuple[type, type], ...] = (
 
 
 def native_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
-    mask: mx.array | str | None, sinks: mx.array | None = None,
-) -> mx.array:  # fmt: skip
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: mx.array | str | None,
+    sinks: mx.array | None = None,
+) -> mx.array:
     """mlx-lm's `scaled_dot_product_attention`, as one native node where it can run."""
     if not hasattr(cache, "bits"):  # not a quantized KV cache
         out = sdpa(queries, keys, values, scale=scale, mask=mask, sinks=sinks)

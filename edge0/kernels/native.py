@@ -72,8 +72,12 @@ def module() -> ModuleType | None:
             level = log.info if quiet else log.warning
             level("kernels.fallback", reason=why, ops="MLX's own")
         else:
-            log.info("kernels.native", isa=mod.isa(), threads=mod.threads(),
-                     int8_activations=mod.int8_inputs())  # fmt: skip
+            log.info(
+                "kernels.native",
+                isa=mod.isa(),
+                threads=mod.threads(),
+                int8_activations=mod.int8_inputs(),
+            )
             if int8_asked() and not mod.int8_inputs():
                 log.warning("kernels.int8_unavailable", isa=mod.isa(), runs="float32")
             refused = _int8_setting()[1]

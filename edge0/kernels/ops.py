@@ -27,9 +27,14 @@ def _supported(bits: int, group_size: int, mode: str, scales: mx.array) -> bool:
 
 
 def qmm(
-    x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
-    group_size: int, bits: int, mode: str = "affine",
-) -> mx.array:  # fmt: skip
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array | None,
+    group_size: int,
+    bits: int,
+    mode: str = "affine",
+) -> mx.array:
     """x @ dequantize(w).T, as `mx.quantized_matmul(..., transpose=True)`."""
     mod = module()
     if (
@@ -92,9 +97,15 @@ def _operands(projs: tuple[Proj, Proj, Proj]) -> tuple[list[mx.array | None], li
 
 
 def moe(
-    x: mx.array, logits: mx.array, k: int, norm: bool, up: Proj, gate: Proj, down: Proj,
+    x: mx.array,
+    logits: mx.array,
+    k: int,
+    norm: bool,
+    up: Proj,
+    gate: Proj,
+    down: Proj,
     activation: Any,
-) -> mx.array | None:  # fmt: skip
+) -> mx.array | None:
     """A softmax-top-k sparse-MoE block after its router: per row of x (..., d), the k experts
     of highest softmax(logits) (weights renormalized over them when `norm`), their gated
     FFN, summed with those weights, as one native node: (..., d_out). None when only MLX's
@@ -108,8 +119,9 @@ def moe(
         return None
     arrays, meta = _operands(projs)
     d = x.shape[-1]
-    out: mx.array = mod.moe(x.reshape(-1, d), logits.reshape(-1, logits.shape[-1]), arrays,
-                            meta, *act, k, norm)  # fmt: skip
+    out: mx.array = mod.moe(
+        x.reshape(-1, d), logits.reshape(-1, logits.shape[-1]), arrays, meta, *act, k, norm
+    )
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -131,9 +143,15 @@ def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
 
 
 def rope(
-    x: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
-    offset: int | mx.array, freqs: mx.array | None = None,
-) -> mx.array:  # fmt: skip
+    x: mx.array,
+    dims: int,
+    *,
+    traditional: bool,
+    base: float | None,
+    scale: float,
+    offset: int | mx.array,
+    freqs: mx.array | None = None,
+) -> mx.array:
     """`mx.fast.rope(x, dims, ...)`: an int offset, or an array of one per batch row."""
     mod = _native_float(x)
     if mod is not None and x.ndim in (3, 4) and (freqs is None) != (base is None):
@@ -141,17 +159,23 @@ def rope(
         if off.dtype == mx.int32 and off.ndim <= 1 and (freqs is None or freqs.dtype == mx.float32):
             out: mx.array = mod.rope(x, off, freqs, dims, traditional, base or 0.0, scale)
             return out
-    return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset,
-                        freqs=freqs)  # fmt: skip
+    return mx.fast.rope(
+        x, dims, traditional=traditional, base=base, scale=scale, offset=offset, freqs=freqs
+    )
 
 
 SDPA_MAX_QUERIES = 8  # decode and batched decode; prompts keep MLX's BLAS matmuls
 
 
 def sdpa(
-    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None,
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    *,
+    scale: float,
+    mask: mx.array | str | None,
     sinks: mx.array | None = None,
-) -> mx.array | None:  # fmt: skip
+) -> mx.array | None:
     """`mx.fast.scaled_dot_product_attention` for up to `SDPA_MAX_QUERIES` queries with no
     mask, the causal one or a boolean one (a batch's left padding, a window), and optional
     per-head attention sinks (gpt-oss), in one native node; None where MLX's op must run

@@ -31,7 +31,7 @@ from edge0.layout.convert_quant import (
     _quant_defaults,
     _resident_bits,
     _scale_dtype,
-)  # fmt: skip
+)
 from edge0.layout.crc import crc32
 from edge0.layout.manifest import RESIDENT_FILE, Manifest
 from edge0.layout.manifest_checks import FORMAT_VERSION
@@ -44,7 +44,7 @@ from edge0.layout.records import (
     pack_record,
     projection_quant,
     record_layout,
-)  # fmt: skip
+)
 from edge0.layout.resident import write_resident
 from edge0.layout.safetensors_io import header_bytes, to_mx, to_raw
 from edge0.layout.sources import Source, open_source
@@ -127,8 +127,12 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     src, dst = Path(src), Path(dst)
     _check_options(opts)
     check_destination(dst, opts.force, src)
-    check_present(src, (*TOKENIZER_FILES, *ARTIFACT_FILES), "fix or remove it in SRC, then run "
-                  "again", ConversionError)  # fmt: skip
+    check_present(
+        src,
+        (*TOKENIZER_FILES, *ARTIFACT_FILES),
+        "fix or remove it in SRC, then run again",
+        ConversionError,
+    )
     start = time.perf_counter()
     source = open_source(src)
     model = build_float_model(source.config)
@@ -137,10 +141,15 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
     expert_params = _expert_params(source, shape, params, model)
     resident_bits = _resident_bits(source, opts)
     spec = record_layout(
-        shape.d_model, shape.d_ff, expert_params["bits"], expert_params["group_size"],
-        _scale_dtype(source, expert_params), expert_params["mode"], _bias_dtype(source),
+        shape.d_model,
+        shape.d_ff,
+        expert_params["bits"],
+        expert_params["group_size"],
+        _scale_dtype(source, expert_params),
+        expert_params["mode"],
+        _bias_dtype(source),
         expert_params.get("projections"),
-    )  # fmt: skip
+    )
     experts_bytes = len(shape.layers) * shape.n_experts * spec.record_size
     resident_bytes = sum(source.tensors[k].nbytes for k in source.resident_keys)  # upper bound
     need = experts_bytes * (2 if opts.compress else 1) + resident_bytes

@@ -72,13 +72,16 @@ def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) ->
     le = source.experts[shape.layers[0]]
     widths = {"gate_proj": shape.d_model, "up_proj": shape.d_model, "down_proj": shape.d_ff}
     per_proj = {
-        p: {"bits": le.tensors[f"{p}.weight"].shape[-1] * 32 // width,
-            "group_size": width // le.tensors[f"{p}.scales"].shape[-1]}
+        p: {
+            "bits": le.tensors[f"{p}.weight"].shape[-1] * 32 // width,
+            "group_size": width // le.tensors[f"{p}.scales"].shape[-1],
+        }
         for p, width in widths.items()
-    }  # fmt: skip
+    }
     found: dict[str, Any] = {
-        **per_proj["gate_proj"], "mode": source.config["quantization"].get("mode", "affine"),
-    }  # fmt: skip
+        **per_proj["gate_proj"],
+        "mode": source.config["quantization"].get("mode", "affine"),
+    }
     own = {p: q for p, q in per_proj.items() if q != per_proj["gate_proj"]}
     if own:  # mlx-lm gave some projections their own bits (Granite-MoE: down_proj at 8)
         found["projections"] = own
@@ -126,8 +129,13 @@ def _expert_params(
             f"any supported group size ({', '.join(map(str, SUPPORTED_GROUPS))}) at {bits} bits; "
             "this model cannot be stored in the edge0 layout"
         )
-    log.warning("convert.expert_group_reduced", requested=group, used=max(fits),
-                d_model=shape.d_model, d_ff=shape.d_ff)  # fmt: skip
+    log.warning(
+        "convert.expert_group_reduced",
+        requested=group,
+        used=max(fits),
+        d_model=shape.d_model,
+        d_ff=shape.d_ff,
+    )
     return _with_projections(model, {**params, "group_size": max(fits)})
 
 

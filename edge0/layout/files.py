@@ -36,8 +36,9 @@ def check_files(path: Path, manifest: Manifest) -> None:
     read_header(resident)  # every tensor's bytes lie within the file
     experts = path / EXPERTS_FILE
     check_readable(experts, FIX, CheckpointError)
-    check_present(path, (*TOKENIZER_FILES, *ARTIFACT_FILES, ZSTD_FILE, ZSTD_INDEX_FILE),
-                  FIX, CheckpointError)  # fmt: skip
+    check_present(
+        path, (*TOKENIZER_FILES, *ARTIFACT_FILES, ZSTD_FILE, ZSTD_INDEX_FILE), FIX, CheckpointError
+    )
     size, want = experts.stat().st_size, manifest.experts_file_size
     if size != want:
         detail = ""

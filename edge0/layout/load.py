@@ -130,8 +130,10 @@ def read_expert_stacks(path: Path, manifest: Manifest, layer: int) -> dict[str, 
                 )
             for name, view in field_views(manifest, record).items():
                 views[name][e] = view
-    return {f.name: stacks[f.name].view(mx.bfloat16) if f.dtype == "bfloat16"
-            else stacks[f.name] for f in manifest.fields}  # fmt: skip
+    return {
+        f.name: stacks[f.name].view(mx.bfloat16) if f.dtype == "bfloat16" else stacks[f.name]
+        for f in manifest.fields
+    }
 
 
 _STACK_DTYPES = {**MX_DTYPES, "bfloat16": mx.uint16}  # numpy has no bfloat16: filled as bits

@@ -79,9 +79,16 @@ def _layout(q: dict[str, Any], fields: tuple[RecordField, ...], record_size: int
     d_ff, d_model = gate.shape[0], down.shape[0]
     mode = q.get("mode", "affine")
     try:
-        want = record_layout(d_model, d_ff, q["bits"], q["group_size"], scales.dtype, mode,
-                             bias.dtype if bias is not None else None,
-                             q.get("projections"))  # fmt: skip
+        want = record_layout(
+            d_model,
+            d_ff,
+            q["bits"],
+            q["group_size"],
+            scales.dtype,
+            mode,
+            bias.dtype if bias is not None else None,
+            q.get("projections"),
+        )
     except CheckpointError as exc:
         raise _Bad(str(exc)) from None
     names = [f.name for f in fields]
@@ -118,19 +125,26 @@ def _projections(raw: Any) -> None:
     if raw is None:
         return
     if not isinstance(raw, dict) or not set(raw) <= set(PROJECTIONS):
-        raise _Bad(f"quantization 'projections' must map {'/'.join(PROJECTIONS)} to objects, "
-                   f"not {_show(raw)}")  # fmt: skip
+        raise _Bad(
+            f"quantization 'projections' must map {'/'.join(PROJECTIONS)} to objects, "
+            f"not {_show(raw)}"
+        )
     for proj, own in raw.items():
         if not isinstance(own, dict) or not set(own) <= {"bits", "group_size"}:
-            raise _Bad(f"quantization projections.{proj} must be {{bits, group_size}}, not "
-                       f"{_show(own)}")  # fmt: skip
+            raise _Bad(
+                f"quantization projections.{proj} must be {{bits, group_size}}, not {_show(own)}"
+            )
         bits, group = own.get("bits", SUPPORTED_BITS[0]), own.get("group_size", SUPPORTED_GROUPS[0])
         if bits not in SUPPORTED_BITS or isinstance(bits, bool):
-            raise _Bad(f"quantization projections.{proj} bits {_show(bits)} is not supported "
-                       f"(one of {SUPPORTED_BITS})")  # fmt: skip
+            raise _Bad(
+                f"quantization projections.{proj} bits {_show(bits)} is not supported "
+                f"(one of {SUPPORTED_BITS})"
+            )
         if group not in SUPPORTED_GROUPS or isinstance(group, bool):
-            raise _Bad(f"quantization projections.{proj} group_size {_show(group)} is not one of "
-                       f"{SUPPORTED_GROUPS}")  # fmt: skip
+            raise _Bad(
+                f"quantization projections.{proj} group_size {_show(group)} is not one of "
+                f"{SUPPORTED_GROUPS}"
+            )
 
 
 def _compression(raw: Any) -> dict[str, Any] | None:
@@ -164,9 +178,14 @@ def _parse(d: Any) -> dict[str, Any]:
         raise _Bad(f"'config' must be the model's config object with model_type {model_type!r}")
     q = _quantization(d.get("quantization"))
     layers = d.get("moe_layers")
-    if (not isinstance(layers, list) or not layers
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
-            or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] > 1 << 20):  # fmt: skip
+    if (
+        not isinstance(layers, list)
+        or not layers
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers)
+        or layers != sorted(set(layers))
+        or layers[0] < 0
+        or layers[-1] > 1 << 20
+    ):
         raise _Bad(f"'moe_layers' must be ascending distinct layer indices, not {_show(layers)}")
     n_experts = _int(d, "n_experts", 1, 1 << 20)
     record_size = _int(d, "record_size", RECORD_ALIGN)
@@ -189,14 +208,24 @@ def _parse(d: Any) -> dict[str, Any]:
     if resident is not None:
         if not isinstance(resident, dict):
             raise _Bad(f"'resident_crc32' must be null or an object, not {_show(resident)}")
-        resident = {"header": _int(resident, "header", 0, (1 << 32) - 1),
-                    "file": _int(resident, "file", 0, (1 << 32) - 1)}  # fmt: skip
+        resident = {
+            "header": _int(resident, "header", 0, (1 << 32) - 1),
+            "file": _int(resident, "file", 0, (1 << 32) - 1),
+        }
     return dict(
-        format_version=FORMAT_VERSION, model_type=model_type, config=config, quantization=q,
-        moe_layers=tuple(layers), n_experts=n_experts, record_size=record_size,
-        data_offset=data_offset, fields=fields, crc32=tuple(crc),
-        compression=_compression(d.get("compression")), resident_crc32=resident,
-    )  # fmt: skip
+        format_version=FORMAT_VERSION,
+        model_type=model_type,
+        config=config,
+        quantization=q,
+        moe_layers=tuple(layers),
+        n_experts=n_experts,
+        record_size=record_size,
+        data_offset=data_offset,
+        fields=fields,
+        crc32=tuple(crc),
+        compression=_compression(d.get("compression")),
+        resident_crc32=resident,
+    )
 
 
 def parse_manifest(d: Any, path: Path) -> dict[str, Any]:

@@ -145,9 +145,11 @@ def quantize(w: mx.array, params: dict[str, Any]) -> tuple[mx.array, mx.array, m
 
 
 def quantize_stored(
-    model: nn.Module, quant: dict[str, Any], weights: dict[str, mx.array] | None,
+    model: nn.Module,
+    quant: dict[str, Any],
+    weights: dict[str, mx.array] | None,
     fixed: dict[str, dict[str, Any]] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Quantize the layers of `model` the way a checkpoint stores them (in place).
 
     `quant` is a config's quantization dict: defaults (group_size, bits, mode) and

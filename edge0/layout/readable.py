@@ -39,8 +39,9 @@ ARTIFACT_FILES = (
 def check_readable(path: Path, fix: str, error: type[Edge0Error]) -> None:
     """Raise `error` unless `path` is a regular file this process can open for reading."""
     if path.is_symlink() and not path.exists():
-        raise error(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; "
-                    f"{fix}")  # fmt: skip
+        raise error(
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; {fix}"
+        )
     if path.is_dir():
         raise error(f"{path} is a directory where a file belongs; {fix}")
     if not path.exists():
@@ -58,8 +59,9 @@ def check_readable(path: Path, fix: str, error: type[Edge0Error]) -> None:
         ) from None
 
 
-def check_present(directory: Path, names: tuple[str, ...], fix: str,
-                  error: type[Edge0Error]) -> None:  # fmt: skip
+def check_present(
+    directory: Path, names: tuple[str, ...], fix: str, error: type[Edge0Error]
+) -> None:
     """`check_readable` for each of `names` that has an entry in `directory` (a broken link
     included): optional files, but a present one must be readable."""
     for name in names:

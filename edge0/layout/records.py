@@ -35,9 +35,12 @@ MODES: dict[str, tuple[tuple[int, int] | None, str | None]] = {
 
 # numpy dtype used to view each logical dtype (numpy has no bfloat16: its bits as uint16)
 VIEW_DTYPES = {
-    "uint32": "uint32", "uint8": "uint8", "bfloat16": "uint16", "float16": "float16",
+    "uint32": "uint32",
+    "uint8": "uint8",
+    "bfloat16": "uint16",
+    "float16": "float16",
     "float32": "float32",
-}  # fmt: skip
+}
 
 
 @attrs.frozen
@@ -78,10 +81,15 @@ def projection_quant(q: Mapping[str, Any], proj: str) -> dict[str, Any]:
 
 
 def record_layout(
-    d_model: int, d_ff: int, bits: int, group_size: int, scale_dtype: str,
-    mode: str = "affine", bias_dtype: str | None = None,
+    d_model: int,
+    d_ff: int,
+    bits: int,
+    group_size: int,
+    scale_dtype: str,
+    mode: str = "affine",
+    bias_dtype: str | None = None,
     projections: Mapping[str, Mapping[str, int]] | None = None,
-) -> RecordSpec:  # fmt: skip
+) -> RecordSpec:
     """Fields and padded size (a multiple of RECORD_ALIGN) of one expert's record.
 
     d_model is the model width, d_ff the expert's hidden width; `bias_dtype` adds each

@@ -38,8 +38,13 @@ _STACKED = re.compile(
     r"(?P<proj>gate_proj|up_proj|down_proj)\.(?P<part>weight|scales|biases|bias)$"
 )
 _DROPPED_PREFIXES = (
-    "mtp.", "model.mtp.", "vision_tower", "model.visual", "vision_model", "multi_modal_projector",
-)  # fmt: skip
+    "mtp.",
+    "model.mtp.",
+    "vision_tower",
+    "model.visual",
+    "vision_model",
+    "multi_modal_projector",
+)
 
 
 @attrs.define

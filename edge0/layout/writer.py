@@ -89,8 +89,13 @@ class RecordWriter:
         """The manifest's `compression` entry for what was written (None without zstd)."""
         if self.zstd_level is None:
             return None
-        return {"codec": "zstd", "level": self.zstd_level, "file": ZSTD_FILE,
-                "index": ZSTD_INDEX_FILE, "bytes": self._zst_offset}  # fmt: skip
+        return {
+            "codec": "zstd",
+            "level": self.zstd_level,
+            "file": ZSTD_FILE,
+            "index": ZSTD_INDEX_FILE,
+            "bytes": self._zst_offset,
+        }
 
     def __enter__(self) -> RecordWriter:
         return self

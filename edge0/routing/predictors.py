@@ -33,9 +33,15 @@ class Predictor(Protocol):
     ) -> mx.array | None: ...
 
     def predict(
-        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
-        prev: list[int] | None, k: int,
-    ) -> list[int] | None: ...  # fmt: skip
+        self,
+        layer: int,
+        pos: int,
+        x: mx.array,
+        executed: list[int],
+        true: list[int],
+        prev: list[int] | None,
+        k: int,
+    ) -> list[int] | None: ...
 
 
 def chain(layers: list[int], wrap: bool) -> dict[int, int]:
@@ -65,9 +71,15 @@ class OraclePredictor(_HostOnly):
         self.targets = chain(layers, wrap=True)
 
     def predict(
-        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
-        prev: list[int] | None, k: int,
-    ) -> list[int] | None:  # fmt: skip
+        self,
+        layer: int,
+        pos: int,
+        x: mx.array,
+        executed: list[int],
+        true: list[int],
+        prev: list[int] | None,
+        k: int,
+    ) -> list[int] | None:
         got = self.recording.get((pos + 1, self.targets[layer]))
         return None if got is None else got[:k]
 
@@ -81,9 +93,15 @@ class TemporalPredictor(_HostOnly):
         self.targets = {layer: layer for layer in layers}
 
     def predict(
-        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
-        prev: list[int] | None, k: int,
-    ) -> list[int] | None:  # fmt: skip
+        self,
+        layer: int,
+        pos: int,
+        x: mx.array,
+        executed: list[int],
+        true: list[int],
+        prev: list[int] | None,
+        k: int,
+    ) -> list[int] | None:
         return true[:k]
 
 
@@ -107,18 +125,24 @@ class HeadPredictor:
             logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1), prev_flat)
         return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
 
-    def rows(self, layer: int, x: mx.array, executed: mx.array, prev: mx.array, k: int
-             ) -> mx.array:  # fmt: skip
+    def rows(self, layer: int, x: mx.array, executed: mx.array, prev: mx.array, k: int) -> mx.array:
         """(T, k) predicted experts of the target layer, lazy, one row per token t of a prompt
         chunk: each row the target's set at t+1 (x: (T, d); executed, prev: (T, K) at t, t-1)."""
         lean = self.hidden_only  # untrained lean heads: the sets are not inputs
-        return self.heads.predict_topk(layer, x, None if lean else executed,
-                                       None if lean else prev, k)  # fmt: skip
+        return self.heads.predict_topk(
+            layer, x, None if lean else executed, None if lean else prev, k
+        )
 
     def predict(
-        self, layer: int, pos: int, x: mx.array, executed: list[int], true: list[int],
-        prev: list[int] | None, k: int,
-    ) -> list[int] | None:  # fmt: skip
+        self,
+        layer: int,
+        pos: int,
+        x: mx.array,
+        executed: list[int],
+        true: list[int],
+        prev: list[int] | None,
+        k: int,
+    ) -> list[int] | None:
         top = self.graph(layer, x, mx.array(executed), None if prev is None else mx.array(prev), k)
         assert top is not None
         out: list[int] = top.tolist()  # type: ignore[assignment]

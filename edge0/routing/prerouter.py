@@ -19,7 +19,7 @@ from edge0.routing.prerouter_config import (
     WEIGHTS_FILE,
     PrerouterConfig,
     default_hidden,
-)  # fmt: skip
+)
 from edge0.routing.prerouter_heads import PrerouterHead, RouterCopyHead, multi_hot
 from edge0.routing.router_access import (
     block_top_k,
@@ -27,13 +27,26 @@ from edge0.routing.router_access import (
     router_bias,
     router_of,
     router_weight,
-)  # fmt: skip
+)
 
 __all__ = [
-    "CONFIG_FILE", "FILES", "FORMAT_VERSION", "HORIZONS", "WEIGHTS_FILE", "PrerouterConfig",
-    "PrerouterHead", "PrerouterSet", "RouterCopyHead", "block_top_k", "default_hidden",
-    "moe_blocks", "multi_hot", "router_bias", "router_of", "router_weight",
-]  # fmt: skip
+    "CONFIG_FILE",
+    "FILES",
+    "FORMAT_VERSION",
+    "HORIZONS",
+    "WEIGHTS_FILE",
+    "PrerouterConfig",
+    "PrerouterHead",
+    "PrerouterSet",
+    "RouterCopyHead",
+    "block_top_k",
+    "default_hidden",
+    "moe_blocks",
+    "multi_hot",
+    "router_bias",
+    "router_of",
+    "router_weight",
+]
 
 
 class PrerouterSet:
@@ -81,9 +94,10 @@ class PrerouterSet:
         heads: dict[int, Any] = {}
         for owner, target in config.heads():
             head = (
-                RouterCopyHead(d_model, num_experts, biased) if lean
+                RouterCopyHead(d_model, num_experts, biased)
+                if lean
                 else PrerouterHead(d_model, num_experts, config.hidden, biased)
-            )  # fmt: skip
+            )
             head.lin_h.weight = router_weight(by_layer[target])
             bias = router_bias(by_layer[target])
             if biased:  # untrained, the head is the target's router, bias included
@@ -189,8 +203,9 @@ class PrerouterSet:
             raise CheckpointError(f"{wpath}: unreadable ({exc}); retrain the heads") from exc
         heads: dict[int, PrerouterHead] = {}
         for owner, _ in config.heads():
-            head = PrerouterHead(config.d_model, config.num_experts, config.hidden,
-                                 config.router_bias)  # fmt: skip
+            head = PrerouterHead(
+                config.d_model, config.num_experts, config.hidden, config.router_bias
+            )
             prefix = f"heads.{owner}."
             items = [(k[len(prefix) :], v) for k, v in flat.items() if k.startswith(prefix)]
             try:

@@ -17,10 +17,13 @@ def router_weight(block: nn.Module) -> mx.array:
         wide = activation_dtype(gate.scales.dtype)  # scales may be kept narrower (layout.load)
         biases = gate.get("biases")
         return mx.dequantize(
-            gate.weight, gate.scales.astype(wide),
-            biases.astype(wide) if biases is not None else None, gate.group_size, gate.bits,
+            gate.weight,
+            gate.scales.astype(wide),
+            biases.astype(wide) if biases is not None else None,
+            gate.group_size,
+            gate.bits,
             mode=gate.mode,
-        ).astype(mx.float32)  # fmt: skip
+        ).astype(mx.float32)
     return gate.weight.astype(mx.float32)
 
 

@@ -45,14 +45,16 @@ class Choice:
 class Answer:
     """The choices of one request; read `events()` once (or `whole()`), then the usage."""
 
-    def __init__(self, gens: list[Generation], tools: ToolUse, tokenizer: Any,
-                 id_prefix: str) -> None:  # fmt: skip
+    def __init__(
+        self, gens: list[Generation], tools: ToolUse, tokenizer: Any, id_prefix: str
+    ) -> None:
         self.gens = gens
         self._streams = [
             ToolCallStream(tokenizer, tools.tools, id_prefix, single=not tools.parallel)
-            if tools.active else None
+            if tools.active
+            else None
             for _ in gens
-        ]  # fmt: skip
+        ]
 
     @property
     def prompt_tokens(self) -> int:

@@ -31,22 +31,32 @@ from edge0.server.http import (
 )
 from edge0.server.tool_fields import ToolCall
 
-STOP_REASON = {"stop": "end_turn", "stop_sequence": "stop_sequence", "length": "max_tokens",
-               "tool_calls": "tool_use"}  # fmt: skip
+STOP_REASON = {
+    "stop": "end_turn",
+    "stop_sequence": "stop_sequence",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+}
 
 
-def _message(answer: Answer, model_id: str, msg_id: str, content: list[dict[str, Any]],
-             done: bool) -> dict[str, Any]:  # fmt: skip
+def _message(
+    answer: Answer, model_id: str, msg_id: str, content: list[dict[str, Any]], done: bool
+) -> dict[str, Any]:
     gen = answer.gens[0]
     reason = answer.finish(0)
     return {
-        "id": msg_id, "type": "message", "role": "assistant", "model": model_id,
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model_id,
         "content": content,
         "stop_reason": STOP_REASON.get(reason, reason) if done else None,
         "stop_sequence": gen.stop_sequence if done else None,
-        "usage": {"input_tokens": gen.prompt_tokens,
-                  "output_tokens": gen.completion_tokens if done else 0},
-    }  # fmt: skip
+        "usage": {
+            "input_tokens": gen.prompt_tokens,
+            "output_tokens": gen.completion_tokens if done else 0,
+        },
+    }
 
 
 def _input(call: ToolCall) -> dict[str, Any]:
@@ -58,9 +68,13 @@ def _event(kind: str, **data: Any) -> ServerSentEvent:
 
 
 async def _events(
-    answer: Answer, model_id: str, msg_id: str, first: Event | None,
-    rest: AsyncGenerator[Event, None], path: str,
-) -> AsyncIterator[ServerSentEvent]:  # fmt: skip
+    answer: Answer,
+    model_id: str,
+    msg_id: str,
+    first: Event | None,
+    rest: AsyncGenerator[Event, None],
+    path: str,
+) -> AsyncIterator[ServerSentEvent]:
     block = -1  # the open block's index
     text_open = False
     try:
@@ -74,30 +88,47 @@ async def _events(
             if e.kind == "text" and e.text:
                 if not text_open:
                     block, text_open = block + 1, True
-                    yield _event("content_block_start", index=block,
-                                 content_block={"type": "text", "text": ""})  # fmt: skip
-                yield _event("content_block_delta", index=block,
-                             delta={"type": "text_delta", "text": e.text})  # fmt: skip
+                    yield _event(
+                        "content_block_start",
+                        index=block,
+                        content_block={"type": "text", "text": ""},
+                    )
+                yield _event(
+                    "content_block_delta", index=block, delta={"type": "text_delta", "text": e.text}
+                )
             elif e.kind == "call" and e.call is not None:
                 if text_open:
                     yield _event("content_block_stop", index=block)
                     text_open = False
                 block += 1
-                yield _event("content_block_start", index=block,
-                             content_block={"type": "tool_use", "id": e.call.id,
-                                            "name": e.call.name, "input": {}})  # fmt: skip
-                yield _event("content_block_delta", index=block,
-                             delta={"type": "input_json_delta",
-                                    "partial_json": json.dumps(_input(e.call))})  # fmt: skip
+                yield _event(
+                    "content_block_start",
+                    index=block,
+                    content_block={
+                        "type": "tool_use",
+                        "id": e.call.id,
+                        "name": e.call.name,
+                        "input": {},
+                    },
+                )
+                yield _event(
+                    "content_block_delta",
+                    index=block,
+                    delta={"type": "input_json_delta", "partial_json": json.dumps(_input(e.call))},
+                )
                 yield _event("content_block_stop", index=block)
             e = await anext(rest, None)
         if text_open:
             yield _event("content_block_stop", index=block)
         reason = answer.finish(0)
-        yield _event("message_delta",
-                     delta={"stop_reason": STOP_REASON.get(reason, reason),
-                            "stop_sequence": answer.gens[0].stop_sequence},
-                     usage={"output_tokens": answer.completion_tokens})  # fmt: skip
+        yield _event(
+            "message_delta",
+            delta={
+                "stop_reason": STOP_REASON.get(reason, reason),
+                "stop_sequence": answer.gens[0].stop_sequence,
+            },
+            usage={"output_tokens": answer.completion_tokens},
+        )
         yield _event("message_stop")
     except Exception as exc:  # a failure after the first token: the error is the last event
         status, _, message = stream_error(exc, path)
@@ -120,12 +151,20 @@ async def messages(request: Request) -> Response:
         content: list[dict[str, Any]] = []
         if choice.text or not choice.calls:
             content.append({"type": "text", "text": choice.text})
-        content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)}
-                    for c in choice.calls]  # fmt: skip
+        content += [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)}
+            for c in choice.calls
+        ]
         return JSONResponse(_message(answer, backend.model_id, msg_id, content, done=True))
     first, rest = await open_stream(request, answer)
-    events = _events(answer, backend.model_id, msg_id, cast(Event | None, first),
-                     cast(AsyncGenerator[Event, None], rest), request.url.path)  # fmt: skip
+    events = _events(
+        answer,
+        backend.model_id,
+        msg_id,
+        cast(Event | None, first),
+        cast(AsyncGenerator[Event, None], rest),
+        request.url.path,
+    )
     return EventSourceResponse(events, ping=15, sep="\n")
 
 

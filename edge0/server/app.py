@@ -68,16 +68,20 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         what = "a wrong API key" if given else "no API key"
-        response = error_response(scope["path"], 401, f"the request has {what}; send it as "
-                                  "`Authorization: Bearer KEY` or `x-api-key: KEY`",
-                                  code="invalid_api_key")  # fmt: skip
+        response = error_response(
+            scope["path"],
+            401,
+            f"the request has {what}; send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+            code="invalid_api_key",
+        )
         await response(scope, receive, send)
 
 
 async def health(request: Request) -> Response:
     backend: Backend = request.app.state.backend
-    return JSONResponse({"status": "ok", "model": backend.model_id,
-                         "requests_in_flight": backend.metrics.active})  # fmt: skip
+    return JSONResponse(
+        {"status": "ok", "model": backend.model_id, "requests_in_flight": backend.metrics.active}
+    )
 
 
 async def metrics(request: Request) -> Response:
@@ -117,8 +121,9 @@ def create_app(config: ServerConfig) -> Starlette:
         *openai_api.ROUTES,
         *anthropic_api.ROUTES,
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error})  # fmt: skip
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+    )
     app.state.max_body = config.max_body
     app.state.drain = config.drain
     # streams end through the drain (a last event in the API's shape), not by sse-starlette

@@ -32,8 +32,14 @@ JSON_TOOLS = "mlx_lm.tool_parsers.json_tools"
 def sampling_settings(s: Sampling, hooks: Decoding | None = None) -> SamplingSettings:
     """The engine's sampling settings for a request's."""
     seed = None if s.seed is None else s.seed % (1 << 64)  # the APIs allow negative seeds
-    return SamplingSettings(max_tokens=s.max_tokens or 1 << 30, temp=s.temperature,
-                            top_p=s.top_p, top_k=s.top_k, seed=seed, hooks=hooks)  # fmt: skip
+    return SamplingSettings(
+        max_tokens=s.max_tokens or 1 << 30,
+        temp=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        seed=seed,
+        hooks=hooks,
+    )
 
 
 def _stop_cut(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
@@ -56,8 +62,14 @@ def _held(text: str, stops: tuple[str, ...]) -> int:
 class Generation:
     """One request's text stream; read `deltas()` once, then the usage fields."""
 
-    def __init__(self, backend: Backend, api: str, ids: list[int], sampling: Sampling,
-                 hooks: Decoding | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backend: Backend,
+        api: str,
+        ids: list[int],
+        sampling: Sampling,
+        hooks: Decoding | None = None,
+    ) -> None:
         self.backend = backend
         self.hooks = hooks
         self._logprobs_taken = 0
@@ -81,9 +93,12 @@ class Generation:
         pending = ""
         self.backend.metrics.started()
         try:
-            tokens = engine.tokens(self.ids, max_tokens=self.sampling.max_tokens or 1 << 30,
-                                   sampling=sampling_settings(self.sampling, self.hooks),
-                                   stats_to=ours)  # fmt: skip
+            tokens = engine.tokens(
+                self.ids,
+                max_tokens=self.sampling.max_tokens or 1 << 30,
+                sampling=sampling_settings(self.sampling, self.hooks),
+                stats_to=ours,
+            )
             async with contextlib.aclosing(cast(AsyncGenerator[int, None], tokens)) as toks:
                 async for tok in toks:
                     if self.first_token_s is None:
@@ -167,8 +182,10 @@ class Backend:
         else:
             ids = list(request.prompt or [])
             if ids and max(ids) >= self.vocab:
-                raise RequestError(f"`prompt` has token id {max(ids)}; the vocabulary has "
-                                   f"{self.vocab} tokens", param="prompt")  # fmt: skip
+                raise RequestError(
+                    f"`prompt` has token id {max(ids)}; the vocabulary has {self.vocab} tokens",
+                    param="prompt",
+                )
         if not ids:
             raise RequestError("the prompt is empty; send some text", param="prompt")
         if len(ids) >= self.context:
@@ -177,7 +194,7 @@ class Backend:
                 "(max_position_embeddings); shorten the prompt",
                 param="messages" if request.messages else "prompt",
                 code="context_length_exceeded",
-            )  # fmt: skip
+            )
         return ids
 
     async def start(self, api: str, request: TextRequest) -> list[Generation]:
@@ -187,14 +204,16 @@ class Backend:
         if request.n > batch:
             raise RequestError(
                 f"`n` is {request.n} but this server decodes at most {batch} requests "
-                "together (`edge0 serve --max-batch`)", param="n",
-            )  # fmt: skip
+                "together (`edge0 serve --max-batch`)",
+                param="n",
+            )
         wanted = self.grammar(request)
         if (wanted or request.logprobs is not None) and self.engine.options.hosts is not None:
             raise RequestError(  # the last rank samples there, out of this process's reach
                 "constrained output and logprobs are not served by a multi-rank engine "
-                "(--hosts) yet", param=wanted[1] if wanted else "logprobs",
-            )  # fmt: skip
+                "(--hosts) yet",
+                param=wanted[1] if wanted else "logprobs",
+            )
         ids = await self.prompt_ids(request)
         grammar = None
         if wanted is not None:  # the grammar compiles in a worker thread (~ms to ~1 s)
@@ -215,18 +234,22 @@ class Backend:
         Refuses tools on a model whose chat template has no tool calling."""
         tok, use = self.engine.tokenizer, request.tools
         if use.active and not getattr(tok, "has_tool_calling", False):
-            raise RequestError("this model's chat template has no tool calling (mlx-lm finds no "
-                               "tool-call format in it); send no `tools`, or tool_choice none",
-                               param="tools")  # fmt: skip
+            raise RequestError(
+                "this model's chat template has no tool calling (mlx-lm finds no "
+                "tool-call format in it); send no `tools`, or tool_choice none",
+                param="tools",
+            )
         if request.json_schema is not None:
             return self.grammars.json_grammar(request.json_schema), "response_format"
         forced = use.forced()
         if not forced:
             return None
         if getattr(tok.tool_parser, "__module__", "") != JSON_TOOLS:
-            raise RequestError("`tool_choice` can force a call only on models whose tool calls "
-                               "are JSON objects (mlx-lm's json_tools format); use auto",
-                               param="tool_choice")  # fmt: skip
+            raise RequestError(
+                "`tool_choice` can force a call only on models whose tool calls "
+                "are JSON objects (mlx-lm's json_tools format); use auto",
+                param="tool_choice",
+            )
         tools = [(t.name, t.parameters) for t in forced]
         grammar = self.grammars.tool_grammar(tools, tok.tool_call_start, tok.tool_call_end)
         return grammar, "tool_choice"

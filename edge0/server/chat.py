@@ -32,7 +32,8 @@ def chat_ids(
                 [m.template() for m in messages], add_generation_prompt=True, **extra
             )
         except Exception as exc:  # templates raise on roles or orders they do not take
-            raise RequestError(f"the model's chat template refused these messages: {exc}",
-                               param="messages") from None  # fmt: skip
+            raise RequestError(
+                f"the model's chat template refused these messages: {exc}", param="messages"
+            ) from None
         return [int(i) for i in ids]
     return [int(i) for i in tokenizer.encode(plain_prompt(messages))]

@@ -42,8 +42,12 @@ class Decoding:
     """One request's hooks: `grammar` (an llguidance grammar) masks its draws; `top_logprobs`
     >= 0 records each draw's log-probability and that many alternatives into `records`."""
 
-    def __init__(self, grammars: Grammars | None = None, grammar: str | None = None,
-                 top_logprobs: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        grammars: Grammars | None = None,
+        grammar: str | None = None,
+        top_logprobs: int | None = None,
+    ) -> None:
         self.records: list[TokenLogprob] = []
         self.top_logprobs = top_logprobs
         self._matcher: Any = None
@@ -82,8 +86,13 @@ class Decoding:
         ids: list[int] = top.tolist()  # type: ignore[assignment]
         lps: list[float] = values.tolist()  # type: ignore[assignment]
         pairs = sorted(zip(ids, lps, strict=True), key=lambda p: -p[1])
-        self.records.append(TokenLogprob(int(token.item()), float(chosen.item()),  # type: ignore[arg-type]
-                                         tuple((int(i), float(v)) for i, v in pairs)))  # fmt: skip
+        self.records.append(
+            TokenLogprob(
+                int(token.item()),  # type: ignore[arg-type]
+                float(chosen.item()),  # type: ignore[arg-type]
+                tuple((int(i), float(v)) for i, v in pairs),
+            )
+        )
 
 
 class Grammars:
@@ -112,8 +121,9 @@ class Grammars:
             grammar, self.tokenizer
         )
         if is_error:
-            raise RequestError(f"`{param}` cannot be enforced: {'; '.join(messages)[:300]}",
-                               param=param)  # fmt: skip
+            raise RequestError(
+                f"`{param}` cannot be enforced: {'; '.join(messages)[:300]}", param=param
+            )
         return grammar
 
     @staticmethod
@@ -125,12 +135,22 @@ class Grammars:
     def tool_grammar(tools: list[tuple[str, dict[str, Any]]], start: str, end: str) -> str:
         """A grammar for one call of one of `tools` ((name, parameters schema)), written as
         `start` {"name": ..., "arguments": {...}} `end` (the json_tools format)."""
-        calls = [{"type": "object", "additionalProperties": False,
-                  "required": ["name", "arguments"],
-                  "properties": {"name": {"const": name}, "arguments": params or ANY_OBJECT}}
-                 for name, params in tools]  # fmt: skip
-        schema = {"anyOf": calls, "x-guidance": STYLE} if len(calls) > 1 else {
-            **calls[0], "x-guidance": STYLE}  # fmt: skip
-        lark = (f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}\n"
-                f"call: %json {json.dumps(schema)}\n")  # fmt: skip
+        calls = [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "arguments"],
+                "properties": {"name": {"const": name}, "arguments": params or ANY_OBJECT},
+            }
+            for name, params in tools
+        ]
+        schema = (
+            {"anyOf": calls, "x-guidance": STYLE}
+            if len(calls) > 1
+            else {**calls[0], "x-guidance": STYLE}
+        )
+        lark = (
+            f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}\n"
+            f"call: %json {json.dumps(schema)}\n"
+        )
         return str(llguidance.LLMatcher.grammar_from_lark(lark))

@@ -46,9 +46,13 @@ class Drain:
         self._timer = asyncio.get_running_loop().call_later(grace, self.cut.set)
 
     def error(self) -> RequestError:
-        return RequestError("the server is shutting down and this request ran past its grace "
-                            "period (`edge0 serve --shutdown-grace`); send it again once the "
-                            "server is back", status=503, code="shutting_down")  # fmt: skip
+        return RequestError(
+            "the server is shutting down and this request ran past its grace "
+            "period (`edge0 serve --shutdown-grace`); send it again once the "
+            "server is back",
+            status=503,
+            code="shutting_down",
+        )
 
 
 class DrainingServer(uvicorn.Server):

@@ -14,22 +14,65 @@ from typing import Any
 
 from edge0.errors import RequestError
 
-_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-             "stream_options", "n", "logprobs"}  # fmt: skip
+_SAMPLING = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "logprobs",
+}
 SERVED: dict[str, set[str]] = {
-    "openai.chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                                "tool_choice", "parallel_tool_calls", "response_format"},
+    "openai.chat": _SAMPLING
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+    },
     "openai.completions": _SAMPLING | {"prompt"},
-    "anthropic.messages": {"model", "max_tokens", "messages", "system", "temperature", "top_p",
-                           "top_k", "stop_sequences", "stream", "tools", "tool_choice"},
-}  # fmt: skip
+    "anthropic.messages": {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_sequences",
+        "stream",
+        "tools",
+        "tool_choice",
+    },
+}
 ACCEPTED: dict[str, set[str]] = {
-    "openai.chat": {"user", "metadata", "safety_identifier", "prompt_cache_key",
-                    "prompt_cache_retention", "prompt_cache_options", "service_tier"},
+    "openai.chat": {
+        "user",
+        "metadata",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "service_tier",
+    },
     "openai.completions": {"user"},
-    "anthropic.messages": {"metadata", "service_tier", "cache_control", "user_profile_id",
-                           "workspace_id", "inference_geo", "diagnostics"},
-}  # fmt: skip
+    "anthropic.messages": {
+        "metadata",
+        "service_tier",
+        "cache_control",
+        "user_profile_id",
+        "workspace_id",
+        "inference_geo",
+        "diagnostics",
+    },
+}
 _OFF = (None, 0, 0.0)
 # field -> (values that ask for nothing, what the field would need)
 REFUSED: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
@@ -70,6 +113,7 @@ REFUSED: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
 def refuse_unserved(body: dict[str, Any], api: str) -> None:
     """A RequestError for the first field `body` sets that the server does not serve."""
     for name, (off, what) in REFUSED[api].items():
-        if name in body and not any(body[name] == v and type(body[name]) is type(v)
-                                    or body[name] is v for v in off):  # fmt: skip
+        if name in body and not any(
+            body[name] == v and type(body[name]) is type(v) or body[name] is v for v in off
+        ):
             raise RequestError(f"`{name}` {what} is not supported by this server", param=name)

@@ -25,20 +25,31 @@ ANTHROPIC_PREFIX = "/v1/messages"
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the logs do
 INLINE_PARSE = 16 << 10  # bodies up to this size parse on the loop, larger ones in a thread
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
-                 404: "invalid_request_error", 405: "invalid_request_error",
-                 413: "invalid_request_error", 503: "server_error"}  # fmt: skip
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                    404: "not_found_error", 405: "invalid_request_error",
-                    413: "request_too_large", 503: "overloaded_error"}  # fmt: skip
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "server_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    503: "overloaded_error",
+}
 
 
 class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+def error_body(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """The error object of the API that serves `path`."""
     if path.startswith(ANTHROPIC_PREFIX):
         kind = _ANTHROPIC_TYPES.get(status, "api_error")
@@ -47,8 +58,9 @@ def error_body(path: str, status: int, message: str, param: str | None = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(path: str, status: int, message: str, param: str | None = None,
-                   code: str | None = None) -> JSONResponse:  # fmt: skip
+def error_response(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(path, status, message, param, code), status_code=status)
 
 
@@ -121,8 +133,9 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 def _too_large(size: int, limit: int) -> RequestError:
     return RequestError(
         f"the request body is {size}+ bytes; this server takes at most {limit} "
-        "(`edge0 serve --max-body`)", status=413,
-    )  # fmt: skip
+        "(`edge0 serve --max-body`)",
+        status=413,
+    )
 
 
 async def _disconnected(request: Request) -> None:
@@ -145,8 +158,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     watch = asyncio.ensure_future(_disconnected(request))
     cut = asyncio.ensure_future(drain.cut.wait()) if drain is not None else None
     try:
-        await asyncio.wait({task, watch} | ({cut} if cut else set()),
-                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        await asyncio.wait(
+            {task, watch} | ({cut} if cut else set()), return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         for waiter in (watch, cut):
             if waiter is not None:

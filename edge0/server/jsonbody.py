@@ -56,8 +56,11 @@ def check_value(root: Any) -> None:
             if kind is str:
                 _check_str(item, path, "a string")
             elif kind is int and not -MAX_INT < item < MAX_INT:
-                raise RequestError(f"`{path}` is an integer of {len(str(abs(item)))} digits; "
-                                   f"integers here stay below 2**64", param=path)  # fmt: skip
+                raise RequestError(
+                    f"`{path}` is an integer of {len(str(abs(item)))} digits; "
+                    f"integers here stay below 2**64",
+                    param=path,
+                )
             elif kind is dict or kind is list:
                 stack.append((item, depth + 1, path))
 
@@ -73,13 +76,16 @@ def _check_str(text: str, path: str, what: str) -> None:
 
 
 def _constant(name: str) -> Any:
-    raise RequestError(f"the request body is not valid JSON: {name} is not a JSON number; "
-                       "send a finite number or null")  # fmt: skip
+    raise RequestError(
+        f"the request body is not valid JSON: {name} is not a JSON number; "
+        "send a finite number or null"
+    )
 
 
 def _too_deep(what: str) -> RequestError:
-    return RequestError(f"{what} nests objects and arrays more than {MAX_DEPTH} levels deep; "
-                        "flatten it")  # fmt: skip
+    return RequestError(
+        f"{what} nests objects and arrays more than {MAX_DEPTH} levels deep; flatten it"
+    )
 
 
 def _short(exc: ValueError) -> str:

@@ -51,8 +51,9 @@ def text_of(value: Any, name: str) -> str:
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else _kind(part)
-                raise RequestError(f"`{name}` has a {kind!r} part; this server reads text only",
-                                   param=name)  # fmt: skip
+                raise RequestError(
+                    f"`{name}` has a {kind!r} part; this server reads text only", param=name
+                )
             text = part.get("text")
             if not isinstance(text, str):
                 raise _bad(f"{name}[{i}].text", "a string", text)
@@ -64,8 +65,11 @@ def text_of(value: Any, name: str) -> str:
 def _raw_list(body: dict[str, Any]) -> list[Any]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise (RequestError("`messages` is required", param="messages") if raw is None
-               else _bad("messages", "a non-empty list of messages", raw))  # fmt: skip
+        raise (
+            RequestError("`messages` is required", param="messages")
+            if raw is None
+            else _bad("messages", "a non-empty list of messages", raw)
+        )
     return raw
 
 
@@ -74,8 +78,9 @@ def _role(m: Any, where: str, roles: tuple[str, ...]) -> str:
         raise _bad(where, "an object with `role` and `content`", m)
     role = m.get("role")
     if role not in roles:
-        raise RequestError(f"`{where}.role` must be one of {', '.join(roles)}, not {role!r}",
-                           param=f"{where}.role")  # fmt: skip
+        raise RequestError(
+            f"`{where}.role` must be one of {', '.join(roles)}, not {role!r}", param=f"{where}.role"
+        )
     return str(role)
 
 
@@ -119,8 +124,13 @@ def _anthropic_blocks(role: str, blocks: list[Any], where: str) -> list[Message]
         if kind == "text":
             text.append(text_of([b], at))
         elif kind == "tool_use" and role == "assistant":
-            calls.append(ToolCall(str(b.get("id") or f"toolu_{j}"), str(b.get("name")),
-                                  arguments(b.get("input", {}), f"{at}.input")))  # fmt: skip
+            calls.append(
+                ToolCall(
+                    str(b.get("id") or f"toolu_{j}"),
+                    str(b.get("name")),
+                    arguments(b.get("input", {}), f"{at}.input"),
+                )
+            )
         elif kind == "tool_result" and role == "user":
             content = _result_text(b.get("content"), f"{at}.content")
             if b.get("is_error") is True:
@@ -128,9 +138,11 @@ def _anthropic_blocks(role: str, blocks: list[Any], where: str) -> list[Message]
             results.append(Message("tool", content, tool_call_id=str(b.get("tool_use_id"))))
         else:
             shown = kind if kind is not None else _kind(b)
-            raise RequestError(f"`{at}` is a {shown!r} block; this server reads text, "
-                               "tool_use (assistant) and tool_result (user) blocks",
-                               param=at)  # fmt: skip
+            raise RequestError(
+                f"`{at}` is a {shown!r} block; this server reads text, "
+                "tool_use (assistant) and tool_result (user) blocks",
+                param=at,
+            )
     own = [Message(role, "".join(text), tool_calls=tuple(calls))] if text or calls else []
     return results + own
 

@@ -41,40 +41,69 @@ class ServerMetrics:
         self.registry = reg = CollectorRegistry()
         self.active = 0  # generations started and not finished
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, cpu seconds, fds
-        self.requests = Counter("edge0_requests", "Generation requests by API and outcome "
-                                "(stop, length, stop_sequence, cancelled, error).",
-                                ["api", "outcome"], registry=reg)  # fmt: skip
-        self.responses = Counter("edge0_http_responses", "HTTP responses by route (the "
-                                 "route's path template, or 'unmatched'), method (or 'other') "
-                                 "and status.", ["route", "method", "status"],
-                                 registry=reg)  # fmt: skip
-        self.errors = Counter("edge0_error_responses", "HTTP responses with status 400 or "
-                              "above, by status.", ["status"], registry=reg)  # fmt: skip
-        self.in_flight = Gauge("edge0_requests_in_flight", "Requests generating or queued "
-                               "for the engine.", registry=reg)  # fmt: skip
-        self.prompt_tokens = Counter("edge0_prompt_tokens", "Prompt tokens of served "
-                                     "requests.", registry=reg)  # fmt: skip
-        self.completion_tokens = Counter("edge0_completion_tokens", "Tokens generated.",
-                                         registry=reg)  # fmt: skip
-        self.decode_steps = Counter("edge0_decode_steps", "Decode steps (tokens after the "
-                                    "first of each request).", registry=reg)  # fmt: skip
-        self.decode_seconds = Counter("edge0_decode_seconds", "Seconds spent in decode "
-                                      "steps.", registry=reg)  # fmt: skip
-        self.tier_errors = Counter("edge0_tier_errors", "Requests ended by a storage-tier "
-                                   "read error.", registry=reg)  # fmt: skip
-        self.failed_reads = Counter("edge0_failed_reads", "Expert reads that failed (tickets).",
-                                    registry=reg)  # fmt: skip
-        self.ttft = Histogram("edge0_time_to_first_token_seconds", "Request arrival to "
-                              "first generated token.", buckets=_LATENCY, registry=reg)  # fmt: skip
-        self.duration = Histogram("edge0_request_seconds", "Request arrival to its end.",
-                                  buckets=_LATENCY, registry=reg)  # fmt: skip
+        self.requests = Counter(
+            "edge0_requests",
+            "Generation requests by API and outcome "
+            "(stop, length, stop_sequence, cancelled, error).",
+            ["api", "outcome"],
+            registry=reg,
+        )
+        self.responses = Counter(
+            "edge0_http_responses",
+            "HTTP responses by route (the "
+            "route's path template, or 'unmatched'), method (or 'other') "
+            "and status.",
+            ["route", "method", "status"],
+            registry=reg,
+        )
+        self.errors = Counter(
+            "edge0_error_responses",
+            "HTTP responses with status 400 or above, by status.",
+            ["status"],
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "edge0_requests_in_flight",
+            "Requests generating or queued for the engine.",
+            registry=reg,
+        )
+        self.prompt_tokens = Counter(
+            "edge0_prompt_tokens", "Prompt tokens of served requests.", registry=reg
+        )
+        self.completion_tokens = Counter(
+            "edge0_completion_tokens", "Tokens generated.", registry=reg
+        )
+        self.decode_steps = Counter(
+            "edge0_decode_steps",
+            "Decode steps (tokens after the first of each request).",
+            registry=reg,
+        )
+        self.decode_seconds = Counter(
+            "edge0_decode_seconds", "Seconds spent in decode steps.", registry=reg
+        )
+        self.tier_errors = Counter(
+            "edge0_tier_errors", "Requests ended by a storage-tier read error.", registry=reg
+        )
+        self.failed_reads = Counter(
+            "edge0_failed_reads", "Expert reads that failed (tickets).", registry=reg
+        )
+        self.ttft = Histogram(
+            "edge0_time_to_first_token_seconds",
+            "Request arrival to first generated token.",
+            buckets=_LATENCY,
+            registry=reg,
+        )
+        self.duration = Histogram(
+            "edge0_request_seconds", "Request arrival to its end.", buckets=_LATENCY, registry=reg
+        )
 
         def last(name: str, doc: str) -> Gauge:
             return Gauge(f"edge0_{name}_last", doc + " (last finished request).", registry=reg)
 
         self.decode_tps = last("decode_tokens_per_second", "Decode tokens per second")
-        self.blocked = last("blocked_load_ms_per_step", "Compute waiting on reads, ms per "
-                            "decode step")  # fmt: skip
+        self.blocked = last(
+            "blocked_load_ms_per_step", "Compute waiting on reads, ms per decode step"
+        )
         self.bytes_per_token = last("bytes_per_token", "Expert bytes read per token")
         self.cache_hit = last("cache_hit_rate", "Reads served by a cache tier / all reads")
         self.slot_hit = last("slot_hit_rate", "Experts found staged when compute asked")

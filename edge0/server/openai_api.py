@@ -38,8 +38,11 @@ def _backend(request: Request) -> Backend:
 
 def _usage(answer: Answer) -> dict[str, int]:
     prompt, completion = answer.prompt_tokens, answer.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def _model_card(model_id: str, created: int) -> dict[str, Any]:
@@ -54,8 +57,11 @@ async def models(request: Request) -> Response:
 async def model(request: Request) -> Response:
     b = _backend(request)
     if request.path_params["model"] != b.model_id:
-        raise RequestError(f"no model {request.path_params['model']!r}; this server "
-                                   f"serves {b.model_id!r}", status=404, param="model")  # fmt: skip
+        raise RequestError(
+            f"no model {request.path_params['model']!r}; this server serves {b.model_id!r}",
+            status=404,
+            param="model",
+        )
     return JSONResponse(_model_card(b.model_id, b.created))
 
 
@@ -71,9 +77,12 @@ class _Shape:
         self.chat = chat
         self.tokenizer = tokenizer
         self.top = top  # None: no logprobs asked for
-        self.base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-                     "object": "chat.completion" if chat else "text_completion",
-                     "created": int(time.time()), "model": model_id}  # fmt: skip
+        self.base = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model_id,
+        }
         self.offset: dict[int, int] = {}  # completions' text_offset, per choice
 
     def logprobs(self, index: int, lps: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> Any:
@@ -87,24 +96,34 @@ class _Shape:
                 text, raw = _token(tok, t)
                 return {"token": text, "logprob": lp, "bytes": raw}
 
-            return {"content": [{**entry(r.token, r.logprob),
-                                 "top_logprobs": [entry(t, v) for t, v in r.top]}
-                                for r in lps], "refusal": None}  # fmt: skip
+            return {
+                "content": [
+                    {**entry(r.token, r.logprob), "top_logprobs": [entry(t, v) for t, v in r.top]}
+                    for r in lps
+                ],
+                "refusal": None,
+            }
         tokens = [_token(tok, r.token)[0] for r in lps]
         offsets = []
         for text in tokens:
             offsets.append(self.offset.get(index, 0))
             self.offset[index] = offsets[-1] + len(text)
-        return {"tokens": tokens, "token_logprobs": [r.logprob for r in lps],
-                "top_logprobs": [{_token(tok, t)[0]: v for t, v in r.top} for r in lps],
-                "text_offset": offsets}  # fmt: skip
+        return {
+            "tokens": tokens,
+            "token_logprobs": [r.logprob for r in lps],
+            "top_logprobs": [{_token(tok, t)[0]: v for t, v in r.top} for r in lps],
+            "text_offset": offsets,
+        }
 
     def whole(self, answer: Answer, choices: list[Choice]) -> dict[str, Any]:
         out = []
         for c in choices:
             finish = FINISH.get(answer.finish(c.index), answer.finish(c.index))
-            choice: dict[str, Any] = {"index": c.index, "finish_reason": finish,
-                                      "logprobs": self.logprobs(c.index, c.logprobs)}  # fmt: skip
+            choice: dict[str, Any] = {
+                "index": c.index,
+                "finish_reason": finish,
+                "logprobs": self.logprobs(c.index, c.logprobs),
+            }
             if self.chat:
                 message: dict[str, Any] = {"role": "assistant", "content": c.text}
                 if c.calls:
@@ -116,8 +135,9 @@ class _Shape:
             out.append(choice)
         return {**self.base, "choices": out, "usage": _usage(answer)}
 
-    def chunk(self, index: int, delta: dict[str, Any], finish: str | None = None,
-              logprobs: Any = None) -> str:  # fmt: skip
+    def chunk(
+        self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> str:
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish}
         if self.chat:
             choice["delta"] = delta
@@ -132,14 +152,21 @@ class _Shape:
 
 
 def _call(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments_json()}}  # fmt: skip
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments_json()},
+    }
 
 
 async def _events(
-    shape: _Shape, answer: Answer, first: Event | None, rest: AsyncGenerator[Event, None],
-    include_usage: bool, path: str,
-) -> AsyncIterator[str]:  # fmt: skip
+    shape: _Shape,
+    answer: Answer,
+    first: Event | None,
+    rest: AsyncGenerator[Event, None],
+    include_usage: bool,
+    path: str,
+) -> AsyncIterator[str]:
     calls: dict[int, int] = {}  # tool calls streamed per choice
     try:
         if shape.chat:  # the role comes first, as OpenAI sends it
@@ -183,9 +210,14 @@ async def _serve(request: Request, chat: bool) -> Response:
         choices = await unless_disconnected(request, answer.whole())
         return JSONResponse(shape.whole(answer, choices))
     first, rest = await open_stream(request, answer)
-    events = _events(shape, answer, cast(Event | None, first),
-                     cast(AsyncGenerator[Event, None], rest), req.include_usage,
-                     request.url.path)  # fmt: skip
+    events = _events(
+        shape,
+        answer,
+        cast(Event | None, first),
+        cast(AsyncGenerator[Event, None], rest),
+        req.include_usage,
+        request.url.path,
+    )
     return EventSourceResponse(events, ping=15, sep="\n")
 
 

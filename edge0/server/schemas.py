@@ -53,8 +53,9 @@ def _type_name(value: Any) -> str:
 
 
 def _bad(name: str, want: str, value: Any) -> RequestError:
-    return RequestError(f"`{name}` must be {want}, not {_type_name(value)} {value!r:.60}",
-                        param=name)  # fmt: skip
+    return RequestError(
+        f"`{name}` must be {want}, not {_type_name(value)} {value!r:.60}", param=name
+    )
 
 
 def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -93,8 +94,11 @@ def _str(body: dict[str, Any], name: str, required: bool = False) -> str:
     if value is None and not required:
         return ""
     if not isinstance(value, str):
-        raise (RequestError(f"`{name}` is required", param=name) if value is None
-               else _bad(name, "a string", value))  # fmt: skip
+        raise (
+            RequestError(f"`{name}` is required", param=name)
+            if value is None
+            else _bad(name, "a string", value)
+        )
     return value
 
 
@@ -147,15 +151,20 @@ def completion_request(body: dict[str, Any]) -> TextRequest:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                 for t in prompt):  # fmt: skip
+        if not prompt or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
+        ):
             raise _bad("prompt", "a string or a non-empty list of token ids (one prompt)", prompt)
     elif not isinstance(prompt, str):
-        raise (RequestError("`prompt` is required", param="prompt") if prompt is None
-               else _bad("prompt", "a string or a list of token ids", prompt))  # fmt: skip
+        raise (
+            RequestError("`prompt` is required", param="prompt")
+            if prompt is None
+            else _bad("prompt", "a string or a list of token ids", prompt)
+        )
     max_tokens = _int(body, "max_tokens", 16, 1, 1 << 30)
-    return TextRequest(sampling=_openai_sampling(body, max_tokens), prompt=prompt,
-                       logprobs=logprobs, **common)  # fmt: skip
+    return TextRequest(
+        sampling=_openai_sampling(body, max_tokens), prompt=prompt, logprobs=logprobs, **common
+    )
 
 
 def chat_request(body: dict[str, Any]) -> TextRequest:
@@ -171,11 +180,19 @@ def chat_request(body: dict[str, Any]) -> TextRequest:
     tools = openai_tool_use(body)
     schema = response_format(body)
     if schema is not None and tools.forced():
-        raise RequestError("`response_format` and a `tool_choice` that forces a tool cannot "
-                           "both shape the answer; send one", param="response_format")  # fmt: skip
-    return TextRequest(sampling=_openai_sampling(body, max_tokens), messages=tuple(messages),
-                       tools=tools, json_schema=schema, logprobs=logprobs,
-                       **common)  # fmt: skip
+        raise RequestError(
+            "`response_format` and a `tool_choice` that forces a tool cannot "
+            "both shape the answer; send one",
+            param="response_format",
+        )
+    return TextRequest(
+        sampling=_openai_sampling(body, max_tokens),
+        messages=tuple(messages),
+        tools=tools,
+        json_schema=schema,
+        logprobs=logprobs,
+        **common,
+    )
 
 
 # --- Anthropic -------------------------------------------------------------------------------
@@ -192,6 +209,10 @@ def messages_request(body: dict[str, Any]) -> TextRequest:
         top_k=_int(body, "top_k", 0, 0, 1 << 30) or 0,
         stop=_stops(body, "stop_sequences", single_ok=False),
     )
-    return TextRequest(model=_str(body, "model", required=True), sampling=sampling,
-                       messages=tuple(messages), stream=_bool(body, "stream"),
-                       tools=anthropic_tool_use(body))  # fmt: skip
+    return TextRequest(
+        model=_str(body, "model", required=True),
+        sampling=sampling,
+        messages=tuple(messages),
+        stream=_bool(body, "stream"),
+        tools=anthropic_tool_use(body),
+    )

@@ -31,8 +31,13 @@ def new_id(prefix: str) -> str:
 class ToolCallStream:
     """Feed answer pieces; get back ("text", str) and ("call", ToolCall) events in order."""
 
-    def __init__(self, tokenizer: Any, tools: tuple[Tool, ...], id_prefix: str = "call_",
-                 single: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: tuple[Tool, ...],
+        id_prefix: str = "call_",
+        single: bool = False,
+    ) -> None:
         self.start: str = tokenizer.tool_call_start
         self.end: str = tokenizer.tool_call_end
         self.parser = tokenizer.tool_parser

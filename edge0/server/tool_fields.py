@@ -39,8 +39,11 @@ class ToolCall:
     arguments: dict[str, Any] | str  # a string when the client's text is not a JSON object
 
     def template(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
     def arguments_json(self) -> str:
         return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
@@ -110,8 +113,11 @@ def _openai_tool(t: Any, where: str) -> Tool:
     desc = fn.get("description") or ""
     if not isinstance(desc, str):
         raise _bad(f"{where}.function.description", "a string", desc)
-    return Tool(_tool_name(fn.get("name"), f"{where}.function.name"), desc,
-                _schema(fn.get("parameters"), f"{where}.function.parameters"))  # fmt: skip
+    return Tool(
+        _tool_name(fn.get("name"), f"{where}.function.name"),
+        desc,
+        _schema(fn.get("parameters"), f"{where}.function.parameters"),
+    )
 
 
 def openai_tool_use(body: dict[str, Any]) -> ToolUse:
@@ -138,13 +144,19 @@ def openai_tool_use(body: dict[str, Any]) -> ToolUse:
 def _anthropic_tool(t: Any, where: str) -> Tool:
     if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
         kind = t.get("type") if isinstance(t, dict) else t
-        raise RequestError(f"`{where}` is a {kind!r} tool; this server serves custom tools "
-                           "(name, description, input_schema) only", param=where)  # fmt: skip
+        raise RequestError(
+            f"`{where}` is a {kind!r} tool; this server serves custom tools "
+            "(name, description, input_schema) only",
+            param=where,
+        )
     desc = t.get("description") or ""
     if not isinstance(desc, str):
         raise _bad(f"{where}.description", "a string", desc)
-    return Tool(_tool_name(t.get("name"), f"{where}.name"), desc,
-                _schema(t.get("input_schema"), f"{where}.input_schema"))  # fmt: skip
+    return Tool(
+        _tool_name(t.get("name"), f"{where}.name"),
+        desc,
+        _schema(t.get("input_schema"), f"{where}.input_schema"),
+    )
 
 
 def anthropic_tool_use(body: dict[str, Any]) -> ToolUse:
@@ -167,8 +179,9 @@ def _checked(use: ToolUse) -> ToolUse:
     if use.choice in ("required", "named") and not use.tools:
         raise RequestError(f"`tool_choice` {use.choice} needs `tools`", param="tool_choice")
     if use.choice == "named" and not use.forced():
-        raise RequestError(f"`tool_choice` names {use.name!r}, which is not in `tools`",
-                           param="tool_choice")  # fmt: skip
+        raise RequestError(
+            f"`tool_choice` names {use.name!r}, which is not in `tools`", param="tool_choice"
+        )
     return use
 
 

@@ -49,8 +49,12 @@ def hub_mxfp4(src: Path, out: Path) -> Path:
             tensors[key] = value
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "pt"})
     config = normalize_config(json.loads((src / "config.json").read_text()))
-    keep = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
-            "lm_head"]  # fmt: skip
+    keep = [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ]
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": keep}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out

@@ -42,27 +42,50 @@ def hf_config(shape: Shape, vocab: int, **extra: Any) -> dict[str, Any]:
     if shape.model_type == "qwen3_moe":
         from transformers import Qwen3MoeConfig
 
-        cfg: Any = Qwen3MoeConfig(**{**dict(
-            vocab_size=vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden,
-            num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-            num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-            num_experts=shape.experts, num_experts_per_tok=shape.top_k,
-            moe_intermediate_size=shape.moe_ff, norm_topk_prob=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            architectures=["Qwen3MoeForCausalLM"], dtype="bfloat16",
-        ), **extra})  # fmt: skip
+        cfg: Any = Qwen3MoeConfig(
+            **{
+                **dict(
+                    vocab_size=vocab,
+                    hidden_size=shape.hidden,
+                    intermediate_size=2 * shape.hidden,
+                    num_hidden_layers=shape.layers,
+                    num_attention_heads=shape.heads,
+                    num_key_value_heads=shape.kv_heads,
+                    head_dim=shape.head_dim,
+                    num_experts=shape.experts,
+                    num_experts_per_tok=shape.top_k,
+                    moe_intermediate_size=shape.moe_ff,
+                    norm_topk_prob=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                    architectures=["Qwen3MoeForCausalLM"],
+                    dtype="bfloat16",
+                ),
+                **extra,
+            }
+        )
     elif shape.model_type == "qwen3_5_moe":
         from transformers import Qwen3_5MoeConfig
 
-        text = dict(
-            vocab_size=vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-            num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-            head_dim=shape.head_dim, linear_num_key_heads=shape.lin_k_heads,
-            linear_num_value_heads=shape.lin_v_heads, linear_key_head_dim=shape.lin_head_dim,
-            linear_value_head_dim=shape.lin_head_dim, num_experts=shape.experts,
-            num_experts_per_tok=shape.top_k, moe_intermediate_size=shape.moe_ff,
-            shared_expert_intermediate_size=shape.shared_ff, dtype="bfloat16",
-        ) | extra  # fmt: skip
+        text = (
+            dict(
+                vocab_size=vocab,
+                hidden_size=shape.hidden,
+                num_hidden_layers=shape.layers,
+                num_attention_heads=shape.heads,
+                num_key_value_heads=shape.kv_heads,
+                head_dim=shape.head_dim,
+                linear_num_key_heads=shape.lin_k_heads,
+                linear_num_value_heads=shape.lin_v_heads,
+                linear_key_head_dim=shape.lin_head_dim,
+                linear_value_head_dim=shape.lin_head_dim,
+                num_experts=shape.experts,
+                num_experts_per_tok=shape.top_k,
+                moe_intermediate_size=shape.moe_ff,
+                shared_expert_intermediate_size=shape.shared_ff,
+                dtype="bfloat16",
+            )
+            | extra
+        )
         cfg = Qwen3_5MoeConfig(text_config=text, architectures=[QWEN3_5_ARCH])
     else:
         raise ConversionError(
@@ -73,8 +96,19 @@ def hf_config(shape: Shape, vocab: int, **extra: Any) -> dict[str, Any]:
 
 
 QWEN3_5_ARCH = "Qwen3_5MoeForConditionalGeneration"
-_SMALL_35 = Shape(hidden=512, layers=8, heads=8, head_dim=64, experts=64, top_k=4, moe_ff=256,
-                  shared_ff=256, lin_k_heads=4, lin_v_heads=8, lin_head_dim=64)  # fmt: skip
+_SMALL_35 = Shape(
+    hidden=512,
+    layers=8,
+    heads=8,
+    head_dim=64,
+    experts=64,
+    top_k=4,
+    moe_ff=256,
+    shared_ff=256,
+    lin_k_heads=4,
+    lin_v_heads=8,
+    lin_head_dim=64,
+)
 # name -> (shape, vocabulary size); the 35B-A3B shapes are transformers' own defaults
 NAMED: dict[str, tuple[Shape, int]] = {
     "tiny": (Shape(moe_ff=64, shared_ff=64), 512),
@@ -91,7 +125,7 @@ NAMED: dict[str, tuple[Shape, int]] = {
             shared_ff=512,
         ),
         32768,
-    ),  # fmt: skip
+    ),
     "tiny-qwen3": (Shape(model_type="qwen3_moe", moe_ff=64), 512),
     "small-qwen3": (attrs.evolve(_SMALL_35, model_type="qwen3_moe"), 4096),
 }
@@ -112,8 +146,17 @@ def shape_config(name: str) -> dict[str, Any]:
         text.update(num_hidden_layers=4, layer_types=text["layer_types"][:4])
         cfg = Qwen3_5MoeConfig(text_config=text, architectures=[QWEN3_5_ARCH]).to_dict()
     elif name == "qwen3-30b-a3b":
-        shape = Shape(model_type="qwen3_moe", hidden=2048, layers=48, heads=32, kv_heads=4,
-                      head_dim=128, experts=128, top_k=8, moe_ff=768)  # fmt: skip
+        shape = Shape(
+            model_type="qwen3_moe",
+            hidden=2048,
+            layers=48,
+            heads=32,
+            kv_heads=4,
+            head_dim=128,
+            experts=128,
+            top_k=8,
+            moe_ff=768,
+        )
         rope = {"rope_type": "default", "rope_theta": 1000000.0}
         cfg = hf_config(
             shape,

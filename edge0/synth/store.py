@@ -60,7 +60,7 @@ def write_store(
             "hidden_size": d_model,
             "moe_intermediate_size": d_ff,
             "num_experts": n_experts,
-        },  # fmt: skip
+        },
         quantization={"bits": 4, "group_size": group_size, "mode": "affine"},
         moe_layers=tuple(range(1, n_layers + 1)),
         n_experts=n_experts,
@@ -83,12 +83,24 @@ def write_store(
 @click.option("--group-size", default=64, show_default=True)
 @click.option("--zstd-level", default=3, show_default=True)
 def main(
-    out: Path, layers: int, experts: int, d_model: int, d_ff: int, group_size: int,
+    out: Path,
+    layers: int,
+    experts: int,
+    d_model: int,
+    d_ff: int,
+    group_size: int,
     zstd_level: int,
-) -> None:  # fmt: skip
+) -> None:
     """Write a synthetic expert store (defaults: 35B-A3B expert shape, ~450 MB)."""
-    m = write_store(out, n_layers=layers, n_experts=experts, d_model=d_model, d_ff=d_ff,
-                    group_size=group_size, zstd_level=zstd_level)  # fmt: skip
+    m = write_store(
+        out,
+        n_layers=layers,
+        n_experts=experts,
+        d_model=d_model,
+        d_ff=d_ff,
+        group_size=group_size,
+        zstd_level=zstd_level,
+    )
     click.echo(f"{out}: {m.n_records} records of {m.record_size} bytes")
 
 

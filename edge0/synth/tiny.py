@@ -97,8 +97,9 @@ def hf_config(spec: TinySpec, vocab: int, eos_id: int) -> dict[str, Any]:
     """The config.json dict (edge0.synth.shapes builds it with transformers' config classes)."""
     if spec.model_type not in SUPPORTED:
         raise ValueError(f"tiny checkpoints exist for {SUPPORTED}, not {spec.model_type!r}")
-    return shape_hf_config(spec, vocab, max_position_embeddings=spec.max_positions,
-                           eos_token_id=eos_id)  # fmt: skip
+    return shape_hf_config(
+        spec, vocab, max_position_embeddings=spec.max_positions, eos_token_id=eos_id
+    )
 
 
 def _qwen3_moe_weights(spec: TinySpec, vocab: int, rng: np.random.Generator) -> dict[str, Any]:

@@ -28,97 +28,189 @@ EOS = SPECIAL_TOKENS.index("<|im_end|>")
 
 def _common(vocab: int) -> dict[str, Any]:
     return dict(
-        vocab_size=vocab, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        max_position_embeddings=256, eos_token_id=EOS, bos_token_id=None, pad_token_id=0,
-        tie_word_embeddings=False, rms_norm_eps=1e-6,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=D,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        max_position_embeddings=256,
+        eos_token_id=EOS,
+        bos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+    )
 
 
 def _mixtral(vocab: int) -> Any:
     from transformers import MixtralConfig
 
-    return MixtralConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
-                         num_local_experts=8, num_experts_per_tok=2)  # fmt: skip
+    return MixtralConfig(
+        **_common(vocab),
+        intermediate_size=FF,
+        num_key_value_heads=KV,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    )
 
 
 def _olmoe(vocab: int) -> Any:
     from transformers import OlmoeConfig
 
-    return OlmoeConfig(**_common(vocab), intermediate_size=FF, num_key_value_heads=KV,
-                       num_experts=8, num_experts_per_tok=2)  # fmt: skip
+    return OlmoeConfig(
+        **_common(vocab),
+        intermediate_size=FF,
+        num_key_value_heads=KV,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
 
 
 def _qwen2_moe(vocab: int) -> Any:
     from transformers import Qwen2MoeConfig
 
-    return Qwen2MoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
-                          moe_intermediate_size=FF, shared_expert_intermediate_size=FF,
-                          num_experts=8, num_experts_per_tok=2)  # fmt: skip
+    return Qwen2MoeConfig(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        num_key_value_heads=KV,
+        moe_intermediate_size=FF,
+        shared_expert_intermediate_size=FF,
+        num_experts=8,
+        num_experts_per_tok=2,
+    )
 
 
 def _deepseek_v3(vocab: int) -> Any:
     from transformers import DeepseekV3Config
 
-    return DeepseekV3Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
-                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
-                            num_experts_per_tok=2, n_group=2, topk_group=1,
-                            first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
-                            qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16)  # fmt: skip
+    return DeepseekV3Config(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        moe_intermediate_size=FF,
+        num_key_value_heads=HEADS,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+    )
 
 
 def _deepseek_v2(vocab: int) -> Any:
     from transformers import DeepseekV2Config
 
-    return DeepseekV2Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
-                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
-                            num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=None,
-                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
-                            v_head_dim=16, topk_method="group_limited_greedy", n_group=2,
-                            topk_group=1, routed_scaling_factor=1.5,
-                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
-                                             "factor": 4.0, "original_max_position_embeddings": 64,
-                                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
-                                             "mscale_all_dim": 0.707})  # fmt: skip
+    return DeepseekV2Config(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        moe_intermediate_size=FF,
+        num_key_value_heads=HEADS,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        topk_method="group_limited_greedy",
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+    )
 
 
 def _kimi_k2(vocab: int) -> Any:
     """Kimi-K2: DeepSeek-V3's architecture under its own model_type (one group, scaled 2.827)."""
     from transformers import DeepseekV3Config
 
-    return DeepseekV3Config(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,
-                            num_key_value_heads=HEADS, n_routed_experts=8, n_shared_experts=1,
-                            num_experts_per_tok=2, n_group=1, topk_group=1,
-                            first_k_dense_replace=1, routed_scaling_factor=2.827, q_lora_rank=32,
-                            kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
-                            v_head_dim=16)  # fmt: skip
+    return DeepseekV3Config(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        moe_intermediate_size=FF,
+        num_key_value_heads=HEADS,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.827,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+    )
 
 
 def _glm4_moe(vocab: int) -> Any:
     from transformers import Glm4MoeConfig
 
-    return Glm4MoeConfig(**_common(vocab), intermediate_size=2 * FF, moe_intermediate_size=FF,  # type: ignore[call-arg]
-                         num_key_value_heads=KV, head_dim=HEAD_DIM, n_routed_experts=8,
-                         n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-                         first_k_dense_replace=1, routed_scaling_factor=1.5)  # fmt: skip
+    return Glm4MoeConfig(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        moe_intermediate_size=FF,  # type: ignore[call-arg]
+        num_key_value_heads=KV,
+        head_dim=HEAD_DIM,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.5,
+    )
 
 
 def _qwen3_moe(vocab: int) -> Any:
     from transformers import Qwen3MoeConfig
 
-    return Qwen3MoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
-                          head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2,
-                          moe_intermediate_size=FF, norm_topk_prob=True)  # type: ignore[call-arg]  # fmt: skip
+    return Qwen3MoeConfig(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        num_key_value_heads=KV,
+        head_dim=HEAD_DIM,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=FF,
+        norm_topk_prob=True,
+    )  # type: ignore[call-arg]
 
 
 def _qwen3_next(vocab: int) -> Any:
     from transformers import Qwen3NextConfig
 
-    return Qwen3NextConfig(**dict(_common(vocab), num_hidden_layers=4), intermediate_size=2 * FF,
-                           num_key_value_heads=KV, head_dim=HEAD_DIM, num_experts=8,
-                           num_experts_per_tok=2, moe_intermediate_size=FF,
-                           shared_expert_intermediate_size=FF, linear_num_key_heads=2,
-                           linear_num_value_heads=4, linear_key_head_dim=16,
-                           linear_value_head_dim=16, norm_topk_prob=True)  # fmt: skip
+    return Qwen3NextConfig(
+        **dict(_common(vocab), num_hidden_layers=4),
+        intermediate_size=2 * FF,
+        num_key_value_heads=KV,
+        head_dim=HEAD_DIM,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=FF,
+        shared_expert_intermediate_size=FF,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        norm_topk_prob=True,
+    )
 
 
 def _gpt_oss(vocab: int) -> Any:
@@ -128,23 +220,41 @@ def _gpt_oss(vocab: int) -> Any:
     # the hub's `truncate: false` is the gpt_oss-variant fixture (edge0/model/rope.py);
     # sliding window 4 so the prompt crosses it
     rope = {
-        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-        "truncate": True, "original_max_position_embeddings": 4096, "rope_theta": 150000.0,
-    }  # fmt: skip
-    return GptOssConfig(**dict(_common(vocab), num_hidden_layers=4, max_position_embeddings=131072),
-                        intermediate_size=FF, num_key_value_heads=KV, head_dim=HEAD_DIM,
-                        num_local_experts=8, num_experts_per_tok=2, sliding_window=4,
-                        rope_parameters=rope)  # fmt: skip
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": True,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 150000.0,
+    }
+    return GptOssConfig(
+        **dict(_common(vocab), num_hidden_layers=4, max_position_embeddings=131072),
+        intermediate_size=FF,
+        num_key_value_heads=KV,
+        head_dim=HEAD_DIM,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        rope_parameters=rope,
+    )
 
 
 def _granitemoe(vocab: int) -> Any:
     from transformers import GraniteMoeConfig
 
     # experts 64 wide: mlx-lm quantizes their down_proj at 8 bits in groups of 64 (its predicate)
-    return GraniteMoeConfig(**_common(vocab), intermediate_size=2 * FF, num_key_value_heads=KV,
-                            num_local_experts=8, num_experts_per_tok=2, embedding_multiplier=12.0,
-                            logits_scaling=8.0, residual_multiplier=0.22,
-                            attention_multiplier=0.0625)  # fmt: skip
+    return GraniteMoeConfig(
+        **_common(vocab),
+        intermediate_size=2 * FF,
+        num_key_value_heads=KV,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        embedding_multiplier=12.0,
+        logits_scaling=8.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.0625,
+    )
 
 
 def _llama4(vocab: int) -> Any:
@@ -152,16 +262,40 @@ def _llama4(vocab: int) -> Any:
     4 tokens and a temperature floor of 4 so the prompt crosses both; a tiny vision tower."""
     from transformers import Llama4Config
 
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
-    text = dict(**dict(_common(vocab), num_hidden_layers=4, rms_norm_eps=1e-5),
-                intermediate_size=FF, intermediate_size_mlp=2 * FF, num_key_value_heads=KV,
-                head_dim=HEAD_DIM, num_local_experts=8, num_experts_per_tok=1,
-                interleave_moe_layer_step=2, attention_chunk_size=4, floor_scale=4,
-                attn_scale=0.1, use_qk_norm=True, rope_parameters=rope)  # fmt: skip
-    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                  vision_output_dim=32, image_size=28, patch_size=14, projector_input_dim=32,
-                  projector_output_dim=32)  # fmt: skip
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 16.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    text = dict(
+        **dict(_common(vocab), num_hidden_layers=4, rms_norm_eps=1e-5),
+        intermediate_size=FF,
+        intermediate_size_mlp=2 * FF,
+        num_key_value_heads=KV,
+        head_dim=HEAD_DIM,
+        num_local_experts=8,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=2,
+        attention_chunk_size=4,
+        floor_scale=4,
+        attn_scale=0.1,
+        use_qk_norm=True,
+        rope_parameters=rope,
+    )
+    vision = dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        vision_output_dim=32,
+        image_size=28,
+        patch_size=14,
+        projector_input_dim=32,
+        projector_output_dim=32,
+    )
     return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
@@ -184,13 +318,29 @@ def _qwen3_5_moe(vocab: int) -> Any:
     """Qwen3.5-MoE (the hub's multimodal config, text model only): DeltaNet, then attention."""
     from transformers import Qwen3_5MoeConfig
 
-    text = dict(**dict(_common(vocab), num_hidden_layers=4), num_key_value_heads=KV,
-                head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=FF,
-                shared_expert_intermediate_size=FF, linear_num_key_heads=2,
-                linear_num_value_heads=4, linear_key_head_dim=16,
-                linear_value_head_dim=16)  # fmt: skip
-    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=D,
-                  patch_size=14, temporal_patch_size=2, spatial_merge_size=2)  # fmt: skip
+    text = dict(
+        **dict(_common(vocab), num_hidden_layers=4),
+        num_key_value_heads=KV,
+        head_dim=HEAD_DIM,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=FF,
+        shared_expert_intermediate_size=FF,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        num_heads=2,
+        intermediate_size=32,
+        out_hidden_size=D,
+        patch_size=14,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
     return Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
@@ -267,8 +417,12 @@ def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarr
             return 1.0 + 0.1 * z
         return 0.1 * z
     gain = 1.0
-    routers = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "router.weight",
-               "router.layer.weight")  # fmt: skip
+    routers = (
+        "mlp.gate.weight",
+        "block_sparse_moe.gate.weight",
+        "router.weight",
+        "router.layer.weight",
+    )
     if name.endswith(routers):
         gain = 2.0  # decisive routing: no near-ties between fp32 implementations
     elif name.endswith("experts.gate_up_proj"):
@@ -293,8 +447,9 @@ def variant_spec(model_type: str, changes: dict[str, Any] | None = None) -> dict
     return {"config": config, "tensors": [[n, list(s)] for n, s in layout]}
 
 
-def write_fixture(root: Path, model_type: str, changes: dict[str, Any] | None = None,
-                  name: str | None = None) -> Path:  # fmt: skip
+def write_fixture(
+    root: Path, model_type: str, changes: dict[str, Any] | None = None, name: str | None = None
+) -> Path:
     """Write tests/fixtures/families/<name>.json (config + transformers' layout)."""
     out = fixture_file(root, name or model_type)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,9 +105,12 @@ def heldout_loss(
 
 
 def continuation_mean(
-    seqs: np.ndarray, batch: int, prompt_len: int, eos: tuple[int, ...],
+    seqs: np.ndarray,
+    batch: int,
+    prompt_len: int,
+    eos: tuple[int, ...],
     per_token: Callable[[mx.array, mx.array], mx.array],
-) -> float:  # fmt: skip
+) -> float:
     """Mean of `per_token(inputs, targets)` (B, T) over the continuation tokens of `seqs`."""
     total = count = 0.0
     for i in range(0, len(seqs), batch):

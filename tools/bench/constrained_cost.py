@@ -48,29 +48,47 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         vocab = int((config.get("text_config") or config)["vocab_size"])
         grammars = Grammars(tok, vocab, list(tok.eos_token_ids))
         grammar = grammars.check(Grammars.json_grammar(SCHEMA), "response_format")
-        ids = tok.apply_chat_template([{"role": "user", "content": "Say it as JSON."}],
-                                      add_generation_prompt=True)  # fmt: skip
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": "Say it as JSON."}], add_generation_prompt=True
+        )
         rows: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
         for r in range(args.rounds + 1):  # round 0 warms up
             for variant in VARIANTS if r % 2 else reversed(VARIANTS):
-                settings = SamplingSettings(max_tokens=args.tokens, temp=1.0, seed=r,
-                                            hooks=_hooks(variant, grammars, grammar))  # fmt: skip
+                settings = SamplingSettings(
+                    max_tokens=args.tokens,
+                    temp=1.0,
+                    seed=r,
+                    hooks=_hooks(variant, grammars, grammar),
+                )
                 stats: list[Any] = []
                 c0, t0, n = time.process_time(), time.perf_counter(), 0
-                async for _ in eng.tokens(ids, max_tokens=args.tokens, sampling=settings,
-                                          stop=False, stats_to=stats):  # fmt: skip
+                async for _ in eng.tokens(
+                    ids, max_tokens=args.tokens, sampling=settings, stop=False, stats_to=stats
+                ):
                     n += 1
                 cpu, wall = time.process_time() - c0, time.perf_counter() - t0
                 if r:
-                    rows[variant].append({"tokens": n, "cpu_ms_per_token": cpu / n * 1e3,
-                                          "wall_s": wall,
-                                          "decode_tps": stats[0].decode_tps})  # fmt: skip
+                    rows[variant].append(
+                        {
+                            "tokens": n,
+                            "cpu_ms_per_token": cpu / n * 1e3,
+                            "wall_s": wall,
+                            "decode_tps": stats[0].decode_tps,
+                        }
+                    )
     name = args.model.name if args.model else "demo"
-    out: dict[str, Any] = {"model": name, "mode": args.mode, "tiers": args.tiers,
-                           "vocab": vocab, "tokens": args.tokens, "rows": rows}  # fmt: skip
+    out: dict[str, Any] = {
+        "model": name,
+        "mode": args.mode,
+        "tiers": args.tiers,
+        "vocab": vocab,
+        "tokens": args.tokens,
+        "rows": rows,
+    }
     for v in VARIANTS:
         out[f"{v}_cpu_ms_per_token_median"] = statistics.median(
-            x["cpu_ms_per_token"] for x in rows[v])  # fmt: skip
+            x["cpu_ms_per_token"] for x in rows[v]
+        )
         out[f"{v}_decode_tps_median"] = statistics.median(x["decode_tps"] for x in rows[v])
         out[f"{v}_cpu_ratio_per_round"] = [
             a["cpu_ms_per_token"] / b["cpu_ms_per_token"]

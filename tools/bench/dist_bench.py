@@ -46,8 +46,16 @@ from bench_lock import held
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88]
 
 
-async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
-              extra: dict[str, Any], hosts: str | None = None) -> dict[str, Any]:  # fmt: skip
+async def one(
+    path: str,
+    ranks: int,
+    tiers: str,
+    mode: str,
+    k: int,
+    tokens: int,
+    extra: dict[str, Any],
+    hosts: str | None = None,
+) -> dict[str, Any]:
     from edge0.dist.launch import node_of
     from edge0.dist.pipeline import gather_stats, ping
     from edge0.runtime.engine.api import Engine
@@ -64,9 +72,15 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
         got = [t async for t in eng.tokens(PROMPT[::-1], max_tokens=tokens, stop=False)]
         st = eng.last_stats
         assert st is not None
-        out: dict[str, Any] = dict(ranks=ranks, tiers=tiers, open_s=opened,
-                                   decode_tps=st.decode_tps, blocked_ms=st.blocked_ms_per_step,
-                                   bytes_per_token=st.bytes_per_token, tokens=got)  # fmt: skip
+        out: dict[str, Any] = dict(
+            ranks=ranks,
+            tiers=tiers,
+            open_s=opened,
+            decode_tps=st.decode_tps,
+            blocked_ms=st.blocked_ms_per_step,
+            bytes_per_token=st.bytes_per_token,
+            tokens=got,
+        )
         if ranks > 1:
             node = node_of(eng)
             stats = await eng._compute.run(lambda: gather_stats(node))
@@ -77,15 +91,17 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
             out["rank_wall_ms"] = [s["wall_s"] / s["steps"] * 1e3 for s in stats]
             out["load_read_mib"] = [s["load_read_mib"] for s in stats]  # read while loading
             out["slots"] = [int(s["slots"]) for s in stats]
-            out["read_layers"] = [[int(s["read_layer_min"]), int(s["read_layer_max"])]
-                                  for s in stats]  # fmt: skip
+            out["read_layers"] = [
+                [int(s["read_layer_min"]), int(s["read_layer_max"])] for s in stats
+            ]
             out["split"] = [[r.start, r.stop - 1] for r in node.split.ranges]
             plan = eng.setup.memory_plan
             out["plan0"] = None if plan is None else plan.line()
             out["ring_bytes_per_token"] = ranks * node.link.codec.nbytes  # n hops per token
             out["ring_trip_ms"] = statistics.median(trips) * 1e3
-            out["rank_decode_ms"] = [s["decode_wall_s"] / max(1.0, s["decode_steps"]) * 1e3
-                                     for s in stats]  # fmt: skip
+            out["rank_decode_ms"] = [
+                s["decode_wall_s"] / max(1.0, s["decode_steps"]) * 1e3 for s in stats
+            ]
         else:
             out["peak_rss_mib"] = [peak_rss_bytes() / 2**20]
             recs = eng.setup.ctx.records[-(len(PROMPT) + tokens - 1) :]
@@ -103,11 +119,26 @@ async def one(path: str, ranks: int, tiers: str, mode: str, k: int, tokens: int,
     return out
 
 
-def run_one(args: argparse.Namespace, ranks: int, tiers: str, net: str,
-            ns: Any = None) -> dict[str, Any]:  # fmt: skip
-    cmd = [sys.executable, __file__, args.model, "--one", str(ranks), "--one-tiers", tiers,
-           "--mode", args.mode, "--k", str(args.k), "--tokens", str(args.tokens),
-           "--first-layer", args.first_layer]  # fmt: skip
+def run_one(
+    args: argparse.Namespace, ranks: int, tiers: str, net: str, ns: Any = None
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        args.model,
+        "--one",
+        str(ranks),
+        "--one-tiers",
+        tiers,
+        "--mode",
+        args.mode,
+        "--k",
+        str(args.k),
+        "--tokens",
+        str(args.tokens),
+        "--first-layer",
+        args.first_layer,
+    ]
     budget = args.memory_budget_one if ranks == 1 and args.memory_budget_one else args.memory_budget
     if budget:
         cmd += ["--memory-budget", budget]
@@ -128,8 +159,14 @@ def run_one(args: argparse.Namespace, ranks: int, tiers: str, net: str,
     if rc != 0:
         why = f"ran past {args.timeout:g} s" if rc == 124 else f"exit {rc}: {err[-2000:]}"
         print(f"{' '.join(cmd)} failed: {why}", file=sys.stderr)
-        return dict(ranks=ranks, tiers=tiers, net=net, failed=why, load_before=load0,
-                    load_after=os.getloadavg())  # fmt: skip
+        return dict(
+            ranks=ranks,
+            tiers=tiers,
+            net=net,
+            failed=why,
+            load_before=load0,
+            load_after=os.getloadavg(),
+        )
     got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     got["net"] = net
     got["load"] = os.getloadavg()[0]
@@ -142,8 +179,14 @@ def run_one(args: argparse.Namespace, ranks: int, tiers: str, net: str,
 def bounded(cmd: list[str], timeout: float, env: dict[str, str] | None) -> tuple[int, str, str]:
     """Run `cmd` in its own process group (the ranks it spawns included); past `timeout`
     seconds the whole group is killed and the exit status is 124."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
@@ -162,11 +205,15 @@ def bounded(cmd: list[str], timeout: float, env: dict[str, str] | None) -> tuple
 Runs = dict[tuple[str, str, int], list[dict[str, Any]]]
 
 
-def per_round(got: list[dict[str, Any]], base: list[dict[str, Any]], key: str,
-              op: Any) -> list[float]:  # fmt: skip
+def per_round(
+    got: list[dict[str, Any]], base: list[dict[str, Any]], key: str, op: Any
+) -> list[float]:
     """`op(run[key], base[key])` for each round in which both ran (a failed run is skipped)."""
-    return [op(g[key], b[key]) for g, b in zip(got, base, strict=False)
-            if "failed" not in g and "failed" not in b]  # fmt: skip
+    return [
+        op(g[key], b[key])
+        for g, b in zip(got, base, strict=False)
+        if "failed" not in g and "failed" not in b
+    ]
 
 
 def med(values: list[float]) -> float | None:
@@ -183,8 +230,13 @@ def summary(runs: Runs, key: tuple[str, str, int], ranks_list: list[int]) -> dic
     loop = runs.get((tiers, "loopback", ranks)) if ranks > 1 else None
     firsts = [b for b in base if "failed" not in b]
     want = firsts[0]["tokens"] if firsts else None
-    row: dict[str, Any] = dict(tiers=tiers, net=net, ranks=ranks, rounds=len(ok),
-                               failed=[g["failed"] for g in got if "failed" in g])  # fmt: skip
+    row: dict[str, Any] = dict(
+        tiers=tiers,
+        net=net,
+        ranks=ranks,
+        rounds=len(ok),
+        failed=[g["failed"] for g in got if "failed" in g],
+    )
     if not ok:
         return dict(row, raw=got)
 
@@ -195,12 +247,14 @@ def summary(runs: Runs, key: tuple[str, str, int], ranks_list: list[int]) -> dic
         decode_tps=statistics.median(g["decode_tps"] for g in ok),
         decode_tps_rounds=[g.get("decode_tps") for g in got],
         ratio=med(per_round(got, base, "decode_tps", lambda x, y: x / y)),
-        vs_loopback=None if loop is None else med(per_round(got, loop, "decode_tps",
-                                                            lambda x, y: x / y)),
+        vs_loopback=None
+        if loop is None
+        else med(per_round(got, loop, "decode_tps", lambda x, y: x / y)),
         ring_ms_per_token=med([g["ring_ms_per_token"] for g in ok if "ring_ms_per_token" in g]),
         ring_ms_rounds=[g.get("ring_ms_per_token") for g in got],
-        ring_ms_vs_loopback=None if loop is None else med(
-            per_round(got, loop, "ring_ms_per_token", lambda x, y: x - y)),
+        ring_ms_vs_loopback=None
+        if loop is None
+        else med(per_round(got, loop, "ring_ms_per_token", lambda x, y: x - y)),
         peak_rss_mib=each("peak_rss_mib"),
         rank_cpu_ms=each("rank_cpu_ms"),
         rank_decode_ms=each("rank_decode_ms") if all("rank_decode_ms" in g for g in ok) else [],
@@ -209,12 +263,13 @@ def summary(runs: Runs, key: tuple[str, str, int], ranks_list: list[int]) -> dic
         ring_trip_ms=statistics.median(g["ring_trip_ms"] for g in ok),
         ring_trip_rounds=[g.get("ring_trip_ms") for g in got],
         # token time minus every rank's own step time (prompt steps included; the older figure)
-        outside_ms=statistics.median(1e3 / g["decode_tps"] - sum(g.get("rank_wall_ms", [0]))
-                                     for g in ok),
+        outside_ms=statistics.median(
+            1e3 / g["decode_tps"] - sum(g.get("rank_wall_ms", [0])) for g in ok
+        ),
         same_tokens=all(g["tokens"] == want for g in ok),
         load=[[round(x, 1) for x in g.get("load_before", [g.get("load", 0)])[:3]] for g in got],
         raw=got,
-    )  # fmt: skip
+    )
     return row
 
 
@@ -239,8 +294,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         if "decode_tps" not in r:
-            lines.append(f"| `{r['tiers']}` | {r['net']} | {r['ranks']} | failed: "
-                         f"{'; '.join(r['failed'])[:200]} |" + " |" * 15)  # fmt: skip
+            lines.append(
+                f"| `{r['tiers']}` | {r['net']} | {r['ranks']} | failed: "
+                f"{'; '.join(r['failed'])[:200]} |" + " |" * 15
+            )
             continue
         ok = [g for g in r["raw"] if "failed" not in g]
         lines.append(
@@ -266,8 +323,9 @@ def write(args: argparse.Namespace, runs: Runs, ranks_list: list[int], done: boo
     md = table(rows)
     load = os.getloadavg()
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(command=sys.argv, load=load, finished=done,
-                                                   rows=rows), indent=1) + "\n")  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps(dict(command=sys.argv, load=load, finished=done, rows=rows), indent=1) + "\n"
+        )
     if args.md:
         Path(args.md).write_text(
             f"# Pipeline parallel on one machine\n\n`{' '.join(sys.argv)}`\n\n"
@@ -294,9 +352,12 @@ def main() -> None:
     p.add_argument("--memory-budget", help="per rank, e.g. 2GiB")
     p.add_argument("--memory-budget-one", help="the 1-rank runs' budget [--memory-budget]")
     p.add_argument("--layers", help="layers per rank for every multi-rank run, e.g. 6,14,14,6")
-    p.add_argument("--net", action="append",
-                   help="loopback (default), or a tbf rate (1gbit, 10gbit; none = unshaped) "
-                        "for ranks in their own network namespaces")  # fmt: skip
+    p.add_argument(
+        "--net",
+        action="append",
+        help="loopback (default), or a tbf rate (1gbit, 10gbit; none = unshaped) "
+        "for ranks in their own network namespaces",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     p.add_argument(
         "--lock",
@@ -315,8 +376,18 @@ def main() -> None:
             extra["memory_budget"] = args.memory_budget
         if args.layers:
             extra["layers"] = args.layers
-        res = asyncio.run(one(args.model, args.one, args.one_tiers, args.mode, args.k,
-                              args.tokens, extra, args.one_hosts))  # fmt: skip
+        res = asyncio.run(
+            one(
+                args.model,
+                args.one,
+                args.one_tiers,
+                args.mode,
+                args.k,
+                args.tokens,
+                extra,
+                args.one_hosts,
+            )
+        )
         print(json.dumps(res))
         return
     tiers_list = args.tiers or ["pread"]
@@ -342,13 +413,19 @@ def main() -> None:
                 what = res.get("failed") or (
                     f"{res['decode_tps']:.3f} tok/s, ring {res['ring_ms_per_token']:.1f} ms/token"
                 )
-                print(f"round {rnd} {tiers} {net} ranks={ranks}: {what}; load "
-                      f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                print(
+                    f"round {rnd} {tiers} {net} ranks={ranks}: {what}; load "
+                    f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 write(args, runs, ranks_list, done=False)
     except KeyboardInterrupt as exc:
-        print(f"stopped ({exc or 'interrupted'}); {args.json or 'the table'} holds the "
-              "configurations that ran", file=sys.stderr)  # fmt: skip
+        print(
+            f"stopped ({exc or 'interrupted'}); {args.json or 'the table'} holds the "
+            "configurations that ran",
+            file=sys.stderr,
+        )
         sys.exit(130)
     finally:
         if ns is not None:

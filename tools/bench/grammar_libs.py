@@ -31,54 +31,89 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "object": {"type": "object"},
     "person": {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                       "email": {"type": "string", "format": "email"},
-                       "tags": {"type": "array", "items": {"type": "string"}}},
-        "required": ["name", "age", "tags"], "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "email": {"type": "string", "format": "email"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": False,
     },
     "bounds": {
         "type": "object",
-        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 999},
-                       "x": {"type": "number", "exclusiveMinimum": 0},
-                       "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                       "short": {"type": "string", "minLength": 2, "maxLength": 5}},
-        "required": ["n", "x", "code", "short"], "additionalProperties": False,
+        "properties": {
+            "n": {"type": "integer", "minimum": 1, "maximum": 999},
+            "x": {"type": "number", "exclusiveMinimum": 0},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+            "short": {"type": "string", "minLength": 2, "maxLength": 5},
+        },
+        "required": ["n", "x", "code", "short"],
+        "additionalProperties": False,
     },
     "nested_anyof_enum": {
         "type": "object",
-        "properties": {"kind": {"enum": ["a", "b"]},
-                       "value": {"anyOf": [{"type": "integer"}, {"type": "string"},
-                                           {"type": "null"}]},
-                       "items": {"type": "array", "minItems": 1, "maxItems": 3,
-                                 "items": {"type": "object",
-                                           "properties": {"id": {"type": "integer"}},
-                                           "required": ["id"]}}},
-        "required": ["kind", "value", "items"], "additionalProperties": False,
+        "properties": {
+            "kind": {"enum": ["a", "b"]},
+            "value": {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {"id": {"type": "integer"}},
+                    "required": ["id"],
+                },
+            },
+        },
+        "required": ["kind", "value", "items"],
+        "additionalProperties": False,
     },
     "refs": {
-        "$defs": {"node": {"type": "object",
-                           "properties": {"v": {"type": "integer"},
-                                          "next": {"anyOf": [{"$ref": "#/$defs/node"},
-                                                             {"type": "null"}]}},
-                           "required": ["v", "next"], "additionalProperties": False}},
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "integer"},
+                    "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]},
+                },
+                "required": ["v", "next"],
+                "additionalProperties": False,
+            }
+        },
         "$ref": "#/$defs/node",
     },
     "oneof_const": {
-        "oneOf": [{"type": "object", "properties": {"t": {"const": "x"}, "x": {"type": "integer"}},
-                   "required": ["t", "x"], "additionalProperties": False},
-                  {"type": "object", "properties": {"t": {"const": "y"}, "y": {"type": "string"}},
-                   "required": ["t", "y"], "additionalProperties": False}],
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"t": {"const": "x"}, "x": {"type": "integer"}},
+                "required": ["t", "x"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {"t": {"const": "y"}, "y": {"type": "string"}},
+                "required": ["t", "y"],
+                "additionalProperties": False,
+            },
+        ],
     },
-}  # fmt: skip
+}
 ANSWERS = {
     "object": {"a": 1, "b": [True, None], "c": "text"},
-    "person": {"name": "Ada Lovelace", "age": 36, "email": "ada@example.org",
-               "tags": ["math", "engines"]},
+    "person": {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "email": "ada@example.org",
+        "tags": ["math", "engines"],
+    },
     "bounds": {"n": 42, "x": 3.5, "code": "ABC-1234", "short": "hey"},
     "nested_anyof_enum": {"kind": "a", "value": "seven", "items": [{"id": 1}, {"id": 2}]},
     "refs": {"v": 1, "next": {"v": 2, "next": None}},
     "oneof_const": {"t": "y", "y": "why"},
-}  # fmt: skip
+}
 
 
 def train_tokenizer(path: Path, vocab: int) -> None:
@@ -96,9 +131,12 @@ def train_tokenizer(path: Path, vocab: int) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts(), trainer)
     tok.save(str(path))
 
@@ -221,9 +259,14 @@ def run(lib: Any, hf: Any, rounds: int) -> dict[str, Any]:
         except AssertionError as exc:
             out[name] = {"compiles": True, "follows": False, "error": str(exc)[:200]}
             continue
-        out[name] = {"compiles": True, "follows": True, "compile_ms": compile_s * 1e3,
-                     "tokens": len(ids), "us_per_token_rounds": per_round,
-                     "us_per_token_median": statistics.median(per_round)}  # fmt: skip
+        out[name] = {
+            "compiles": True,
+            "follows": True,
+            "compile_ms": compile_s * 1e3,
+            "tokens": len(ids),
+            "us_per_token_rounds": per_round,
+            "us_per_token_median": statistics.median(per_round),
+        }
     return out
 
 
@@ -257,8 +300,18 @@ def main() -> None:
     }
     for name in LIBS:  # each in a child process under a time budget
         part = args.out.with_suffix(f".{name}.part")
-        cmd = [sys.executable, __file__, "--lib", name, "--tokenizer", str(args.tokenizer),
-               "--rounds", str(args.rounds), "--out", str(part)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--lib",
+            name,
+            "--tokenizer",
+            str(args.tokenizer),
+            "--rounds",
+            str(args.rounds),
+            "--out",
+            str(part),
+        ]
         try:
             subprocess.run(cmd, check=True, timeout=args.budget)
             results[name] = json.loads(part.read_text())

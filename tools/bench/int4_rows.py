@@ -46,8 +46,11 @@ def projection(out: int, inp: int, rows: list[int]) -> None:
         x = mx.random.normal((t, inp))
         q, d = best_ms(int4, x), best_ms(dense, x)
         diff = mx.abs(dense(x) - int4(x)).max()
-        print(f"{out}x{inp} int4, {t} rows: quantized_matmul {q:.1f} ms, dequantize+matmul "
-              f"{d:.1f} ms, max |diff| {diff.item():.1e}", flush=True)  # fmt: skip
+        print(
+            f"{out}x{inp} int4, {t} rows: quantized_matmul {q:.1f} ms, dequantize+matmul "
+            f"{d:.1f} ms, max |diff| {diff.item():.1e}",
+            flush=True,
+        )
 
 
 def experts(group: int, ff: int, inp: int, rows: list[int]) -> None:
@@ -59,27 +62,41 @@ def experts(group: int, ff: int, inp: int, rows: list[int]) -> None:
         return u * g * mx.sigmoid(g)
 
     def gathered(h: mx.array, idx: mx.array) -> mx.array:
-        up, gate = (mx.gather_qmm(h, *w, rhs_indices=idx, transpose=True, group_size=64,
-                                  bits=4, sorted_indices=True) for w in ws[:2])  # fmt: skip
-        return mx.gather_qmm(act(up, gate), *ws[2], rhs_indices=idx, transpose=True,
-                             group_size=64, bits=4, sorted_indices=True)  # fmt: skip
+        up, gate = (
+            mx.gather_qmm(
+                h, *w, rhs_indices=idx, transpose=True, group_size=64, bits=4, sorted_indices=True
+            )
+            for w in ws[:2]
+        )
+        return mx.gather_qmm(
+            act(up, gate),
+            *ws[2],
+            rhs_indices=idx,
+            transpose=True,
+            group_size=64,
+            bits=4,
+            sorted_indices=True,
+        )
 
     def dense(h: mx.array, idx: mx.array) -> mx.array:
         r = h.shape[0] // group
         outs = []
         for e in range(group):
             x = h[e * r : (e + 1) * r, 0]
-            up, gate, down = (mx.dequantize(w[e], s[e], b[e], group_size=64, bits=4)
-                              for w, s, b in ws)  # fmt: skip
+            up, gate, down = (
+                mx.dequantize(w[e], s[e], b[e], group_size=64, bits=4) for w, s, b in ws
+            )
             outs.append(act(x @ up.T, x @ gate.T) @ down.T)
         return mx.concatenate(outs)
 
     for r in rows:
         h = mx.random.normal((r * group, 1, inp))
         idx = mx.array([i // r for i in range(r * group)], dtype=mx.uint32)
-        print(f"{group} experts 3x{ff}x{inp} int4, {r} rows each: gather_qmm "
-              f"{best_ms(gathered, h, idx):.1f} ms, dequantized {best_ms(dense, h, idx):.1f} ms",
-              flush=True)  # fmt: skip
+        print(
+            f"{group} experts 3x{ff}x{inp} int4, {r} rows each: gather_qmm "
+            f"{best_ms(gathered, h, idx):.1f} ms, dequantized {best_ms(dense, h, idx):.1f} ms",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -68,8 +68,17 @@ def main() -> None:
             start = time.time()
             mod.set_int8_inputs(int8)
             try:
-                r = evaluate_quality(t.model, s.model, [Variant("int4-resident", "resident")],
-                                     {}, 4, windows, prompts, GEN_LEN, batch=8)  # fmt: skip
+                r = evaluate_quality(
+                    t.model,
+                    s.model,
+                    [Variant("int4-resident", "resident")],
+                    {},
+                    4,
+                    windows,
+                    prompts,
+                    GEN_LEN,
+                    batch=8,
+                )
             finally:
                 mod.set_int8_inputs(False)
             key = f"{name}, {'int8' if int8 else 'float32'} activations"

@@ -44,8 +44,9 @@ async def variant(args: argparse.Namespace, join_chunk: int | None) -> dict[str,
     from edge0.runtime.engine.api import Engine
 
     opts = engine_opts(args)
-    async with Engine.open(args.model, max_batch=args.running + 1, join_chunk=join_chunk,
-                           **opts) as eng:  # fmt: skip
+    async with Engine.open(
+        args.model, max_batch=args.running + 1, join_chunk=join_chunk, **opts
+    ) as eng:
         vocab = int(getattr(eng.tokenizer, "vocab_size", 0) or 1000)
         ps = prompts(vocab, args.running, args.prompt_len, args.seed)
         [t async for t in eng.tokens(ps[0][:4], max_tokens=2, stop=False)]  # warm-up
@@ -65,21 +66,24 @@ async def variant(args: argparse.Namespace, join_chunk: int | None) -> dict[str,
                     ready.set()
 
         n_run = BEFORE + args.after
-        await asyncio.gather(*(run(i, n_run) for i in range(args.running)),
-                             run(args.running, args.joiner_tokens))  # fmt: skip
+        await asyncio.gather(
+            *(run(i, n_run) for i in range(args.running)), run(args.running, args.joiner_tokens)
+        )
     t_join, t_first = joined_at[0], times[args.running][0]
     inside = [[t for t in ts if t_join <= t <= t_first] for ts in times[: args.running]]
-    gaps = [max(b - a for a, b in zip([t_join, *ts], [*ts, t_first], strict=True))
-            for ts in inside]  # fmt: skip
+    gaps = [max(b - a for a, b in zip([t_join, *ts], [*ts, t_first], strict=True)) for ts in inside]
     steady = [(BEFORE - 1) / (ts[BEFORE - 1] - ts[0]) for ts in times[: args.running]]
     return dict(
-        join_chunk=join_chunk, ttft_s=t_first - t_join,
+        join_chunk=join_chunk,
+        ttft_s=t_first - t_join,
         prompt_tps=args.prompt_len / (t_first - t_join),
         running_tokens_in_window=[len(ts) for ts in inside],
         running_tps_in_window=statistics.fmean(len(ts) for ts in inside) / (t_first - t_join),
-        running_max_gap_s=max(gaps), running_steady_tps=statistics.fmean(steady),
-        tokens=toks, load=os.getloadavg()[0],
-    )  # fmt: skip
+        running_max_gap_s=max(gaps),
+        running_steady_tps=statistics.fmean(steady),
+        tokens=toks,
+        load=os.getloadavg()[0],
+    )
 
 
 async def alone(args: argparse.Namespace) -> list[list[int]]:
@@ -90,14 +94,21 @@ async def alone(args: argparse.Namespace) -> list[list[int]]:
         vocab = int(getattr(eng.tokenizer, "vocab_size", 0) or 1000)
         ps = prompts(vocab, args.running, args.prompt_len, args.seed)
         ns = [BEFORE + args.after] * args.running + [args.joiner_tokens]
-        return [[t async for t in eng.tokens(p, max_tokens=n, stop=False)]
-                for p, n in zip(ps, ns, strict=True)]  # fmt: skip
+        return [
+            [t async for t in eng.tokens(p, max_tokens=n, stop=False)]
+            for p, n in zip(ps, ns, strict=True)
+        ]
 
 
 def engine_opts(args: argparse.Namespace) -> dict[str, Any]:
     predictor = "init" if args.mode in ("hint", "route") else None
-    return dict(tiers=args.tiers, mode=args.mode, top_k=args.k, predictor=predictor,
-                prefill_chunk=args.prefill_chunk)  # fmt: skip
+    return dict(
+        tiers=args.tiers,
+        mode=args.mode,
+        top_k=args.k,
+        predictor=predictor,
+        prefill_chunk=args.prefill_chunk,
+    )
 
 
 def main() -> None:
@@ -126,10 +137,14 @@ def main() -> None:
                 got = asyncio.run(variant(args, c))
             got["same_tokens_as_alone"] = got["tokens"] == ref
             runs.setdefault(str(c or "whole"), []).append(got)
-            print(f"round {rnd} join_chunk {c or 'whole'}: ttft {got['ttft_s']:.2f} s, running "
-                  f"max gap {got['running_max_gap_s']:.2f} s, window tok/s "
-                  f"{got['running_tps_in_window']:.3f}, same {got['same_tokens_as_alone']}, "
-                  f"load {got['load']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"round {rnd} join_chunk {c or 'whole'}: ttft {got['ttft_s']:.2f} s, running "
+                f"max gap {got['running_max_gap_s']:.2f} s, window tok/s "
+                f"{got['running_tps_in_window']:.3f}, same {got['same_tokens_as_alone']}, "
+                f"load {got['load']:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
     rows = [summary(name, got) for name, got in runs.items()]
     print(table(rows))
     if args.json:
@@ -137,22 +152,39 @@ def main() -> None:
 
 
 def summary(name: str, got: list[dict[str, Any]]) -> dict[str, Any]:
-    med = {k: statistics.median(g[k] for g in got)
-           for k in ("ttft_s", "prompt_tps", "running_tps_in_window", "running_max_gap_s",
-                     "running_steady_tps", "load")}  # fmt: skip
-    return dict(join_chunk=name, rounds=len(got), **med,
-                same_tokens=all(g["same_tokens_as_alone"] for g in got), raw=got)  # fmt: skip
+    med = {
+        k: statistics.median(g[k] for g in got)
+        for k in (
+            "ttft_s",
+            "prompt_tps",
+            "running_tps_in_window",
+            "running_max_gap_s",
+            "running_steady_tps",
+            "load",
+        )
+    }
+    return dict(
+        join_chunk=name,
+        rounds=len(got),
+        **med,
+        same_tokens=all(g["same_tokens_as_alone"] for g in got),
+        raw=got,
+    )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| join chunk | joiner TTFT s | joiner prompt tok/s | running tok/s in the window | "
-           "running max gap s | running tok/s before | tokens = alone | load |",
-           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out = [
+        "| join chunk | joiner TTFT s | joiner prompt tok/s | running tok/s in the window | "
+        "running max gap s | running tok/s before | tokens = alone | load |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['join_chunk']} | {r['ttft_s']:.2f} | {r['prompt_tps']:.1f} | "
-                   f"{r['running_tps_in_window']:.3f} | {r['running_max_gap_s']:.2f} | "
-                   f"{r['running_steady_tps']:.3f} | {'yes' if r['same_tokens'] else 'NO'} | "
-                   f"{r['load']:.1f} |")  # fmt: skip
+        out.append(
+            f"| {r['join_chunk']} | {r['ttft_s']:.2f} | {r['prompt_tps']:.1f} | "
+            f"{r['running_tps_in_window']:.3f} | {r['running_max_gap_s']:.2f} | "
+            f"{r['running_steady_tps']:.3f} | {'yes' if r['same_tokens'] else 'NO'} | "
+            f"{r['load']:.1f} |"
+        )
     return "\n".join(out)
 
 

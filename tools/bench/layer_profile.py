@@ -159,9 +159,11 @@ def main(model: str, modes: str, tokens: int, tiers: str, top: int) -> None:
     install(c)
     for mode in modes.split(","):
         got = asyncio.run(profile(c, model, mode, tokens, tiers))
-        click.echo(f"## {mode}: overhead_cpu_ms_per_layer {got['overhead']:.3f} (the stats' "
-                   f"figure, wrappers included); compute-thread CPU outside eval "
-                   f"{got['outside_eval_us']:.1f} us per layer-step")  # fmt: skip
+        click.echo(
+            f"## {mode}: overhead_cpu_ms_per_layer {got['overhead']:.3f} (the stats' "
+            f"figure, wrappers included); compute-thread CPU outside eval "
+            f"{got['outside_eval_us']:.1f} us per layer-step"
+        )
         click.echo("| function | exclusive us/layer | calls/layer |")
         click.echo("|---|---|---|")
         rows = sorted(got["rows"].items(), key=lambda kv: -kv[1][0])

@@ -25,12 +25,20 @@ async def main() -> None:
         st = eng.last_stats
         assert st is not None
         cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
-        print(json.dumps({
-            "toks": toks, "proc_cpu_s": round(cpu, 2), "request_s": round(t1 - t0, 2),
-            "tps": st.decode_tps, "compute_ms": st.compute_ms_per_step,
-            "blocked_ms": st.blocked_ms_per_step, "hwm_mib": hwm_mib(),
-            "bytes_per_token": st.bytes_per_token,
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "toks": toks,
+                    "proc_cpu_s": round(cpu, 2),
+                    "request_s": round(t1 - t0, 2),
+                    "tps": st.decode_tps,
+                    "compute_ms": st.compute_ms_per_step,
+                    "blocked_ms": st.blocked_ms_per_step,
+                    "hwm_mib": hwm_mib(),
+                    "bytes_per_token": st.bytes_per_token,
+                }
+            )
+        )
 
 
 asyncio.run(main())

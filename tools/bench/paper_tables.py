@@ -32,8 +32,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "benchmarks"
 RESULTS = DOCS / "results"
 SMALL_RUN = ["--prompts", "1", "--prompt-len", "8", "--tokens", "16", "--warmup-tokens", "4"]
-Q35_RUN = ["--prompts", "1", "--prompt-len", "4", "--tokens", "6", "--warmup-tokens", "1",
-           "--repeats", "1"]  # fmt: skip
+Q35_RUN = [
+    "--prompts",
+    "1",
+    "--prompt-len",
+    "4",
+    "--tokens",
+    "6",
+    "--warmup-tokens",
+    "1",
+    "--repeats",
+    "1",
+]
 
 
 def steps(calibrated: str, medium: str, q35: str) -> dict[str, list[list[str]]]:
@@ -41,28 +51,120 @@ def steps(calibrated: str, medium: str, q35: str) -> dict[str, list[list[str]]]:
 
     def out(name: str, page: Path | None = None) -> list[str]:
         md = page or RESULTS / f"{name}.md"
-        return ["--json", str(RESULTS / f"{name}.json"), "--md", str(md),
-                "--plot", str(DOCS / "img" / name)]  # fmt: skip
+        return [
+            "--json",
+            str(RESULTS / f"{name}.json"),
+            "--md",
+            str(md),
+            "--plot",
+            str(DOCS / "img" / name),
+        ]
 
     return {
-        "modes": [["bench", "run", medium, "--modes", "resident,reactive,hint,route",
-                   "--top-k", "4", "--io-ratio", "1.0", "--repeats", "5", *SMALL_RUN,
-                   *out("modes", DOCS / "modes.md")]],
-        "k": [["bench", "run", medium, "--modes", "reactive,route", "--top-k", "2,4,8",
-               "--tiers", calibrated, "--repeats", "2", *SMALL_RUN, *out("k", DOCS / "k.md")]],
-        "sweep": [["bench", "sweep", medium, "--top-k", "4", "--bounds", "resident,route",
-                   "--repeats", "3", *SMALL_RUN, *out("sweep", DOCS / "sweep.md")]],
-        "cold": [["bench", "run", medium, "--modes", "reactive,route", "--top-k", "4", "--tiers",
-                  "pread", "--tiers", "direct", "--cold", "--repeats", "2", *SMALL_RUN,
-                  *out("cold", DOCS / "tiers.md")[:4]]],
-        "35b": [
-            ["bench", "run", q35, "--modes", "route", "--top-k", "4", "--memory-budget", "3GiB",
-             "--first-layer", "wrap", "--tiers", "ram>direct", *Q35_RUN,
-             *out("35b-route-planfix")[:4]],
-            ["bench", "run", q35, "--modes", "resident", "--top-k", "4", "--timeout", "600",
-             "--mem-floor", "1.5GiB", *Q35_RUN, *out("35b-resident")[:4]],
+        "modes": [
+            [
+                "bench",
+                "run",
+                medium,
+                "--modes",
+                "resident,reactive,hint,route",
+                "--top-k",
+                "4",
+                "--io-ratio",
+                "1.0",
+                "--repeats",
+                "5",
+                *SMALL_RUN,
+                *out("modes", DOCS / "modes.md"),
+            ]
         ],
-    }  # fmt: skip
+        "k": [
+            [
+                "bench",
+                "run",
+                medium,
+                "--modes",
+                "reactive,route",
+                "--top-k",
+                "2,4,8",
+                "--tiers",
+                calibrated,
+                "--repeats",
+                "2",
+                *SMALL_RUN,
+                *out("k", DOCS / "k.md"),
+            ]
+        ],
+        "sweep": [
+            [
+                "bench",
+                "sweep",
+                medium,
+                "--top-k",
+                "4",
+                "--bounds",
+                "resident,route",
+                "--repeats",
+                "3",
+                *SMALL_RUN,
+                *out("sweep", DOCS / "sweep.md"),
+            ]
+        ],
+        "cold": [
+            [
+                "bench",
+                "run",
+                medium,
+                "--modes",
+                "reactive,route",
+                "--top-k",
+                "4",
+                "--tiers",
+                "pread",
+                "--tiers",
+                "direct",
+                "--cold",
+                "--repeats",
+                "2",
+                *SMALL_RUN,
+                *out("cold", DOCS / "tiers.md")[:4],
+            ]
+        ],
+        "35b": [
+            [
+                "bench",
+                "run",
+                q35,
+                "--modes",
+                "route",
+                "--top-k",
+                "4",
+                "--memory-budget",
+                "3GiB",
+                "--first-layer",
+                "wrap",
+                "--tiers",
+                "ram>direct",
+                *Q35_RUN,
+                *out("35b-route-planfix")[:4],
+            ],
+            [
+                "bench",
+                "run",
+                q35,
+                "--modes",
+                "resident",
+                "--top-k",
+                "4",
+                "--timeout",
+                "600",
+                "--mem-floor",
+                "1.5GiB",
+                *Q35_RUN,
+                *out("35b-resident")[:4],
+            ],
+        ],
+    }
 
 
 def calibrated_spec() -> str:

@@ -30,8 +30,9 @@ from edge0.runtime.prefill.chunks import ChunkState
 PREFETCH, NEXT_UNION = ChunkState.prefetch, prefill.next_union
 
 
-async def one(model: str, n: int, chunk: int, k: int, overlap: str, predictor: str | None
-              ) -> dict[str, Any]:  # fmt: skip
+async def one(
+    model: str, n: int, chunk: int, k: int, overlap: str, predictor: str | None
+) -> dict[str, Any]:
     """Early reads of one prompt with `overlap`, scored against the recorded routing."""
     early: list[tuple[int, int, list[int], int, int]] = []
     predicted: dict[int, set[int]] = {}
@@ -51,8 +52,15 @@ async def one(model: str, n: int, chunk: int, k: int, overlap: str, predictor: s
 
     prefill.OVERLAP, prefill.next_union, ChunkState.prefetch = overlap, next_union, prefetch
     try:
-        async with Engine.open(model, mode="route", top_k=k, tiers="pread", prefill_chunk=chunk,
-                               predictor=predictor, record_routing=True) as eng:  # fmt: skip
+        async with Engine.open(
+            model,
+            mode="route",
+            top_k=k,
+            tiers="pread",
+            prefill_chunk=chunk,
+            predictor=predictor,
+            record_routing=True,
+        ) as eng:
             ids = encode_prompts(eng.tokenizer, 1, n)[0]
             async for _ in eng.tokens(ids, max_tokens=1, stop=False):
                 pass
@@ -65,10 +73,15 @@ async def one(model: str, n: int, chunk: int, k: int, overlap: str, predictor: s
         unions.append(len(union))
         hits += sum(e in union for e in experts)
     read = sum(len(e[2]) for e in early)
-    return {"overlap": overlap, "early_reads": len(early), "experts_read_early": read,
-            "in_true_union": hits, "true_union": float(np.mean(unions)) if unions else 0.0,
-            "predicted_distinct": float(np.mean([e[3] for e in early])) if early else 0.0,
-            "predicted_kept": float(np.mean([e[4] for e in early])) if early else 0.0}  # fmt: skip
+    return {
+        "overlap": overlap,
+        "early_reads": len(early),
+        "experts_read_early": read,
+        "in_true_union": hits,
+        "true_union": float(np.mean(unions)) if unions else 0.0,
+        "predicted_distinct": float(np.mean([e[3] for e in early])) if early else 0.0,
+        "predicted_kept": float(np.mean([e[4] for e in early])) if early else 0.0,
+    }
 
 
 def main() -> None:
@@ -86,10 +99,13 @@ def main() -> None:
         r = asyncio.run(one(a.model, a.prompt_len, a.chunk, a.k, ov, a.predictor))
         runs.append(r)
         share = r["in_true_union"] / max(r["experts_read_early"], 1)
-        print(f"{ov}: {r['early_reads']} early reads, {r['experts_read_early']} experts read "
-              f"early, {r['in_true_union']} in the true union ({share:.1%}); per early read: "
-              f"true union {r['true_union']:.1f}, predicted distinct {r['predicted_distinct']:.1f}"
-              f", of them kept for decode {r['predicted_kept']:.1f}", flush=True)  # fmt: skip
+        print(
+            f"{ov}: {r['early_reads']} early reads, {r['experts_read_early']} experts read "
+            f"early, {r['in_true_union']} in the true union ({share:.1%}); per early read: "
+            f"true union {r['true_union']:.1f}, predicted distinct {r['predicted_distinct']:.1f}"
+            f", of them kept for decode {r['predicted_kept']:.1f}",
+            flush=True,
+        )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "runs": runs}, f, indent=1)

@@ -28,11 +28,13 @@ from edge0.runtime.prefill import chunks as prefill
 from edge0.runtime.prefill.ahead import OVERLAPS
 
 
-async def one(model: str, n: int, chunk: int, tiers: str, k: int, overlap: str,
-              predictor: str | None) -> dict[str, float]:  # fmt: skip
+async def one(
+    model: str, n: int, chunk: int, tiers: str, k: int, overlap: str, predictor: str | None
+) -> dict[str, float]:
     prefill.OVERLAP = overlap
-    async with Engine.open(model, mode="route", top_k=k, tiers=tiers, prefill_chunk=chunk,
-                           predictor=predictor) as eng:  # fmt: skip
+    async with Engine.open(
+        model, mode="route", top_k=k, tiers=tiers, prefill_chunk=chunk, predictor=predictor
+    ) as eng:
         ids = encode_prompts(eng.tokenizer, 1, n)[0]
         async for _ in eng.tokens(ids[:4], max_tokens=1, stop=False):
             pass
@@ -81,11 +83,14 @@ def main() -> None:
                 if a.json:  # after every run: a killed benchmark keeps what it measured
                     with open(a.json, "w") as f:
                         json.dump({"args": vars(a), "runs": runs}, f, indent=1)
-                print(f"round {r + 1} chunk {c} overlap {ov}: {got['tps']:.2f} prompt tok/s, "
-                      f"CPU {got['cpu']:.0f} ms/tok, wall {got['wall']:.0f} ms/tok, blocked "
-                      f"{got['blocked']:.1f} ms/tok, {got['mib']:.2f} MiB/tok, "
-                      f"{got['misses']} demand reads, "
-                      f"load {load[0]:.1f} / {load[1]:.1f}", flush=True)  # fmt: skip
+                print(
+                    f"round {r + 1} chunk {c} overlap {ov}: {got['tps']:.2f} prompt tok/s, "
+                    f"CPU {got['cpu']:.0f} ms/tok, wall {got['wall']:.0f} ms/tok, blocked "
+                    f"{got['blocked']:.1f} ms/tok, {got['mib']:.2f} MiB/tok, "
+                    f"{got['misses']} demand reads, "
+                    f"load {load[0]:.1f} / {load[1]:.1f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,14 @@ _MIB = 1 << 20
 
 async def one(a: argparse.Namespace, chunk: int, sub: int) -> dict[str, Any]:
     prefill_memory.SUB_TOKENS = sub
-    opts: dict[str, Any] = dict(mode="route", top_k=a.k, tiers=a.tiers, prefill_chunk=chunk,
-                                first_layer=a.first_layer,
-                                memory_budget=a.memory_budget)  # fmt: skip
+    opts: dict[str, Any] = dict(
+        mode="route",
+        top_k=a.k,
+        tiers=a.tiers,
+        prefill_chunk=chunk,
+        first_layer=a.first_layer,
+        memory_budget=a.memory_budget,
+    )
     async with Engine.open(a.model, **opts) as eng:
         ids = encode_prompts(eng.tokenizer, 1, a.prompt_len)[0]
         async for _ in eng.tokens(ids[:4], max_tokens=1, stop=False):
@@ -77,12 +82,14 @@ def main() -> None:
     for v in a.variants.split(","):
         chunk, sub = (int(x) for x in v.split(":"))
         g = asyncio.run(one(a, chunk, sub))
-        print(f"chunk {chunk} (used {g['chunk']}) sub {sub}: MLX peak over active "
-              f"{g['mlx_over']:.0f} MiB ({g['mlx_over'] / max(1, g['chunk']):.2f}/chunk token), "
-              f"RSS at start {g['rss_start']:.0f}, peak RSS {g['hwm']:.0f} MiB, end: active "
-              f"{g['active_end']:.0f} cache {g['cache_end']:.0f} MiB; {g['mib_tok']:.1f} MiB read/"
-              f"prompt tok, {g['tps']:.2f} prompt tok/s, load {os.getloadavg()[0]:.1f}",
-              flush=True)  # fmt: skip
+        print(
+            f"chunk {chunk} (used {g['chunk']}) sub {sub}: MLX peak over active "
+            f"{g['mlx_over']:.0f} MiB ({g['mlx_over'] / max(1, g['chunk']):.2f}/chunk token), "
+            f"RSS at start {g['rss_start']:.0f}, peak RSS {g['hwm']:.0f} MiB, end: active "
+            f"{g['active_end']:.0f} cache {g['cache_end']:.0f} MiB; {g['mib_tok']:.1f} MiB read/"
+            f"prompt tok, {g['tps']:.2f} prompt tok/s, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -86,17 +86,39 @@ COLUMNS = (
 )
 
 
-def run_variant(tree: Path, model: str, mode: str, group: int | None, tiers: str,
-                tokens: int, prompt_len: int, clients: int, prompts: int = 4,
-                profile: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def run_variant(
+    tree: Path,
+    model: str,
+    mode: str,
+    group: int | None,
+    tiers: str,
+    tokens: int,
+    prompt_len: int,
+    clients: int,
+    prompts: int = 4,
+    profile: str | None = None,
+) -> list[dict[str, Any]]:
     opts: dict[str, Any] = {"mode": mode, "tiers": tiers}
     if group is not None:
         opts["sync_every"] = group
-    args = {"model": model, "opts": opts, "prompts": list(PROMPTS[:prompts]), "tokens": tokens,
-            "prompt_len": prompt_len, "clients": clients, "profile": profile}  # fmt: skip
+    args = {
+        "model": model,
+        "opts": opts,
+        "prompts": list(PROMPTS[:prompts]),
+        "tokens": tokens,
+        "prompt_len": prompt_len,
+        "clients": clients,
+        "profile": profile,
+    }
     env = dict(os.environ, PYTHONPATH=str(tree))
-    proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, json.dumps(args)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if proc.returncode != 0:
         raise click.ClickException(f"{tree} {mode}: {proc.stderr.strip()[-2000:]}")
     result: list[dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -122,12 +144,26 @@ def parse_variant(text: str, trees: dict[str, Path]) -> tuple[str, Path, str, in
 @click.option("--prompts", default=4, show_default=True, help="Measured requests (<= 4).")
 @click.option("--tiers", default="ram:1GiB>pread", show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
-@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
-              help="Write a cProfile (thread CPU time) of each variant's compute thread "
-              "(last round) here.")
-def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, tokens: int,
-         prompt_len: int, clients: int, prompts: int, tiers: str, json_out: str | None,
-         profile_dir: str | None) -> None:  # fmt: skip
+@click.option(
+    "--profile",
+    "profile_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write a cProfile (thread CPU time) of each variant's compute thread (last round) here.",
+)
+def main(
+    model: str,
+    tree_specs: tuple[str, ...],
+    variants: str,
+    rounds: int,
+    tokens: int,
+    prompt_len: int,
+    clients: int,
+    prompts: int,
+    tiers: str,
+    json_out: str | None,
+    profile_dir: str | None,
+) -> None:
     trees = {"now": Path(__file__).resolve().parents[2]}
     for spec in tree_specs:
         name, _, path = spec.partition("=")
@@ -141,8 +177,11 @@ def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, to
             if profile_dir and r == rounds - 1:
                 Path(profile_dir).mkdir(parents=True, exist_ok=True)
                 prof = str(Path(profile_dir, label.replace(":", "-") + ".prof").resolve())
-            runs[label].append(run_variant(tree, model, mode, group, tiers, tokens, prompt_len,
-                                           clients, prompts, prof))  # fmt: skip
+            runs[label].append(
+                run_variant(
+                    tree, model, mode, group, tiers, tokens, prompt_len, clients, prompts, prof
+                )
+            )
             load.append(os.getloadavg()[0])
             click.echo(f"round {r + 1} {label}: done (load {load[-1]:.1f})", err=True)
     header = ["variant", "requests", *[c[0] for c in COLUMNS], "wasted / issued tickets"]
@@ -150,8 +189,10 @@ def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, to
     click.echo("|" + "---|" * len(header))
     for label, rounds_ in runs.items():
         stats = [req["stats"] for rnd in rounds_ for req in rnd]
-        cells = [fmt.format(statistics.median(s.get(key, float("nan")) for s in stats))
-                 for _, key, fmt in COLUMNS]  # fmt: skip
+        cells = [
+            fmt.format(statistics.median(s.get(key, float("nan")) for s in stats))
+            for _, key, fmt in COLUMNS
+        ]
         wasted, issued = (sum(s[f"tickets_{k}"] for s in stats) for k in ("wasted", "issued"))
         waste = f"{wasted} / {issued}"
         click.echo(f"| {label} | {len(stats)} | " + " | ".join(cells) + f" | {waste} |")
@@ -161,16 +202,21 @@ def main(model: str, tree_specs: tuple[str, ...], variants: str, rounds: int, to
         if res in runs and route is not None:
             ratios = []
             for a, b in zip(runs[route], runs[res], strict=True):
-                cpu = [statistics.median(q["stats"]["overhead_cpu_ms_per_layer"] for q in x)
-                       for x in (a, b)]  # fmt: skip
+                cpu = [
+                    statistics.median(q["stats"]["overhead_cpu_ms_per_layer"] for q in x)
+                    for x in (a, b)
+                ]
                 ratios.append(cpu[0] - cpu[1])
-            click.echo(f"{name}: {route} minus resident, CPU ms/layer per round: "
-                       + ", ".join(f"{x:.3f}" for x in ratios)
-                       + f" (median {statistics.median(ratios):.3f})")  # fmt: skip
+            click.echo(
+                f"{name}: {route} minus resident, CPU ms/layer per round: "
+                + ", ".join(f"{x:.3f}" for x in ratios)
+                + f" (median {statistics.median(ratios):.3f})"
+            )
     click.echo(f"load average during the runs: {min(load):.1f}-{max(load):.1f}")
     if json_out:
-        Path(json_out).write_text(json.dumps({"variants": variants, "runs": runs,
-                                              "load": load}, indent=1))  # fmt: skip
+        Path(json_out).write_text(
+            json.dumps({"variants": variants, "runs": runs, "load": load}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,16 @@ from urllib.parse import urlparse
 
 import httpx
 
-PROMPTS = ["def parse_args(argv):", "class LRUCache:", "import os\nimport sys\n",
-           "def read_config(path):", "# Tokenize the input", "async def fetch(url):",
-           "def test_roundtrip():", "class Node:\n    def __init__(self"]  # fmt: skip
+PROMPTS = [
+    "def parse_args(argv):",
+    "class LRUCache:",
+    "import os\nimport sys\n",
+    "def read_config(path):",
+    "# Tokenize the input",
+    "async def fetch(url):",
+    "def test_roundtrip():",
+    "class Node:\n    def __init__(self",
+]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -45,8 +52,15 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-c", "from edge0.cli.main import main; main()", "serve",
-           "--port", "0", *shlex.split(args.serve_args)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from edge0.cli.main import main; main()",
+        "serve",
+        "--port",
+        "0",
+        *shlex.split(args.serve_args),
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -56,9 +70,15 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, i: int, args: Any) -> dict[str, Any]:
-    body = {"model": "edge0-demo", "max_tokens": args.max_tokens, "temperature": 0.7,
-            "seed": i, "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]}  # fmt: skip
+    body = {
+        "model": "edge0-demo",
+        "max_tokens": args.max_tokens,
+        "temperature": 0.7,
+        "seed": i,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+    }
     t0 = time.perf_counter()
     stamps: list[float] = []
     tokens, error = 0, None
@@ -81,8 +101,12 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, args: Any) ->
     if error or not stamps:
         return {"error": error or "no text"}
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    return {"ttft": stamps[0] - t0, "gaps": gaps,
-            "tokens": tokens, "seconds": time.perf_counter() - t0}  # fmt: skip
+    return {
+        "ttft": stamps[0] - t0,
+        "gaps": gaps,
+        "tokens": tokens,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 async def load(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -118,17 +142,25 @@ async def load(url: str, args: argparse.Namespace) -> dict[str, Any]:
     gaps = [g for r in ok for g in r["gaps"]]
     tokens = sum(r["tokens"] for r in ok)
     return {
-        "clients": args.clients, "max_tokens": args.max_tokens, "wall_s": wall,
-        "requests": len(results), "errors": len(errors), "error_samples": errors[:5],
-        "tokens": tokens, "tok_per_s": tokens / wall,
+        "clients": args.clients,
+        "max_tokens": args.max_tokens,
+        "wall_s": wall,
+        "requests": len(results),
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "tokens": tokens,
+        "tok_per_s": tokens / wall,
         "ttft_p50_s": pct([r["ttft"] for r in ok], 0.5),
         "ttft_p99_s": pct([r["ttft"] for r in ok], 0.99),
-        "itl_p50_ms": pct(gaps, 0.5) * 1e3, "itl_p99_ms": pct(gaps, 0.99) * 1e3,
+        "itl_p50_ms": pct(gaps, 0.5) * 1e3,
+        "itl_p99_ms": pct(gaps, 0.99) * 1e3,
         "request_p50_s": pct([r["seconds"] for r in ok], 0.5),
-        "rss_mib": rss, "server_metrics_tail": [ln for ln in text.splitlines()
-                                                if ln.startswith("edge0_requests_total")],
+        "rss_mib": rss,
+        "server_metrics_tail": [
+            ln for ln in text.splitlines() if ln.startswith("edge0_requests_total")
+        ],
         "loadavg": os.getloadavg(),
-    }  # fmt: skip
+    }
 
 
 def rss_summary(rss: list[tuple[float, float]]) -> tuple[float, float, float, float]:
@@ -144,28 +176,36 @@ def markdown(res: dict[str, Any], command: str) -> str:
     step = max(1, len(res["rss_mib"]) // 12)
     trace = ", ".join(f"{t:.0f}s {v:.0f}" for t, v in res["rss_mib"][::step])
     la = ", ".join(f"{x:.1f}" for x in res["loadavg"])
-    return "\n".join([
-        "# `edge0 serve` under load", "",
-        f"Command: `{command}`", "",
-        f"{res['clients']} concurrent streaming chat clients (max_tokens {res['max_tokens']}, "
-        f"temperature 0.7, one request after another each) against `edge0 serve` on the demo "
-        "model (route mode, default tiers `ram:1GiB>pread`), loopback only, for "
-        f"{res['wall_s']:.0f} s. 2-core x86-64 Linux CPU, shared; load average at the end: {la}.",
-        "",
-        "| clients | requests | errors | tokens | aggregate tok/s | TTFT p50 / p99 (s) | "
-        "inter-token p50 / p99 (ms) | request p50 (s) | RSS warm -> end (max), MiB | "
-        "RSS slope after 1 min |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        f"| {res['clients']} | {res['requests']} | {res['errors']} | {res['tokens']} | "
-        f"{res['tok_per_s']:.1f} | {res['ttft_p50_s']:.2f} / {res['ttft_p99_s']:.2f} | "
-        f"{res['itl_p50_ms']:.1f} / {res['itl_p99_ms']:.1f} | {res['request_p50_s']:.2f} | "
-        f"{a:.0f} -> {b:.0f} ({top:.0f}) | {slope:+.2f} MiB/min |",
-        "", f"RSS over time (MiB): {trace}.", "",
-        "The engine serves requests one at a time, first come first served (batched decode",
-        "is a later issue), so with N clients a request waits for about N-1 others: TTFT is",
-        "mostly queueing, while the inter-token gap is one decode step. Server counters at",
-        "the end: " + "; ".join(f"`{ln}`" for ln in res["server_metrics_tail"]) + ".", "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "# `edge0 serve` under load",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"{res['clients']} concurrent streaming chat clients (max_tokens {res['max_tokens']}, "
+            f"temperature 0.7, one request after another each) against `edge0 serve` on the demo "
+            "model (route mode, default tiers `ram:1GiB>pread`), loopback only, for "
+            f"{res['wall_s']:.0f} s. 2-core x86-64 Linux CPU, shared; load average at the "
+            f"end: {la}.",
+            "",
+            "| clients | requests | errors | tokens | aggregate tok/s | TTFT p50 / p99 (s) | "
+            "inter-token p50 / p99 (ms) | request p50 (s) | RSS warm -> end (max), MiB | "
+            "RSS slope after 1 min |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| {res['clients']} | {res['requests']} | {res['errors']} | {res['tokens']} | "
+            f"{res['tok_per_s']:.1f} | {res['ttft_p50_s']:.2f} / {res['ttft_p99_s']:.2f} | "
+            f"{res['itl_p50_ms']:.1f} / {res['itl_p99_ms']:.1f} | {res['request_p50_s']:.2f} | "
+            f"{a:.0f} -> {b:.0f} ({top:.0f}) | {slope:+.2f} MiB/min |",
+            "",
+            f"RSS over time (MiB): {trace}.",
+            "",
+            "The engine serves requests one at a time, first come first served (batched decode",
+            "is a later issue), so with N clients a request waits for about N-1 others: TTFT is",
+            "mostly queueing, while the inter-token gap is one decode step. Server counters at",
+            "the end: " + "; ".join(f"`{ln}`" for ln in res["server_metrics_tail"]) + ".",
+            "",
+        ]
+    )
 
 
 def main() -> None:

@@ -32,8 +32,18 @@ from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
 
 STORE = cache_dir() / "bench" / "stream-bench"  # the default --store
-SPEC = dict(model_type="qwen3_moe", hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64,
-            experts=16, top_k=4, moe_ff=512, max_positions=1024)  # fmt: skip
+SPEC = dict(
+    model_type="qwen3_moe",
+    hidden=512,
+    layers=8,
+    heads=8,
+    kv_heads=4,
+    head_dim=64,
+    experts=16,
+    top_k=4,
+    moe_ff=512,
+    max_positions=1024,
+)
 VARIANTS = {
     "resident": dict(mode="resident"),
     "reactive": dict(mode="reactive"),
@@ -101,8 +111,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--io-ratio", type=float, default=1.0, help="per-step reads / compute")
     ap.add_argument("--lat", default="100us", help="throttle latency per read")
-    ap.add_argument("--calibrate-on", choices=["route", "reactive", "mean"], default="mean",
-                    help="whose per-step reads the throttle makes equal to compute")
+    ap.add_argument(
+        "--calibrate-on",
+        choices=["route", "reactive", "mean"],
+        default="mean",
+        help="whose per-step reads the throttle makes equal to compute",
+    )
     ap.add_argument("--variants", default="reactive,route,hint,resident")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -117,16 +131,22 @@ def main() -> None:
     cal_runs = [run(one(path, "pread", prompt, args.tokens, **VARIANTS[m])) for m in order]
     compute_s = statistics.median(c.compute_ms_per_step for c in cal_runs) / 1e3
     pairs = list(zip(cal_runs, order, strict=True))
-    per_mode = {m: statistics.mean(c.decode_bytes_per_step for c, n in pairs if n == m)
-                for m in ("reactive", "route")}  # fmt: skip
-    step_bytes = per_mode[args.calibrate_on] if args.calibrate_on in per_mode else statistics.mean(
-        per_mode.values()
+    per_mode = {
+        m: statistics.mean(c.decode_bytes_per_step for c, n in pairs if n == m)
+        for m in ("reactive", "route")
+    }
+    step_bytes = (
+        per_mode[args.calibrate_on]
+        if args.calibrate_on in per_mode
+        else statistics.mean(per_mode.values())
     )
     bw = step_bytes / (compute_s * args.io_ratio)
     tiers = f"throttle:bw={bw / 1e6:.1f}MB/s,lat={args.lat}>pread"
-    print(f"calibration: compute {compute_s * 1e3:.1f} ms/step; reads/step reactive "
-          f"{per_mode['reactive'] / 2**20:.2f} MiB, route {per_mode['route'] / 2**20:.2f} MiB "
-          f"({args.calibrate_on} used) -> tiers {tiers}")
+    print(
+        f"calibration: compute {compute_s * 1e3:.1f} ms/step; reads/step reactive "
+        f"{per_mode['reactive'] / 2**20:.2f} MiB, route {per_mode['route'] / 2**20:.2f} MiB "
+        f"({args.calibrate_on} used) -> tiers {tiers}"
+    )
     # 2. interleaved rounds
     names = args.variants.split(",")
     results: dict[str, list[RunStats]] = {n: [] for n in names}
@@ -135,9 +155,11 @@ def main() -> None:
             t0 = time.perf_counter()
             st = run(one(path, tiers, prompt, args.tokens, **VARIANTS[n]))
             results[n].append(st)
-            print(f"round {r + 1} {n:9s} {st.decode_tps:6.2f} tok/s blocked "
-                  f"{st.blocked_ms_per_step:6.1f} ms/step ({time.perf_counter() - t0:.1f} s)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"round {r + 1} {n:9s} {st.decode_tps:6.2f} tok/s blocked "
+                f"{st.blocked_ms_per_step:6.1f} ms/step ({time.perf_counter() - t0:.1f} s)",
+                file=sys.stderr,
+            )
     # 3. table of medians
     rows = {n: median_row(results[n]) for n in names}
     print(f"\nmedians of {args.rounds} interleaved rounds, {args.tokens} decode tokens, {tiers}\n")
@@ -147,15 +169,25 @@ def main() -> None:
         cells = [fmt.format(v) for (_, _, fmt), v in zip(FIELDS, rows[n], strict=True)]
         print(f"| {n} | " + " | ".join(cells) + " |")
     if "route" in rows and "reactive" in rows:
-        ratios = [a.decode_tps / b.decode_tps for a, b in
-                  zip(results["route"], results["reactive"], strict=True)]  # fmt: skip
-        print(f"\nroute / reactive decode tok/s: median of per-round ratios "
-              f"{statistics.median(ratios):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+        ratios = [
+            a.decode_tps / b.decode_tps
+            for a, b in zip(results["route"], results["reactive"], strict=True)
+        ]
+        print(
+            f"\nroute / reactive decode tok/s: median of per-round ratios "
+            f"{statistics.median(ratios):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
+        )
     if args.json:
-        args.json.write_text(json.dumps({
-            "tiers": tiers, "calibration": [c.to_dict() for c in cal_runs],
-            "runs": {n: [s.to_dict() for s in results[n]] for n in names},
-        }, indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "tiers": tiers,
+                    "calibration": [c.to_dict() for c in cal_runs],
+                    "runs": {n: [s.to_dict() for s in results[n]] for n in names},
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from edge0.model.fields.rules import (
     only,
     positive,
     top_k_in_range,
-)  # fmt: skip
+)
 
 OUTPUTS = "an output switch of transformers' forward (what it returns), not its arithmetic"
 TRAINING = "used only in training (transformers applies it in train mode or to a loss)"
@@ -66,10 +66,10 @@ COMMON: dict[str, Rule | Rope] = {
     "num_attention_heads": size(),
     "num_key_value_heads": checked(
         kv_heads, "a positive divisor of num_attention_heads", SHAPE + " (grouped-query attention)"
-    ),  # fmt: skip
+    ),
     "rms_norm_eps": checked(
         lambda v, _: isinstance(v, float) and v > 0, "a positive float", "mlx-lm's RMSNorms take it"
-    ),  # fmt: skip
+    ),
     "max_position_embeddings": edge0(
         "Edge0's context length (prompts plus generated tokens); dynamic and YaRN ropes read it"
     ),
@@ -77,7 +77,7 @@ COMMON: dict[str, Rule | Rope] = {
         top_k_in_range,
         "from 1 to the routed expert count",
         "the block's top-k, which `--top-k` may lower at run time",
-    ),  # fmt: skip
+    ),
     "hidden_act": only("silu", why="mlx-lm's SwiGLU blocks hard-code SiLU"),
 }
 
@@ -103,7 +103,7 @@ WRAPPER: dict[str, Rule | Rope] = {
             "eos_token_id",
             "bos_token_id",
         )
-    },  # fmt: skip
+    },
     "text_config": edge0("the language model, audited field by field below"),
     "vision_config": irrelevant("the vision tower: Edge0 runs the text model only"),
     "tie_word_embeddings": only(False, why="mlx-lm's class always has its own lm_head"),
@@ -118,5 +118,5 @@ WRAPPER: dict[str, Rule | Rope] = {
             "vision_start_token_id",
             "vision_end_token_id",
         )
-    },  # fmt: skip
+    },
 }

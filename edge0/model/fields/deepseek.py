@@ -46,7 +46,7 @@ DEEPSEEK: dict[str, dict[str, Rule | Rope]] = {
             "mlx-lm's deepseek_v2 builds its own YaRN rope only "
             "(default = YaRN with factor 1, exactly)",
             extra={"truncate": True},
-        ),  # fmt: skip
+        ),
         "topk_method": computed("greedy or group_limited_greedy (golden-tested both)"),
         "norm_topk_prob": edge0("mlx-lm never renormalises: refused when true with top-k > 1"),
         "mlp_bias": only(False, why="mlx-lm's deepseek_v2 MLPs have no biases"),
@@ -72,7 +72,7 @@ DEEPSEEK: dict[str, dict[str, Rule | Rope]] = {
                 "topk_group",
                 "first_k_dense_replace",
             )
-        },  # fmt: skip
+        },
         **V3_ROUTER,
         "rope_parameters": Rope(
             ("default",), "mlx-lm's glm4_moe builds a plain partial RoPE", partial=True

@@ -25,7 +25,7 @@ OTHERS: dict[str, dict[str, Rule | Rope]] = {
             derived_head_dim,
             "hidden_size // num_attention_heads",
             "mlx-lm's mixtral takes hidden_size // heads",
-        ),  # fmt: skip
+        ),
         "tie_word_embeddings": computed(TIED_OK),
         "rope_traditional": only(None, False, why=HALVES),
     },
@@ -71,7 +71,7 @@ OTHERS: dict[str, dict[str, Rule | Rope]] = {
             derived_head_dim,
             "hidden_size // num_attention_heads",
             "mlx-lm's granitemoe takes hidden_size // heads",
-        ),  # fmt: skip
+        ),
         "embedding_multiplier": computed(GRANITE),
         "attention_multiplier": computed(GRANITE),
         "residual_multiplier": computed(GRANITE),

@@ -12,7 +12,7 @@ from edge0.model.fields.rules import (
     irrelevant,
     only,
     where,
-)  # fmt: skip
+)
 
 SHAPE = "mlx-lm builds the layer sizes from it; the weights' shapes are checked against it"
 PLAIN_ROPE = "mlx-lm's {} builds a plain RoPE from rope_theta and drops any scaling"
@@ -65,7 +65,7 @@ QWEN: dict[str, dict[str, Rule | Rope]] = {
             _no_window,
             "null (use_sliding_window false)",
             "mlx-lm's qwen3_moe attends over the whole context (no sliding window)",
-        ),  # fmt: skip
+        ),
     },
     "qwen3_next": {
         **_qwen3_common("qwen3_next"),
@@ -85,7 +85,7 @@ QWEN: dict[str, dict[str, Rule | Rope]] = {
                 "renormalised); Edge0 ignores it too"
             )
             for k in ("decoder_sparse_step", "mlp_only_layers", "norm_topk_prob")
-        },  # fmt: skip
+        },
         **HYBRID,
         "rope_parameters": Rope(
             ("default",),
@@ -95,7 +95,7 @@ QWEN: dict[str, dict[str, Rule | Rope]] = {
                 "mrope_section": "text positions are equal on all three axes",
                 "mrope_interleaved": "text positions are equal on all three axes",
             },
-        ),  # fmt: skip
+        ),
         "tie_word_embeddings": only(
             False, why="transformers ties Qwen3.5 by the top-level field, mlx-lm by this one"
         ),
@@ -113,7 +113,7 @@ QWEN: dict[str, dict[str, Rule | Rope]] = {
             derived_head_dim,
             "hidden_size // num_attention_heads",
             "mlx-lm's qwen2_moe takes hidden_size // heads",
-        ),  # fmt: skip
+        ),
         "tie_word_embeddings": only(False, why="mlx-lm's qwen2_moe always has its own lm_head"),
         "use_sliding_window": edge0("switches sliding windows on; checked through layer_types"),
         "max_window_layers": edge0("which layers slide; checked through layer_types"),

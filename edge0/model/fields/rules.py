@@ -34,8 +34,10 @@ class Rule:
         if self.accepts is None or self.accepts(value, config):
             return
         if self.does == COMPUTED:  # a value no model could have, not an unsupported one
-            raise ModelLoadError(f"{key}={shown(value)} is invalid: {model_type}'s {key} must "
-                                 f"be {self.accepted} ({self.why})")  # fmt: skip
+            raise ModelLoadError(
+                f"{key}={shown(value)} is invalid: {model_type}'s {key} must "
+                f"be {self.accepted} ({self.why})"
+            )
         raise refusal(key, value, model_type, self.why, f"{key} {self.accepted}")
 
 
@@ -115,11 +117,14 @@ ROPE_KEYS: dict[str, frozenset[str]] = {
             "mscale_all_dim",
             "truncate",
         }
-    ),  # fmt: skip
+    ),
 }
 # sub-keys transformers reads that mlx-lm's rope classes do not: harmless at these values
-ROPE_NEUTRAL: dict[str, Any] = {"truncate": True, "attention_factor": None,
-                                "partial_rotary_factor": 1.0}  # fmt: skip
+ROPE_NEUTRAL: dict[str, Any] = {
+    "truncate": True,
+    "attention_factor": None,
+    "partial_rotary_factor": 1.0,
+}
 
 
 @attrs.frozen
@@ -136,16 +141,26 @@ class Rope:
         rope = rope if isinstance(rope, dict) else {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind not in self.types:
-            raise refusal("rope_parameters.rope_type", kind, model_type, self.why,
-                          "rope_type " + " or ".join(map(shown, self.types)))  # fmt: skip
+            raise refusal(
+                "rope_parameters.rope_type",
+                kind,
+                model_type,
+                self.why,
+                "rope_type " + " or ".join(map(shown, self.types)),
+            )
         read = ROPE_KEYS.get(kind, frozenset()) | {"rope_type", "type", "rope_theta"}
         if self.partial:
             read = read | {"partial_rotary_factor"}
         for key, value in rope.items():
             if key in self.extra and value != self.extra[key]:
                 why = f"mlx-lm's {model_type} computes {key}={shown(self.extra[key])} only"
-                raise refusal(f"rope_parameters.{key}", value, model_type, why,
-                              f"{key} {shown(self.extra[key])}")  # fmt: skip
+                raise refusal(
+                    f"rope_parameters.{key}",
+                    value,
+                    model_type,
+                    why,
+                    f"{key} {shown(self.extra[key])}",
+                )
             if key in read or key in self.extra or key in self.ignored:
                 continue
             if key in ROPE_NEUTRAL and value == ROPE_NEUTRAL[key]:

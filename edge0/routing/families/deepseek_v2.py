@@ -33,8 +33,12 @@ class DeepseekV2(Family):
             )
         if not tc.get("rope_scaling"):  # mlx-lm builds YaRN always; factor 1 is plain RoPE
             theta = (tc.get("rope_parameters") or {}).get("rope_theta", tc.get("rope_theta"))
-            yarn = {"rope_type": "yarn", "factor": 1.0, "rope_theta": theta,
-                    "original_max_position_embeddings": tc.get("max_position_embeddings")}
+            yarn = {
+                "rope_type": "yarn",
+                "factor": 1.0,
+                "rope_theta": theta,
+                "original_max_position_embeddings": tc.get("max_position_embeddings"),
+            }
             tc["rope_scaling"] = tc["rope_parameters"] = yarn  # the same, said as YaRN
         return tc
 

@@ -45,9 +45,14 @@ class DeepseekV3(Family):
 
         g = block.gate
         inds, w = group_expert_select(
-            scores, g.e_score_correction_bias, k, g.n_group, g.topk_group,
-            g.routed_scaling_factor, g.norm_topk_prob,
-        )  # fmt: skip
+            scores,
+            g.e_score_correction_bias,
+            k,
+            g.n_group,
+            g.topk_group,
+            g.routed_scaling_factor,
+            g.norm_topk_prob,
+        )
         return inds, w
 
     def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:

@@ -163,10 +163,12 @@ def _qk_norm_class() -> type:
         def heads(proj: Any, n: int) -> mx.array:
             return proj(x).reshape(b, t, n, -1).transpose(0, 2, 1, 3)
 
-        q = mx.fast.rms_norm(self.rope(heads(self.q_proj, self.n_heads), offset=offset),
-                             None, self.qk_eps)  # fmt: skip
-        k = mx.fast.rms_norm(self.rope(heads(self.k_proj, self.n_kv_heads), offset=offset),
-                             None, self.qk_eps)  # fmt: skip
+        q = mx.fast.rms_norm(
+            self.rope(heads(self.q_proj, self.n_heads), offset=offset), None, self.qk_eps
+        )
+        k = mx.fast.rms_norm(
+            self.rope(heads(self.k_proj, self.n_kv_heads), offset=offset), None, self.qk_eps
+        )
         v = heads(self.v_proj, self.n_kv_heads)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)

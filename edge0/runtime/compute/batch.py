@@ -222,9 +222,13 @@ class BatchStep:
         return forward
 
     def _advance(
-        self, row: RowState, g: Any, args: tuple[Any, ...],
-        waiting: dict[RowState, tuple[Any, StreamingMoE, mx.array]], results: dict[RowState, Any],
-    ) -> None:  # fmt: skip
+        self,
+        row: RowState,
+        g: Any,
+        args: tuple[Any, ...],
+        waiting: dict[RowState, tuple[Any, StreamingMoE, mx.array]],
+        results: dict[RowState, Any],
+    ) -> None:
         """Run row `g` to its next streaming block (or to its logits, or its error)."""
         try:
             got = g.switch(*args)

@@ -100,9 +100,14 @@ def _stacked_predictions(
 
 
 def _host_work(
-    block: StreamingMoE, x: mx.array, rows: list[RowState], trues: list[list[int]],
-    sets: list[list[int]], inds: mx.array, preds: list[list[int] | None],
-) -> None:  # fmt: skip
+    block: StreamingMoE,
+    x: mx.array,
+    rows: list[RowState],
+    trues: list[list[int]],
+    sets: list[list[int]],
+    inds: mx.array,
+    preds: list[list[int] | None],
+) -> None:
     """After the readback: each row's recorded routing, its executed set and indices, its
     prediction (prefetched as the union of the rows' predictions)."""
     stream = block.stream

@@ -32,10 +32,20 @@ if TYPE_CHECKING:
 # (each decodes batched exactly as alone in tests/test_batch_families.py)
 STACKED_FAMILIES = frozenset(
     {
-        "qwen3_moe", "qwen3_5_moe", "qwen3_next", "qwen2_moe", "mixtral", "olmoe",
-        "granitemoe", "glm4_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss",
+        "qwen3_moe",
+        "qwen3_5_moe",
+        "qwen3_next",
+        "qwen2_moe",
+        "mixtral",
+        "olmoe",
+        "granitemoe",
+        "glm4_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "gpt_oss",
     }
-)  # fmt: skip
+)
 _MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
 
 

@@ -66,9 +66,13 @@ class Steps:
     """
 
     def __init__(
-        self, mode: str, top_k: int, tracer: Tracer, predictor: Predictor | None = None,
+        self,
+        mode: str,
+        top_k: int,
+        tracer: Tracer,
+        predictor: Predictor | None = None,
         memory: SlotMemory | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.mode = mode
         self.top_k = top_k
         self.tracer = tracer

@@ -163,9 +163,14 @@ class Engine:
         yield req.stats
 
     async def tokens(
-        self, ids: list[int], *, max_tokens: int = 128, sampling: SamplingSettings | None = None,
-        stop: bool = True, stats_to: list[RunStats] | None = None,
-    ) -> AsyncIterator[int]:  # fmt: skip
+        self,
+        ids: list[int],
+        *,
+        max_tokens: int = 128,
+        sampling: SamplingSettings | None = None,
+        stop: bool = True,
+        stats_to: list[RunStats] | None = None,
+    ) -> AsyncIterator[int]:
         """Stream generated token ids; the request's stats land in `last_stats` (and, when
         the stream runs to its end, in `stats_to`: with batching, `last_stats` may be
         another request's)."""
@@ -203,8 +208,13 @@ class Engine:
         if self._worker is None or self._worker.done():
             raise EngineClosedError("the engine is closed; open a new one with Engine.open")
         eos = (getattr(self.tokenizer, "eos_token_ids", None) or []) if stop else []
-        req = Request(next(self._ids), list(ids), min(max_tokens, context - len(ids)),
-                      sampling or SamplingSettings(), frozenset(eos))  # fmt: skip
+        req = Request(
+            next(self._ids),
+            list(ids),
+            min(max_tokens, context - len(ids)),
+            sampling or SamplingSettings(),
+            frozenset(eos),
+        )
         self._pending.put_nowait(req)
         self._idle.clear()
         if self.batcher is not None:

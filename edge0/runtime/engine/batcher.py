@@ -304,6 +304,7 @@ class Batcher:
         finish_stats(eng, stats, a.records, a.reads0, decode_io, a.decode_bytes)
         tokens = stats.prompt_tokens + stats.generated_tokens
         if sched is not None and tokens:  # its own prompt's reads and its share of the steps'
-            stats.bytes_per_token = (stats.prefill_bytes_per_token * stats.prompt_tokens
-                                     + a.decode_bytes) / tokens  # fmt: skip
+            stats.bytes_per_token = (
+                stats.prefill_bytes_per_token * stats.prompt_tokens + a.decode_bytes
+            ) / tokens
         a.req.finish(error)

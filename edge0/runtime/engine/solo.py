@@ -80,9 +80,14 @@ def reads_now(engine: Engine) -> ReadStats | None:
 def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
     ctx = engine.setup.ctx
     policy = engine.options.route_policy if ctx.mode == "route" else ""
-    stats = RunStats(mode=ctx.mode, top_k=ctx.top_k, prompt_tokens=len(req.ids),
-                     predictor=getattr(ctx.predictor, "name", ""),
-                     prefill_chunk=chunk(runner), route_policy=policy)  # fmt: skip
+    stats = RunStats(
+        mode=ctx.mode,
+        top_k=ctx.top_k,
+        prompt_tokens=len(req.ids),
+        predictor=getattr(ctx.predictor, "name", ""),
+        prefill_chunk=chunk(runner),
+        route_policy=policy,
+    )
     stats.finish_reason = "cancelled"
     return stats
 
@@ -141,9 +146,13 @@ async def run_request(engine: Engine, req: Request) -> None:
 
 
 def finish_stats(
-    engine: Engine, stats: RunStats, records: list[StepRecord], reads0: ReadStats | None,
-    decode_io: float, decode_bytes: float,
-) -> None:  # fmt: skip
+    engine: Engine,
+    stats: RunStats,
+    records: list[StepRecord],
+    reads0: ReadStats | None,
+    decode_io: float,
+    decode_bytes: float,
+) -> None:
     """Fill a finished request's stats from its step records and read counters; log them."""
     sched = engine.setup.scheduler
     reads = diff_reads(sched.counters(), reads0) if sched and reads0 else ReadStats()

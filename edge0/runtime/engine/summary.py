@@ -78,40 +78,54 @@ class RunStats:
     def line(self) -> str:
         """The one line `edge0 run` prints by default: the speed line, then reads and waits."""
         return (
-            speed_line(self.prompt_tokens, self.prefill_tps, self.generated_tokens,
-                       self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes)
+            speed_line(
+                self.prompt_tokens,
+                self.prefill_tps,
+                self.generated_tokens,
+                self.decode_tps,
+                self.peak_mlx_bytes,
+                self.peak_rss_bytes,
+            )
             + f" | reads: {self.bytes_per_token / _MIB:.2f} MiB/token"
             f" | blocked: {self.blocked_ms_per_step:.1f} ms/step"
-        )  # fmt: skip
+        )
 
     def summary(self) -> str:
         """A few lines for people (`edge0 run` prints it to stderr); the first is the
         same stats line as the resident path."""
         tiers = ", ".join(f"{k}={v}" for k, v in sorted(self.tier_reads.items())) or "none"
-        return "\n".join([
-            speed_line(self.prompt_tokens, self.prefill_tps, self.generated_tokens,
-                       self.decode_tps, self.peak_mlx_bytes, self.peak_rss_bytes),
-            f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}"
-            f"{self._policy()}) | "
-            f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
-            f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
-            f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
-            f"CPU) | host syncs {self.syncs_per_token:.1f}/token | overlap efficiency "
-            f"{self.overlap_efficiency:.2f}",
-            f"prefill: chunk {self.prefill_chunk}, reads "
-            f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token, blocked "
-            f"{self.prefill_blocked_ms:.0f} ms | first decode step "
-            f"blocked {self.first_decode_blocked_ms:.2f} ms",
-            f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
-            f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
-            f"cache hit rate {self.cache_hit_rate:.2f} | "
-            f"by tier: {tiers}",
-            f"tickets issued {self.tickets_issued}, consumed {self.tickets_consumed}, wasted "
-            f"{self.tickets_wasted}, cancelled {self.tickets_cancelled}, failed "
-            f"{self.tickets_failed}",
-            f"event-loop lag max {self.loop_max_lag_ms:.1f} ms, "
-            f"p99 {self.loop_p99_lag_ms:.1f} ms",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                speed_line(
+                    self.prompt_tokens,
+                    self.prefill_tps,
+                    self.generated_tokens,
+                    self.decode_tps,
+                    self.peak_mlx_bytes,
+                    self.peak_rss_bytes,
+                ),
+                f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}"
+                f"{self._policy()}) | "
+                f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
+                f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
+                f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
+                f"CPU) | host syncs {self.syncs_per_token:.1f}/token | overlap efficiency "
+                f"{self.overlap_efficiency:.2f}",
+                f"prefill: chunk {self.prefill_chunk}, reads "
+                f"{self.prefill_bytes_per_token / _MIB:.2f} MiB/prompt token, blocked "
+                f"{self.prefill_blocked_ms:.0f} ms | first decode step "
+                f"blocked {self.first_decode_blocked_ms:.2f} ms",
+                f"reads {self.bytes_per_token / _MIB:.2f} MiB/token | slot hit rate "
+                f"{self.slot_hit_rate:.2f} | slot rewrites {self.rewrites_per_step:.1f}/step | "
+                f"cache hit rate {self.cache_hit_rate:.2f} | "
+                f"by tier: {tiers}",
+                f"tickets issued {self.tickets_issued}, consumed {self.tickets_consumed}, wasted "
+                f"{self.tickets_wasted}, cancelled {self.tickets_cancelled}, failed "
+                f"{self.tickets_failed}",
+                f"event-loop lag max {self.loop_max_lag_ms:.1f} ms, "
+                f"p99 {self.loop_p99_lag_ms:.1f} ms",
+            ]
+        )
 
     def _policy(self) -> str:
         if not self.route_policy:
@@ -133,9 +147,12 @@ def diff_reads(after: ReadStats, before: ReadStats) -> ReadStats:
 
 
 def fill(
-    stats: RunStats, steps: list[StepRecord], reads: ReadStats, decode_io_s: float,
+    stats: RunStats,
+    steps: list[StepRecord],
+    reads: ReadStats,
+    decode_io_s: float,
     decode_bytes: int = 0,
-) -> None:  # fmt: skip
+) -> None:
     """Derive the per-step figures from the decode steps and the read counters."""
     decode = [s for s in steps if not s.prefill]
     stats.prefill_blocked_ms = sum(s.wait for s in steps if s.prefill) * 1e3

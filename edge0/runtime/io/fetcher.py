@@ -181,8 +181,9 @@ class Fetcher(Issuer):
                 if self.memory.widened:  # scales/biases into the compute dtype, off the loop
                     await asyncio.to_thread(self.memory.widen, t.slot)
             except asyncio.CancelledError:  # the engine is closing
-                self._finish(t, error=TierReadError("cancelled", layer=t.layer, expert=t.expert),
-                             quiet=True)  # fmt: skip
+                self._finish(
+                    t, error=TierReadError("cancelled", layer=t.layer, expert=t.expert), quiet=True
+                )
                 raise
             except Exception as exc:  # noqa: BLE001 - any tier failure fails this read only
                 info = exc
@@ -221,8 +222,11 @@ class Fetcher(Issuer):
     def io_time(self, since: float, until: float) -> float:
         """Wall time in [since, until] with at least one read in flight (union of reads)."""
         with self._lock:
-            spans = sorted((max(a, since), min(b, until)) for a, b in self._intervals
-                           if b > since and a < until)  # fmt: skip
+            spans = sorted(
+                (max(a, since), min(b, until))
+                for a, b in self._intervals
+                if b > since and a < until
+            )
         total, end = 0.0, since
         for a, b in spans:
             if b > end:

@@ -67,8 +67,9 @@ class ReaderThreads:
             try:
                 self._work(ticket, i)
             except BaseException as exc:  # noqa: BLE001 - `work` fails the ticket itself
-                log.error("reader_crashed", layer=ticket.layer, expert=ticket.expert,
-                          error=repr(exc))  # fmt: skip
+                log.error(
+                    "reader_crashed", layer=ticket.layer, expert=ticket.expert, error=repr(exc)
+                )
 
     def stop(self) -> list[FetchTicket]:
         """Stop after the reads in flight (blocks until the threads end); returns the

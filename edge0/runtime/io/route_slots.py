@@ -41,8 +41,11 @@ class RouteSlots(_Base):
         table = self.table
         with self._lock:
             self._drain()
-            return [e for e, s in table.where[layer].items()
-                    if e not in skip and table.state(s) is SlotState.READY]  # fmt: skip
+            return [
+                e
+                for e, s in table.where[layer].items()
+                if e not in skip and table.state(s) is SlotState.READY
+            ]
 
     def keep(self, layer: int, step: int, experts: list[int]) -> int:
         """Reserve `experts` of `layer` for `step` where a slot holds them (so no prefetch

@@ -54,9 +54,12 @@ class SlotMemory:
     """
 
     def __init__(
-        self, manifest: Manifest, layers: list[int], n_slots: int,
+        self,
+        manifest: Manifest,
+        layers: list[int],
+        n_slots: int,
         compute_dtype: mx.Dtype | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.manifest = manifest
         self.n_slots = n_slots
         self.record_size = r = manifest.record_size
@@ -90,9 +93,11 @@ class SlotMemory:
             dst = side[:, at : at + n]
             self._side_rows[f.name] = (src, dst.view(np.uint32) if f.dtype == "bfloat16" else dst)
             self.pool[f.name] = mx.as_strided(
-                self._side, shape=(self.n_slots, *f.shape),
-                strides=[width, *_row_major(f.shape)], offset=at,
-            )  # fmt: skip
+                self._side,
+                shape=(self.n_slots, *f.shape),
+                strides=[width, *_row_major(f.shape)],
+                offset=at,
+            )
             at += n
 
     def widen(self, slot: int) -> None:
@@ -122,8 +127,9 @@ class SlotMemory:
             )
         return views
 
-    def _word_view(self, buf: mx.array, base: int, name: str, offset: int,
-                   shape: tuple[int, ...], dtype: Any) -> mx.array:  # fmt: skip
+    def _word_view(
+        self, buf: mx.array, base: int, name: str, offset: int, shape: tuple[int, ...], dtype: Any
+    ) -> mx.array:
         """A narrow field's view built over uint32 words and viewed back: MLX flattens the
         operand of as_strided, and a 2-byte view of a pool over 4 GiB has too many elements."""
         per = 4 // dtype.size
@@ -131,9 +137,11 @@ class SlotMemory:
             raise ValueError(f"field {name} of a pool over 2 GiB is not word-aligned")
         words = (*shape[:-1], shape[-1] // per)
         return mx.as_strided(
-            buf.view(mx.uint32), shape=(self.n_slots, *words),
-            strides=[self.record_size // 4, *_row_major(words)], offset=(base + offset) // 4,
-        ).view(dtype)  # fmt: skip
+            buf.view(mx.uint32),
+            shape=(self.n_slots, *words),
+            strides=[self.record_size // 4, *_row_major(words)],
+            offset=(base + offset) // 4,
+        ).view(dtype)
 
     def dest(self, layer: int, slot: int) -> memoryview:
         """The writable record-sized memory of one pool slot (the tier reads into it)."""

@@ -84,12 +84,24 @@ class Tracer:
         """The trace as a Chrome JSON object (ui.perfetto.dev and chrome://tracing open it)."""
         meta: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": PID, "args": {"name": "edge0"}},
-            {"name": "thread_name", "ph": "M", "pid": PID, "tid": COMPUTE_TID,
-             "args": {"name": "compute"}},
-        ]  # fmt: skip
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": PID,
+                "tid": COMPUTE_TID,
+                "args": {"name": "compute"},
+            },
+        ]
         for tid in sorted(self._workers):
-            meta.append({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid,
-                         "args": {"name": f"tier worker {tid - 1}"}})  # fmt: skip
+            meta.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": PID,
+                    "tid": tid,
+                    "args": {"name": f"tier worker {tid - 1}"},
+                }
+            )
         with self._lock:
             events = list(self.events)
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}

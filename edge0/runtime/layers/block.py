@@ -131,18 +131,27 @@ def ffn_plan(quant: dict[str, Any], views: dict[str, mx.array]) -> tuple[Proj, P
 
     def one(name: str) -> Proj:
         q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
-        return (views[f"{name}.weight"], views[f"{name}.scales"],
-                views.get(f"{name}.biases"),  # none in mxfp4 records
-                views.get(f"{name}.bias"),  # experts with biased projections (gpt-oss)
-                q["group_size"], q["bits"], q["mode"])  # fmt: skip
+        return (
+            views[f"{name}.weight"],
+            views[f"{name}.scales"],
+            views.get(f"{name}.biases"),  # none in mxfp4 records
+            views.get(f"{name}.bias"),  # experts with biased projections (gpt-oss)
+            q["group_size"],
+            q["bits"],
+            q["mode"],
+        )
 
     return one("up_proj"), one("gate_proj"), one("down_proj")
 
 
 def expert_ffn(
-    block: StreamingMoE, views: dict[str, mx.array], h: mx.array, idx: mx.array,
-    sorted_indices: bool = False, plan: tuple[Proj, Proj, Proj] | None = None,
-) -> mx.array:  # fmt: skip
+    block: StreamingMoE,
+    views: dict[str, mx.array],
+    h: mx.array,
+    idx: mx.array,
+    sorted_indices: bool = False,
+    plan: tuple[Proj, Proj, Proj] | None = None,
+) -> mx.array:
     """The routed experts' gated FFN of `h` with the experts (slots) `idx`: one native op
     on the CPU (edge0.kernels), else three gather_qmm."""
     up_p, gate_p, down_p = plan or ffn_plan(block.stream.quant, views)
@@ -152,9 +161,18 @@ def expert_ffn(
 
     def proj(p: Proj, inp: mx.array) -> Any:
         w, scales, biases, bias, group_size, bits, mode = p
-        out = mx.gather_qmm(inp, w, scales, biases, rhs_indices=idx, transpose=True,
-                            group_size=group_size, bits=bits, mode=mode,
-                            sorted_indices=sorted_indices)  # fmt: skip
+        out = mx.gather_qmm(
+            inp,
+            w,
+            scales,
+            biases,
+            rhs_indices=idx,
+            transpose=True,
+            group_size=group_size,
+            bits=bits,
+            mode=mode,
+            sorted_indices=sorted_indices,
+        )
         return out if bias is None else out + mx.expand_dims(bias[idx], -2)
 
     up = proj(up_p, h)  # (..., d_ff)

@@ -75,9 +75,15 @@ def in_graph(name: str, deadline_ms: float, grouped: bool) -> bool:
 
 
 def route_slots(
-    name: str, deadline_ms: float | None, grouped: bool, base: int, k: int, n_experts: int,
-    layers: int, record_size: int,
-) -> int:  # fmt: skip
+    name: str,
+    deadline_ms: float | None,
+    grouped: bool,
+    base: int,
+    k: int,
+    n_experts: int,
+    layers: int,
+    record_size: int,
+) -> int:
     """Slots of the pool: `base`, grown into a device-side cache for the in-graph choice."""
     deadline = DEFAULT_DEADLINE_MS if deadline_ms is None else deadline_ms
     if not in_graph(name, deadline, grouped):
@@ -90,9 +96,12 @@ class RoutePolicy:
     `device` (in the graph, `on_device`)."""
 
     def __init__(
-        self, name: str, deadline_ms: float, steps: Steps,
+        self,
+        name: str,
+        deadline_ms: float,
+        steps: Steps,
         layer_heads: PrerouterSet | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.name = name
         self.deadline_s = deadline_ms / 1e3
         self.steps = steps
@@ -106,9 +115,13 @@ class RoutePolicy:
         return math.isinf(self.deadline_s)
 
     def choose(
-        self, stream: LayerStream, x: mx.array, scores: mx.array, true_inds: mx.array,
+        self,
+        stream: LayerStream,
+        x: mx.array,
+        scores: mx.array,
+        true_inds: mx.array,
         planned: list[int],
-    ) -> tuple[list[int], bool]:  # fmt: skip
+    ) -> tuple[list[int], bool]:
         """The experts `stream`'s layer runs at this step, and whether they are the true
         top-K (then in the router's order: the caller keeps the router's indices and weights)."""
         steps, k = self.steps, len(planned)
@@ -152,8 +165,13 @@ class RoutePolicy:
         if heads is None or nxt is None or nxt not in self.steps.layers or self.exact:
             return None
         prev = stream.prev_inds
-        return heads.predict_topk(stream.layer, x.reshape(-1), true_inds.reshape(-1),
-                                  None if prev is None else prev.reshape(-1), k)  # fmt: skip
+        return heads.predict_topk(
+            stream.layer,
+            x.reshape(-1),
+            true_inds.reshape(-1),
+            None if prev is None else prev.reshape(-1),
+            k,
+        )
 
     def _fetch_ahead(self, layer: int, predicted: list[int]) -> None:
         """Start reading the next layer's predicted experts that are not servable: one layer

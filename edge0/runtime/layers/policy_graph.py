@@ -41,9 +41,14 @@ def pool_slots(base: int, k: int, n_experts: int, layers: int, record_size: int)
 
 
 def choose_graph(
-    family: Family, block: nn.Module, scores: mx.array, true_inds: mx.array, w_true: mx.array,
-    allowed: mx.array, k: int,
-) -> tuple[mx.array, mx.array]:  # fmt: skip
+    family: Family,
+    block: nn.Module,
+    scores: mx.array,
+    true_inds: mx.array,
+    w_true: mx.array,
+    allowed: mx.array,
+    k: int,
+) -> tuple[mx.array, mx.array]:
     """(inds (1, 1, k), gate weights (1, 1, k)): the k best experts where `allowed` ((E,) bool,
     at least k set): the true top-K first, then by true score; the router's own indices and
     weights when the choice is the true top-K (bit-identical to exact routing). A dozen
@@ -73,9 +78,15 @@ class DeviceChoice:
         return list(planned) + ready
 
     def graph(
-        self, block: nn.Module, family: Family, scores: mx.array, true_inds: mx.array,
-        w_true: mx.array, cands: list[int], k: int,
-    ) -> tuple[mx.array, mx.array]:  # fmt: skip
+        self,
+        block: nn.Module,
+        family: Family,
+        scores: mx.array,
+        true_inds: mx.array,
+        w_true: mx.array,
+        cands: list[int],
+        k: int,
+    ) -> tuple[mx.array, mx.array]:
         mask = [False] * scores.shape[-1]
         for e in cands:
             mask[e] = True

@@ -90,9 +90,14 @@ class Lookahead:
         return got
 
     def issue(
-        self, x: mx.array, experts: list[int], true: list[int], prev: list[int] | None,
-        graph: mx.array | None, k: int,
-    ) -> None:  # fmt: skip
+        self,
+        x: mx.array,
+        experts: list[int],
+        true: list[int],
+        prev: list[int] | None,
+        graph: mx.array | None,
+        k: int,
+    ) -> None:
         """Hand the prediction to the target layer and prefetch it for the next step."""
         steps = self.steps
         got: list[int] | None
@@ -172,9 +177,13 @@ class LayerStream:
         return True
 
     def route(
-        self, x: mx.array, true_inds: mx.array | None, inds: mx.array, w: mx.array,
+        self,
+        x: mx.array,
+        true_inds: mx.array | None,
+        inds: mx.array,
+        w: mx.array,
         planned: list[int] | None,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
         steps = self.steps
         head = self.head if steps.prefetching else None
@@ -201,8 +210,10 @@ class LayerStream:
         assert experts is not None
         if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
-        if true is not None and work.experts is not None and (
-            steps.policy is None or work.chosen is not None
+        if (
+            true is not None
+            and work.experts is not None
+            and (steps.policy is None or work.chosen is not None)
         ):
             steps.count_recall(experts, true)  # the prediction (or the choice) was the routing
         self.prev_experts = experts
@@ -242,9 +253,13 @@ class RoutedStream(LayerStream):
         return self.head is not None and steps.prefetching and self.head.on_host is not False
 
     def route(
-        self, x: mx.array, true_inds: mx.array | None, inds: mx.array, w: mx.array,
+        self,
+        x: mx.array,
+        true_inds: mx.array | None,
+        inds: mx.array,
+        w: mx.array,
         planned: list[int] | None,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         steps, groups = self.steps, self.steps.groups
         if groups is None or steps.prefill or (planned is None and self.host_experts):
             if groups is not None and groups.busy:
@@ -253,12 +268,26 @@ class RoutedStream(LayerStream):
         head = self.head if steps.prefetching else None
         pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         chosen = inds if steps.policy is not None and steps.policy.on_device else None
-        read_true = planned is None or steps.recording is not None or chosen is not None or (
-            head is not None and pred is None)  # fmt: skip
+        read_true = (
+            planned is None
+            or steps.recording is not None
+            or chosen is not None
+            or (head is not None and pred is None)
+        )
         assert true_inds is not None or not read_true, "needs_true() said no true set"
 
         steps.cur.layers += 1
         self.prev_inds = inds
-        groups.add(Deferred(self, x, true_inds if read_true else None, pred, planned,
-                            self.prev_experts, head, chosen))  # fmt: skip
+        groups.add(
+            Deferred(
+                self,
+                x,
+                true_inds if read_true else None,
+                pred,
+                planned,
+                self.prev_experts,
+                head,
+                chosen,
+            )
+        )
         return planned if planned is not None else []  # [] only for resident experts (unused)

@@ -36,30 +36,53 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
     dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
     k = opts.top_k or int(text["num_experts_per_tok"])
     moe = list(manifest.moe_layers)
-    expert = sum(int(np.prod(f.shape)) * (4 if f.dtype == "uint32" else 1 if f.dtype == "uint8"
-                 else dtype.size) for f in manifest.fields)  # fmt: skip  # one expert, floats cast
+    expert = sum(
+        int(np.prod(f.shape))
+        * (4 if f.dtype == "uint32" else 1 if f.dtype == "uint8" else dtype.size)
+        for f in manifest.fields
+    )  # one expert, floats cast
     resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
-    chunk = (chunk_fixed_bytes(manifest.config), chunk_bytes_per_token(manifest.config, k,
-                                                                        opts.context))  # fmt: skip
+    chunk = (
+        chunk_fixed_bytes(manifest.config),
+        chunk_bytes_per_token(manifest.config, k, opts.context),
+    )
     load = load_bytes(manifest, dtype.size)
     if opts.mode == "resident":
-        return Footprint(resident, len(moe) * manifest.n_experts * expert, 0, 0, 0, 0, k,
-                         opts.max_batch * kv_bytes(manifest.config, opts.context),
-                         opts.max_batch * state_bytes(manifest.config),
-                         working_bytes(manifest.config, opts.context), baseline,
-                         *chunk, load)  # fmt: skip
+        return Footprint(
+            resident,
+            len(moe) * manifest.n_experts * expert,
+            0,
+            0,
+            0,
+            0,
+            k,
+            opts.max_batch * kv_bytes(manifest.config, opts.context),
+            opts.max_batch * state_bytes(manifest.config),
+            working_bytes(manifest.config, opts.context),
+            baseline,
+            *chunk,
+            load,
+        )
     kept = 1 if opts.first_layer == "resident" and len(moe) > 1 else 0
     predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
     owners = len(moe) - 1 + int(opts.first_layer == "wrap")
     heads = head_bytes(path, manifest, predictor, owners) if opts.mode in ("hint", "route") else 0
     b = opts.max_batch  # the union of b rows' sets per layer; a KV cache and state per row
     return Footprint(
-        resident, kept * manifest.n_experts * expert, heads,
-        slot_bytes(manifest, 1, dtype) - ALIGN, manifest.record_size, len(moe) - kept,
+        resident,
+        kept * manifest.n_experts * expert,
+        heads,
+        slot_bytes(manifest, 1, dtype) - ALIGN,
+        manifest.record_size,
+        len(moe) - kept,
         batch_k(k, b, manifest.n_experts),
-        b * kv_bytes(manifest.config, opts.context), b * state_bytes(manifest.config),
-        working_bytes(manifest.config, opts.context), baseline, *chunk, load if kept else 0,
-    )  # fmt: skip
+        b * kv_bytes(manifest.config, opts.context),
+        b * state_bytes(manifest.config),
+        working_bytes(manifest.config, opts.context),
+        baseline,
+        *chunk,
+        load if kept else 0,
+    )
 
 
 def _adapter_bytes(path: Path, opts: EngineOptions) -> int:
@@ -69,5 +92,6 @@ def _adapter_bytes(path: Path, opts: EngineOptions) -> int:
     file = path / ADAPTER_DIR / WEIGHTS_FILE
     if not opts.adapter or not file.is_file():
         return 0
-    return sum(int(np.prod(v.shape, dtype=np.int64)) * v.itemsize
-               for v in read_header(file).values())  # fmt: skip
+    return sum(
+        int(np.prod(v.shape, dtype=np.int64)) * v.itemsize for v in read_header(file).values()
+    )

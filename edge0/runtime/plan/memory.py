@@ -121,8 +121,7 @@ def plan(
     n_min = fp.min_slots
     kv = fp.kv + fp.state
     resident = fp.resident + fp.resident_experts
-    fixed = (resident + fp.heads + n_min * fp.slot + ALIGN + kv + fp.overhead + fp.working
-             + fp.load)  # fmt: skip
+    fixed = resident + fp.heads + n_min * fp.slot + ALIGN + kv + fp.overhead + fp.working + fp.load
     left = total - fixed
     if left < 0:
         raise ConfigError(
@@ -151,12 +150,35 @@ def plan(
         cache = left
         choice = f"the {left / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
     n = n_min + extra
-    return MemoryPlan(total, resident, n * fp.slot + ALIGN if n else 0, kv, cache, fp.overhead,
-                      fp.working, fp.heads, n, extra, choice, prompt, tokens, fp.load)  # fmt: skip
+    return MemoryPlan(
+        total,
+        resident,
+        n * fp.slot + ALIGN if n else 0,
+        kv,
+        cache,
+        fp.overhead,
+        fp.working,
+        fp.heads,
+        n,
+        extra,
+        choice,
+        prompt,
+        tokens,
+        fp.load,
+    )
 
 
-def _with_cache(total: int, fp: Footprint, n_min: int, kv: int, resident: int, tokens: int,
-                prompt: int, left: int, cache: int) -> MemoryPlan:  # fmt: skip
+def _with_cache(
+    total: int,
+    fp: Footprint,
+    n_min: int,
+    kv: int,
+    resident: int,
+    tokens: int,
+    prompt: int,
+    left: int,
+    cache: int,
+) -> MemoryPlan:
     """The plan when --tiers names the RAM cache's size: it is kept, the rest buys slots."""
     if cache > left:
         raise ConfigError(
@@ -166,11 +188,27 @@ def _with_cache(total: int, fp: Footprint, n_min: int, kv: int, resident: int, t
             "plan choose, or raise the budget"
         )
     extra = (left - cache) // fp.slot
-    choice = (f"the RAM cache keeps its {cache / _MIB:.0f} MiB from --tiers; the "
-              f"{(left - cache) / _MIB:.0f} MiB left buy {extra} more slots")  # fmt: skip
+    choice = (
+        f"the RAM cache keeps its {cache / _MIB:.0f} MiB from --tiers; the "
+        f"{(left - cache) / _MIB:.0f} MiB left buy {extra} more slots"
+    )
     n = n_min + extra
-    return MemoryPlan(total, resident, n * fp.slot + ALIGN, kv, cache, fp.overhead,
-                      fp.working, fp.heads, n, extra, choice, prompt, tokens, fp.load)  # fmt: skip
+    return MemoryPlan(
+        total,
+        resident,
+        n * fp.slot + ALIGN,
+        kv,
+        cache,
+        fp.overhead,
+        fp.working,
+        fp.heads,
+        n,
+        extra,
+        choice,
+        prompt,
+        tokens,
+        fp.load,
+    )
 
 
 def given_cache(spec: str) -> int | None:

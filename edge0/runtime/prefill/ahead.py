@@ -56,6 +56,11 @@ def next_union(
     else:
         prev = mx.concatenate([prev, inds[:, :-1]], axis=1)  # (1, T, K): each token's t-1
     t = x.shape[1]
-    got: mx.array = rows(stream.layer, x.reshape(t, x.shape[-1]), inds.reshape(t, -1),
-                         prev.reshape(t, -1), stream.top_k)  # fmt: skip
+    got: mx.array = rows(
+        stream.layer,
+        x.reshape(t, x.shape[-1]),
+        inds.reshape(t, -1),
+        prev.reshape(t, -1),
+        stream.top_k,
+    )
     return got  # (T or T - 1, K)

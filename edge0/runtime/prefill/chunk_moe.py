@@ -36,8 +36,9 @@ def run_pairs(
     return expert_ffn(block, views, h, idx, sorted_indices=True)
 
 
-def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: mx.array
-                 ) -> mx.array:  # fmt: skip
+def dense_expert(
+    block: StreamingMoE, views: dict[str, mx.array], slot: int, h: mx.array
+) -> mx.array:
     """The gated FFN of rows `h` (R, d) with the expert in `slot`, its weights dequantized
     once: on the CPU backend int4 kernels unpack the weight again per row (prefill.dense)."""
     quant = block.stream.quant
@@ -46,9 +47,13 @@ def dense_expert(block: StreamingMoE, views: dict[str, mx.array], slot: int, h: 
         q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
         biases = views.get(f"{name}.biases")
         scales = views[f"{name}.scales"][slot].astype(inp.dtype)
-        w = mx.dequantize(views[f"{name}.weight"][slot], scales,
-                          None if biases is None else biases[slot].astype(inp.dtype),
-                          group_size=q["group_size"], bits=q["bits"])  # fmt: skip
+        w = mx.dequantize(
+            views[f"{name}.weight"][slot],
+            scales,
+            None if biases is None else biases[slot].astype(inp.dtype),
+            group_size=q["group_size"],
+            bits=q["bits"],
+        )
         out = inp @ w.T
         bias = views.get(f"{name}.bias")
         return out if bias is None else out + bias[slot]
@@ -72,8 +77,9 @@ def dense_experts_ok(block: StreamingMoE) -> bool:
     return True
 
 
-def group_pairs(block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.ndarray,
-                slot_ids: np.ndarray) -> tuple[np.ndarray, mx.array]:  # fmt: skip
+def group_pairs(
+    block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.ndarray, slot_ids: np.ndarray
+) -> tuple[np.ndarray, mx.array]:
     """Outputs (P, d) of the (token, expert) `pairs` (sorted by slot; token `rows`, slot
     `slot_ids`) and the pair order they come in: an expert with DENSE_EXPERT_ROWS rows or more
     runs dequantized (affine records), the others in one sorted gather_qmm."""
@@ -94,8 +100,9 @@ def group_pairs(block: StreamingMoE, x2: mx.array, rows: np.ndarray, pairs: np.n
     return np.concatenate(parts), out
 
 
-def stage_order(union: list[int], last: list[int] | None, early: list[int] | None = None
-                ) -> list[int]:  # fmt: skip
+def stage_order(
+    union: list[int], last: list[int] | None, early: list[int] | None = None
+) -> list[int]:
     """The union with the experts read `early` first and those named in `last` at the end
     (they stay staged for decode: the end wins over `early`)."""
     tail = set(last or [])

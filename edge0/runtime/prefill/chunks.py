@@ -142,8 +142,9 @@ def _after_routing(
         experts = graph.tolist()  # type: ignore[assignment]
     else:
         x_last = x[:, -1:, :]
-        experts = head.predictor.predict(layer, steps.pos, x_last, rows[-1], rows[-1], prev,
-                                         stream.top_k)  # fmt: skip
+        experts = head.predictor.predict(
+            layer, steps.pos, x_last, rows[-1], rows[-1], prev, stream.top_k
+        )
     if experts is not None:
         st.pending[head.target.layer] = (head.target, experts)
 
@@ -212,8 +213,11 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
-        with (last_position_only(runner.model), dense_linears(runner.model),
-              bounded_recurrence(runner.model)):  # fmt: skip
+        with (
+            last_position_only(runner.model),
+            dense_linears(runner.model),
+            bounded_recurrence(runner.model),
+        ):
             logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
         nxt = runner.sampler(logits)
         t1, c1 = time.perf_counter(), time.thread_time()

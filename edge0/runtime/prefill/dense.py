@@ -36,9 +36,14 @@ class DenseChunkLinear(nn.Module):
         if x.size // max(1, x.shape[-1]) < self.rows:
             return q(x)
         biases = q.get("biases")
-        w = mx.dequantize(q["weight"], q["scales"].astype(x.dtype),
-                          None if biases is None else biases.astype(x.dtype),
-                          group_size=q.group_size, bits=q.bits, mode=q.mode)  # fmt: skip
+        w = mx.dequantize(
+            q["weight"],
+            q["scales"].astype(x.dtype),
+            None if biases is None else biases.astype(x.dtype),
+            group_size=q.group_size,
+            bits=q.bits,
+            mode=q.mode,
+        )
         y = x @ w.T  # (..., out): w is (out, in)
         bias = q.get("bias")
         return y if bias is None else y + bias
@@ -89,8 +94,9 @@ def dense_weight_bytes(config: dict[str, Any]) -> int:
     heads = int(c.get("num_attention_heads", 0) or 0)
     head_dim = int(c.get("head_dim", 0) or (d // heads if heads else 0))
     key = int(c.get("linear_num_key_heads", 0) or 0) * int(c.get("linear_key_head_dim", 0) or 0)
-    value = int(c.get("linear_num_value_heads", 0) or 0) * int(c.get("linear_value_head_dim", 0)
-                                                              or 0)  # fmt: skip
+    value = int(c.get("linear_num_value_heads", 0) or 0) * int(
+        c.get("linear_value_head_dim", 0) or 0
+    )
     shared = int(c.get("shared_expert_intermediate_size", 0) or 0)
     widest = max(2 * heads * head_dim, 2 * key + value, shared, d)
     return 2 * min(widest * d * 4, DENSE_MAX_BYTES)

@@ -35,8 +35,12 @@ def recurrent_state_bytes(config: dict[str, Any]) -> int:
     c = _text(config)
     if not c.get("linear_num_value_heads"):
         return 0
-    return (int(c["linear_num_value_heads"]) * int(c.get("linear_value_head_dim", 0))
-            * int(c.get("linear_key_head_dim", 0)) * 4)  # fmt: skip
+    return (
+        int(c["linear_num_value_heads"])
+        * int(c.get("linear_value_head_dim", 0))
+        * int(c.get("linear_key_head_dim", 0))
+        * 4
+    )
 
 
 def chunk_fixed_bytes(config: dict[str, Any]) -> int:
@@ -98,8 +102,9 @@ class _Pieces(nn.Module):
         n, inner = x.shape[1], self.inner
         if n <= self.size or cache is None:
             return inner(x, mask, cache)
-        names = [k for k, v in inner.items() if k.startswith("in_proj") and isinstance(v, nn.Module)
-                 ]  # fmt: skip
+        names = [
+            k for k, v in inner.items() if k.startswith("in_proj") and isinstance(v, nn.Module)
+        ]
         full = {k: inner[k](x) for k in names}
         mx.eval(list(full.values()))
         kept = {k: inner[k] for k in [*names, "out_proj"] if isinstance(inner.get(k), nn.Module)}
@@ -132,8 +137,11 @@ def bounded_recurrence(model: nn.Module, size: int | None = None) -> Iterator[No
     """
     size = SUB_TOKENS if size is None else size
     layers = list(getattr(model, "layers", [])) if size > 0 else []
-    swapped = [(layer, getattr(layer, LINEAR_ATTN)) for layer in layers
-               if isinstance(getattr(layer, LINEAR_ATTN, None), nn.Module)]  # fmt: skip
+    swapped = [
+        (layer, getattr(layer, LINEAR_ATTN))
+        for layer in layers
+        if isinstance(getattr(layer, LINEAR_ATTN, None), nn.Module)
+    ]
     for layer, inner in swapped:
         setattr(layer, LINEAR_ATTN, _Pieces(inner, size))
     try:

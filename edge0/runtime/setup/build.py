@@ -72,8 +72,9 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     memory_plan = None
     if opts.memory_budget is not None:  # from the headers: refuses before anything is loaded
         given = given_cache(spec) if isinstance(spec, str) else None  # ram:SIZE is kept
-        memory_plan = plan(opts.memory_budget, footprint(path, manifest, opts, baseline),
-                           opts.prefill_chunk, given)  # fmt: skip
+        memory_plan = plan(
+            opts.memory_budget, footprint(path, manifest, opts, baseline), opts.prefill_chunk, given
+        )
         if isinstance(spec, str):
             spec = with_ram(spec, memory_plan.cache)
         log.info("memory_plan", line=memory_plan.line(), tiers=spec)
@@ -92,8 +93,11 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     ctx, memory, table = await compute.run(
         lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots)
     )
-    ctx.prefill_chunk = (memory_plan.prefill_chunk if memory_plan is not None
-                         else opts.prefill_chunk or DEFAULT_CHUNK)  # fmt: skip
+    ctx.prefill_chunk = (
+        memory_plan.prefill_chunk
+        if memory_plan is not None
+        else opts.prefill_chunk or DEFAULT_CHUNK
+    )
     setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
     setup.memory_plan = memory_plan
     if memory is None or table is None:

@@ -48,9 +48,13 @@ def model_top_k(block: nn.Module) -> int:
 
 
 def prepare(
-    model: nn.Module, manifest: Manifest, opts: EngineOptions, model_dir: Path | None,
-    tracer: Tracer, n_slots: int | None = None,
-) -> tuple[Steps, SlotMemory | None, SlotPool | None]:  # fmt: skip
+    model: nn.Module,
+    manifest: Manifest,
+    opts: EngineOptions,
+    model_dir: Path | None,
+    tracer: Tracer,
+    n_slots: int | None = None,
+) -> tuple[Steps, SlotMemory | None, SlotPool | None]:
     """On the compute thread: predictor, slot memory, one stream per layer, streaming blocks.
 
     The mode is decided here, once: which stream class each layer gets, which
@@ -70,13 +74,21 @@ def prepare(
     predictor = choose_predictor(model, layers, opts, model_dir)
     layer_heads = (
         layer_heads_for(model_dir, model) if opts.route_policy == "deadline" else None
-    )  # fmt: skip  # read from the routers before the blocks are replaced
+    )  # read from the routers before the blocks are replaced
     keep = kept_layers(layers, opts)
     streamed = [i for i in layers if i not in keep]
     base = pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
     grouped = opts.mode == "route" and (opts.sync_every or SYNC_EVERY) > 1
-    n_slots = n_slots or route_slots(opts.route_policy, opts.route_deadline_ms, grouped, base, k,
-                                     manifest.n_experts, len(streamed), manifest.record_size)
+    n_slots = n_slots or route_slots(
+        opts.route_policy,
+        opts.route_deadline_ms,
+        grouped,
+        base,
+        k,
+        manifest.n_experts,
+        len(streamed),
+        manifest.record_size,
+    )
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
     table = SlotPool(streamed, n_slots)
     steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
@@ -99,8 +111,9 @@ def prepare(
     return steps, memory, table
 
 
-def choose_predictor(model: nn.Module, layers: list[int], opts: EngineOptions,
-                     model_dir: Path | None) -> Predictor | None:  # fmt: skip
+def choose_predictor(
+    model: nn.Module, layers: list[int], opts: EngineOptions, model_dir: Path | None
+) -> Predictor | None:
     """hint/route: the asked-for predictor, else trained heads when the model has them, else
     init; built over every MoE layer `layers` before the sparse blocks are replaced."""
     if opts.mode not in ("hint", "route"):
@@ -108,8 +121,9 @@ def choose_predictor(model: nn.Module, layers: list[int], opts: EngineOptions,
     name = opts.predictor or (
         "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
     )
-    return make_predictor(name, model, layers, model_dir, wrap=opts.first_layer == "wrap",
-                          recording=opts.recording)  # fmt: skip
+    return make_predictor(
+        name, model, layers, model_dir, wrap=opts.first_layer == "wrap", recording=opts.recording
+    )
 
 
 def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
@@ -117,22 +131,25 @@ def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
     return layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
 
 
-def make_streams(layers: list[int], steps: Steps, memory: SlotMemory, manifest: Manifest,
-                 mode: str) -> dict[int, LayerStream]:  # fmt: skip
+def make_streams(
+    layers: list[int], steps: Steps, memory: SlotMemory, manifest: Manifest, mode: str
+) -> dict[int, LayerStream]:
     """One stream per MoE layer: over its resident experts when kept, else over its slots."""
     stream_cls = RoutedStream if mode == "route" else LayerStream
     streams: dict[int, LayerStream] = {}
     for i in layers:
         where: ResidentExperts | SlotExperts = (
-            ResidentExperts(steps.resident_experts[i]) if i in steps.resident_experts
+            ResidentExperts(steps.resident_experts[i])
+            if i in steps.resident_experts
             else SlotExperts(i, memory.views[i], steps)
-        )  # fmt: skip
+        )
         streams[i] = stream_cls(i, steps, where, manifest.quantization)
     return streams
 
 
-def install_streams(model: nn.Module, blocks: list[Any], family: Any, steps: Steps,
-                    streams: dict[int, LayerStream]) -> None:  # fmt: skip
+def install_streams(
+    model: nn.Module, blocks: list[Any], family: Any, steps: Steps, streams: dict[int, LayerStream]
+) -> None:
     """Replace each sparse block of `model` by its streaming block."""
     steps.layers = dict(streams)
     for i, attr, block in blocks:
