@@ -144,7 +144,7 @@ def test_bad_batch_options_are_refused(store: Path) -> None:
         async with Engine.open(store, tiers=MockTier(store), **opts):
             pass
 
-    with pytest.raises(ConfigError, match="--max-batch must be at least 1"):
+    with pytest.raises(ConfigError, match=r"--max-batch \(max_batch=\) must be at least 1"):
         run(open_with(max_batch=0))
     with pytest.raises(ConfigError, match="token_buffer"):
         run(open_with(max_batch=2, token_buffer=0))

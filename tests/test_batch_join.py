@@ -84,7 +84,7 @@ def test_a_bad_join_chunk_is_refused(store: Path) -> None:
         async with Engine.open(store, tiers=MockTier(store), max_batch=2, join_chunk=0):
             pass
 
-    with pytest.raises(ConfigError, match="join_chunk must be at least 1 token, got 0"):
+    with pytest.raises(ConfigError, match="join_chunk= must be at least 1, got 0"):
         run(main())
 
 

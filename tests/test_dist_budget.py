@@ -19,12 +19,12 @@ from edge0.dist.plan import balance, plan_split
 from edge0.dist.stage import load_stage
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
+from edge0.options.engine import EngineOptions
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.slotmem import ALIGN
 from edge0.runtime.io.slots import pool_size
 from edge0.runtime.plan.footprint import footprint
 from edge0.runtime.plan.memory import plan
-from edge0.runtime.plan.options import EngineOptions
 
 ROUTE = EngineOptions(mode="route", predictor="init", tiers="pread", top_k=2)
 PARTS = ("resident", "resident_experts", "heads", "layers", "kv", "state")

@@ -22,8 +22,8 @@ from edge0.errors import ConfigError
 from edge0.layout.load import resident_bytes
 from edge0.layout.manifest import Manifest
 from edge0.model.generate import SamplingSettings
+from edge0.options.engine import EngineOptions
 from edge0.runtime.plan.footprint import footprint
-from edge0.runtime.plan.options import EngineOptions
 
 
 def brute_force(costs: list[int], size: int) -> int:

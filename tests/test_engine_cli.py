@@ -14,17 +14,11 @@ from click.testing import CliRunner
 
 from edge0 import log
 from edge0.cli.main import main
-from edge0.cli.stream import MODES as CLI_MODES
-from edge0.runtime.compute.runner import MODES
 
 
 @pytest.fixture(scope="module")
 def store(runtime_stores: dict[str, Path]) -> Path:
     return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
-
-
-def test_cli_modes_match_the_runtime() -> None:
-    assert CLI_MODES == MODES
 
 
 def test_run_streams_and_writes_trace_and_json_log(store: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import read_expert_stacks
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.layout.records import field_views
+from edge0.options.engine import EngineOptions
 from edge0.runtime.plan.footprint import footprint
 from edge0.runtime.plan.memory import (
     WORKING_BASE,
@@ -26,7 +27,6 @@ from edge0.runtime.plan.memory import (
     plan,
     working_bytes,
 )
-from edge0.runtime.plan.options import EngineOptions
 from edge0.synth.gpt_oss_forms import hub_mxfp4
 from edge0.synth.tiny_families import fixture_file, write_family
 

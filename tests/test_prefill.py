@@ -1,4 +1,4 @@
-"""Chunked prefill equals one-token prefill (logits, greedy tokens) in every mode; reads once."""
+"""Chunked prefill equals one-token prefill (log-probs, greedy tokens) in every mode; reads once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -72,29 +71,31 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-@attrs.frozen
-class Recording(SamplingSettings):
-    """Greedy sampling that keeps every logits row it is given (one per forward)."""
+class Recording:
+    """Token hooks that keep every row of log-probabilities the sampler draws from (one per
+    forward; the logits less their log-sum-exp)."""
 
-    seen: list[mx.array] = attrs.field(factory=list)
+    def __init__(self) -> None:
+        self.seen: list[mx.array] = []
 
-    def sampler(self) -> Any:
-        def pick(logits: mx.array) -> mx.array:
-            self.seen.append(logits)
-            return mx.argmax(logits, axis=-1)
+    def mask(self, logprobs: mx.array) -> mx.array:
+        self.seen.append(logprobs)
+        return logprobs
 
-        return pick
+    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
+        pass
 
 
 async def generate(path: Path, prompt: list[int], chunk: int, **opts: Any) -> dict[str, Any]:
     if opts.get("mode") != "resident":
         opts.setdefault("tiers", MockTier(path))
     rec = Recording()
+    greedy = SamplingSettings(hooks=rec)
     async with Engine.open(path, prefill_chunk=chunk, **opts) as eng:
-        toks = [t async for t in eng.tokens(prompt, max_tokens=N, stop=False, sampling=rec)]
-        # the logits of the prefill's last forward, then of every decode step
-        logits = np.stack([np.array(a.reshape(-1)) for a in rec.seen[-N:]])
-        return {"tokens": toks, "logits": logits, "engine": eng, "stats": eng.last_stats}
+        toks = [t async for t in eng.tokens(prompt, max_tokens=N, stop=False, sampling=greedy)]
+        # the log-probabilities of the prefill's last forward, then of every decode step
+        logprobs = np.stack([np.array(a.reshape(-1)) for a in rec.seen[-N:]])
+        return {"tokens": toks, "logprobs": logprobs, "engine": eng, "stats": eng.last_stats}
 
 
 def run(coro: Any) -> Any:
@@ -112,7 +113,7 @@ def test_chunked_prefill_equals_one_token(
     for chunk in (8, 11):
         got = run(generate(path, PROMPT, chunk, mode=mode, predictor=predictor))
         assert got["tokens"] == one["tokens"], chunk
-        np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
         prefill_steps = [r for r in got["engine"].setup.ctx.records if r.prefill]
         assert len(prefill_steps) == 3
     if mode == "route":  # the first decode step is routed by the last prompt token's prediction
@@ -127,7 +128,7 @@ def test_chunked_prefill_other_capacities(stores: dict[str, Path], k: int) -> No
     one = run(generate(path, PROMPT, 1, mode="reactive", top_k=k))
     got = run(generate(path, PROMPT, 23, mode="reactive", top_k=k))
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("first", ["resident", "wrap", "reactive"])
@@ -136,7 +137,7 @@ def test_chunked_prefill_first_layer_policies(stores: dict[str, Path], first: st
     one = run(generate(path, PROMPT, 1, mode="route", predictor="init", first_layer=first))
     got = run(generate(path, PROMPT, 8, mode="route", predictor="init", first_layer=first))
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
 
 
 def test_each_expert_read_once_per_chunk(stores: dict[str, Path]) -> None:
@@ -187,7 +188,7 @@ def test_bad_chunk_is_a_config_error(stores: dict[str, Path]) -> None:
         async with Engine.open(path, tiers=MockTier(path), prefill_chunk=0):
             pass
 
-    with pytest.raises(ConfigError, match="--prefill-chunk must be at least 1"):
+    with pytest.raises(ConfigError, match=r"--prefill-chunk \(prefill_chunk=\) must be at least 1"):
         run(go())
 
 
@@ -259,7 +260,7 @@ def test_chunked_prefill_every_family(
     one = run(generate(path, PROMPT, 1, mode=mode, predictor=predictor))
     got = run(generate(path, PROMPT, 8, mode=mode, predictor=predictor))
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("family", MODEL_TYPES + OTHER_FAMILIES)
@@ -296,7 +297,7 @@ def test_dequantized_chunk_equals_one_token(
     got = run(generate(path, PROMPT, 11, mode="reactive"))
     assert calls["experts"] > 0 and calls["linears"] > 0
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
 
 
 def test_dense_chunk_linear_matches_the_int4_kernel() -> None:

@@ -14,9 +14,9 @@ from runtime_helpers import PROMPT, MockTier, build_store
 from edge0.cli.main import main
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
+from edge0.options.engine import EngineOptions
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.tickets import DEMAND
-from edge0.runtime.plan.options import EngineOptions
 from edge0.storage.tier import ExpertKey
 
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]

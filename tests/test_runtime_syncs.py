@@ -114,5 +114,5 @@ def test_end_request_cancels_queued_prefetches(store: Path) -> None:
 
 
 def test_sync_every_must_be_positive(store: Path) -> None:
-    with pytest.raises(ConfigError, match="--sync-every must be at least 1"):
+    with pytest.raises(ConfigError, match=r"--sync-every \(sync_every=\) must be at least 1"):
         asyncio.run(_decode(store, mode="route", sync_every=0))

@@ -14,7 +14,7 @@ from edge0.cli.main import main
 from edge0.errors import ConfigError
 from edge0.layout.load import load_layout
 from edge0.model.generate import SamplingSettings, generate
-from edge0.runtime.compute.runner import MODES
+from edge0.options.engine import MODES
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
 

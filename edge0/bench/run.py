@@ -100,9 +100,9 @@ class BenchOptions:
     warmup_tokens: int = 4
     isolate: str = "subprocess"
     cold: bool = False
-    memory_budget: str | None = None
-    first_layer: str = "resident"
-    io_workers: int = 2
+    # Engine.open's keywords that hold for every variant (memory_budget, first_layer,
+    # io_workers): given ones only, so the engine's declared defaults apply to the rest
+    engine: dict[str, Any] = attrs.field(factory=dict)
     timeout_s: float = 900.0
     mem_floor: int = int(1.5 * _GIB)
 
@@ -127,7 +127,7 @@ def make_variants(
 ) -> list[Variant]:
     """modes x K x tier stacks x prefill chunks x kernels, and route x route policies x
     --sync-every values (resident once per K: it reads nothing)."""
-    from edge0.runtime.compute.steps import MODES
+    from edge0.options.engine import MODES
 
     out: list[Variant] = []
     for mode in modes:
@@ -160,9 +160,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
         "tokens": opts.tokens,
         "warmup_tokens": opts.warmup_tokens,
         "cold": opts.cold,
-        "memory_budget": opts.memory_budget,
-        "first_layer": opts.first_layer,
-        "io_workers": opts.io_workers,
+        "engine": opts.engine,
         "trace": trace,
         "prefill_chunk": v.prefill_chunk,
         "route_policy": v.policy,

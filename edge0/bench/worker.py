@@ -172,10 +172,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         mode=job["mode"],
         top_k=job["k"],
         predictor=job["predictor"],
-        memory_budget=job.get("memory_budget"),
-        first_layer=job.get("first_layer", "resident"),
-        io_workers=job.get("io_workers", 2),
         trace=job.get("trace"),
+        **job.get("engine", {}),
     )
     if job["mode"] != "resident":
         opts["tiers"] = job["tiers"]

@@ -101,7 +101,7 @@ def command(
     from edge0.cli.checks import tier_spec
 
     for spec in stacks:
-        tier_spec(spec)  # before any model is loaded
+        tier_spec(spec, "--tiers")  # before any model is loaded
     from edge0.bench.batch import markdown, run_bench
 
     def progress(r: dict[str, Any]) -> None:

@@ -12,49 +12,18 @@ from typing import Any
 
 import click
 
-from edge0.cli.checks import size, tier_spec
-from edge0.cli.options import ROUTE_POLICIES, renamed
-from edge0.cli.stream import MODES
+from edge0.cli.checks import runtime_args, tier_spec
+from edge0.cli.options import engine_options
 
 
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _ks(text: str) -> list[int | None]:
-    if not text:
-        return [None]
-    try:
-        return [int(k) for k in _csv(text)]
-    except ValueError:
-        raise click.BadParameter(f"--top-k takes integers like 2,4,8, not {text!r}") from None
-
-
-def _sync_every(text: str) -> list[int | None]:
-    if not text:
-        return [None]
-    try:
-        gs = [int(g) for g in _csv(text)]
-    except ValueError:
-        gs = []
-    if not gs or min(gs) < 1 or len(set(gs)) != len(gs):
-        raise click.BadParameter(
-            f"--sync-every takes distinct integers of 1 or more like 1,2,4,8, not {text!r}"
-        )
-    return list(gs)
-
-
 def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `run` and `sweep`: run shape, isolation, outputs."""
     options = [
         click.argument("model", type=click.Path(exists=True, file_okay=False, path_type=Path)),
-        click.option(
-            "--predictor",
-            type=click.Choice(["init", "heads", "temporal"]),
-            default="init",
-            show_default=True,
-            help="Predictor of hint/route.",
-        ),
         click.option("--prompts", default=2, show_default=True, help="Prompts per run."),
         click.option("--prompt-len", default=16, show_default=True, help="Tokens per prompt."),
         click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt."),
@@ -84,14 +53,6 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Drop the page cache of the expert file "
             "(posix_fadvise DONTNEED) before each measured prompt.",
         ),
-        click.option("--memory-budget", default=None, help="Engine memory budget, e.g. 3GiB."),
-        click.option(
-            "--first-layer",
-            type=click.Choice(["resident", "wrap", "reactive"]),
-            default="resident",
-            show_default=True,
-        ),
-        click.option("--io-workers", default=2, show_default=True),
         click.option(
             "--timeout",
             "timeout_s",
@@ -132,6 +93,10 @@ def common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+# the engine options the benchmarks take one value of, for every variant
+ENGINE_ONCE = ("memory_budget", "first_layer", "io_workers")
+
+
 def _options(kw: dict[str, Any]) -> Any:
     from edge0.bench.run import BenchOptions
     from edge0.storage.spec import parse_size
@@ -145,9 +110,7 @@ def _options(kw: dict[str, Any]) -> Any:
         warmup_tokens=kw["warmup_tokens"],
         isolate=kw["isolate"],
         cold=kw["cold"],
-        memory_budget=kw["memory_budget"],
-        first_layer=kw["first_layer"],
-        io_workers=kw["io_workers"],
+        engine={k: kw[k] for k in ENGINE_ONCE if kw[k] is not None},
         timeout_s=kw["timeout_s"],
         mem_floor=parse_size(kw["mem_floor"]),
     )
@@ -225,56 +188,13 @@ def _write(
 
 @click.command(name="run")
 @common
-@click.option(
-    "--modes",
-    default="resident,reactive,hint,route",
-    show_default=True,
-    help="Decode modes, comma-separated.",
-)
-@renamed(
-    "--top-k",
-    "--k",
-    dest="ks",
-    default="",
-    help="Routing capacities K, e.g. 2,4,8 [default: the model's top-k].",
-)
-@click.option(
-    "--tiers",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Tier stack (repeatable) [default: ram:1GiB>pread, or ram>pread under "
-    "--memory-budget; with --io-ratio, "
-    "only the calibrated stack].",
-)
+@engine_options("bench")
 @click.option(
     "--io-ratio",
     type=float,
     default=None,
     help="Add a throttle>pread stack "
     "calibrated so reactive's reads per step take this many times its compute.",
-)
-@click.option(
-    "--prefill-chunk",
-    "chunks",
-    default="",
-    help="Prefill chunk sizes to compare, "
-    "e.g. 1,64 (1: one token per step) [default: the engine's].",
-)
-@click.option(
-    "--route-policies",
-    "policies",
-    default="predicted",
-    show_default=True,
-    help="Route policies to compare (comma-separated: predicted, available-first, "
-    "deadline); each route variant runs once per policy.",
-)
-@click.option(
-    "--route-deadline-ms",
-    "deadline_ms",
-    type=click.FloatRange(0.0),
-    default=None,
-    help="--route-deadline-ms of the non-predicted policies [default: the engine's].",
 )
 @click.option(
     "--kernels",
@@ -284,27 +204,22 @@ def _write(
     "per call, native-int8 = with EDGE0_INT8_ACTIVATIONS=1, mlx = MLX's own ops, as "
     "with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.",
 )
-@click.option(
-    "--sync-every",
-    "sync_every",
-    default="",
-    help="Route mode's --sync-every values "
-    "to compare, e.g. 1,2,4,8 (layers per host sync); each route variant runs once "
-    "per value, ratios over the first [default: the engine's].",
-)
 def run_cmd(**kw: Any) -> None:
-    """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread."""
-    for spec in kw["specs"]:
-        tier_spec(spec)  # before the benchmark's imports (MLX) and any worker
-    size(kw["memory_budget"], "--memory-budget")
+    """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread.
+
+    The tier stack defaults to ram:1GiB>pread, or ram>pread under --memory-budget (the plan
+    sizes `ram`); with --io-ratio, only the calibrated stack."""
+    runtime_args({"memory_budget": kw["memory_budget"]})  # before MLX's import and any worker
+    for spec in kw["tiers"]:
+        runtime_args({"tiers": spec})
     from edge0.bench import prefill as bench_prefill
     from edge0.bench import run as bench_run
 
     opts = _options(kw)
     opts.check()
-    ks = _ks(kw["ks"])
+    ks = kw["top_k"]
     default = "ram>pread" if kw["memory_budget"] else "ram:1GiB>pread"  # the plan sizes `ram`
-    specs = list(kw["specs"]) or ([] if kw["io_ratio"] is not None else [default])
+    specs = list(kw["tiers"]) or ([] if kw["io_ratio"] is not None else [default])
     extra = ""
     if kw["io_ratio"] is not None:
         spec, cal = bench_run.calibrate(opts, ks[0], kw["io_ratio"])
@@ -316,20 +231,6 @@ def run_cmd(**kw: Any) -> None:
         )
         click.echo(extra, err=True)
         specs.append(spec)
-    modes = _csv(kw["modes"])
-    for m in modes:
-        if m not in MODES:
-            raise click.BadParameter(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
-    try:
-        chunks = bench_prefill.parse_chunks(kw["chunks"])
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    policies = _csv(kw["policies"])
-    for p in policies:
-        if p not in ROUTE_POLICIES:
-            raise click.BadParameter(
-                f"unknown route policy {p!r}; choose from {', '.join(ROUTE_POLICIES)}"
-            )
     kernels = _csv(kw["kernels"])
     for name in kernels:
         threads = name.partition(":")[2]
@@ -340,9 +241,16 @@ def run_cmd(**kw: Any) -> None:
                 f"unknown kernels {name!r}; choose from native, native:N "
                 "(N threads per call, 1-64), native-int8, mlx"
             )
-    sync_every = _sync_every(kw["sync_every"])
     variants = bench_run.make_variants(
-        modes, ks, specs, kw["predictor"], chunks, policies, kw["deadline_ms"], kernels, sync_every
+        kw["mode"],
+        ks,
+        specs,
+        kw["predictor"],
+        kw["prefill_chunk"],
+        kw["route_policy"],
+        kw["route_deadline_ms"],
+        kernels,
+        kw["sync_every"],
     )
     runs = bench_run.run_rounds(variants, opts, _progress)
     report = bench_run.report(variants, opts, runs, _command_line())
@@ -374,20 +282,12 @@ def run_cmd(**kw: Any) -> None:
 
 @click.command(name="sweep")
 @common
+@engine_options("sweep")
 @click.option(
     "--bandwidths",
     default="0.1,0.2,0.4,0.8,1.6,3.2",
     show_default=True,
     help="Emulated storage bandwidths in GB/s.",
-)
-@click.option("--modes", default="reactive,route", show_default=True)
-@renamed(
-    "--top-k",
-    "--k",
-    dest="k",
-    type=int,
-    default=None,
-    help="Routing capacity K [default: the model's top-k].",
 )
 @click.option("--lat", default="100us", show_default=True, help="Throttle latency per read.")
 @click.option("--inner", default="pread", show_default=True, help="Tier under the throttle.")
@@ -400,15 +300,15 @@ def run_cmd(**kw: Any) -> None:
 def sweep_cmd(**kw: Any) -> None:
     """Decode tok/s against emulated storage bandwidth (throttle tier), with the compute bound."""
     tier_spec(kw["inner"], "--inner")
-    size(kw["memory_budget"], "--memory-budget")
+    runtime_args({"memory_budget": kw["memory_budget"]})
     from edge0.bench import run as bench_run
     from edge0.bench import sweep as bench_sweep
 
     opts = _options(kw)
     sweep = bench_sweep.Sweep(
         bench_sweep.parse_bandwidths(kw["bandwidths"]),
-        tuple(_csv(kw["modes"])),
-        kw["k"],
+        tuple(kw["mode"]),
+        kw["top_k"],
         kw["lat"],
         kw["inner"],
         tuple(_csv(kw["bounds"])),
@@ -425,7 +325,7 @@ def sweep_cmd(**kw: Any) -> None:
 
         kw["plot_dir"].mkdir(parents=True, exist_ok=True)
         c = report["sweep"]
-        title = f"{Path(kw['model']).name}, K={kw['k'] or 'model'}, throttle lat {kw['lat']}"
+        title = f"{Path(kw['model']).name}, K={kw['top_k'] or 'model'}, throttle lat {kw['lat']}"
         plots.append(
             bench_plot.sweep_plot(c["points"], c["bounds"], kw["plot_dir"] / "sweep.png", title)
         )

@@ -6,27 +6,19 @@ in well under a second (tests/test_cli_fast_errors.py).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from edge0.errors import ConfigError, ModelLoadError, PromptError
+from edge0.options.declare import declared
+from edge0.options.engine import EngineOptions
 
-# `edge0 run` flags that only the streaming engine reads (the resident loop would ignore them)
-STREAMING_ONLY = {
-    "tiers": "--tiers",
-    "route_top_k": "--top-k",
-    "predictor": "--predictor",
-    "first_layer": "--first-layer",
-    "memory_budget": "--memory-budget",
-    "trace_file": "--trace",
-    "io_workers": "--io-workers",
-    "route_policy": "--route-policy",
-    "route_deadline_ms": "--route-deadline-ms",
-}
+# what `edge0 run`'s resident loop reads of the engine options (the rest stream experts)
+RESIDENT_READS = ("mode", "adapter", "hosts", "layers", "rank_timeout")
 
 
 def output_file(path: str | None, flag: str) -> None:
@@ -57,11 +49,17 @@ def read_stdin_text() -> str:
 def streaming_only_flags(ctx: click.Context, why: str) -> None:
     """Refuse streaming-engine flags that were given when the resident loop will run."""
     default = (None, click.core.ParameterSource.DEFAULT)
-    given = [f for k, f in STREAMING_ONLY.items() if ctx.get_parameter_source(k) not in default]
+    given = [
+        o.flag
+        for a, o in declared(EngineOptions)
+        if "run" in o.commands
+        and a.name not in RESIDENT_READS
+        and ctx.get_parameter_source(o.cli_name(a.name)) not in default
+    ]
     if given:
         raise ConfigError(
-            f"{', '.join(given)} only appl{'y' if len(given) > 1 else 'ies'} to the streaming "
-            f"engine, and {why}; drop "
+            f"{', '.join(str(f) for f in given)} only appl{'y' if len(given) > 1 else 'ies'} "
+            f"to the streaming engine, and {why}; drop "
             f"{'them' if len(given) > 1 else 'it'} or use a streaming --mode on an "
             "edge0-layout directory"
         )
@@ -87,7 +85,7 @@ def model_dir(path: Path | None) -> None:
         )
 
 
-def tier_spec(spec: str | None, flag: str = "--tiers") -> None:
+def tier_spec(spec: str | None, flag: str) -> None:
     """Parse the tier spec and every stage's options now (opens no file)."""
     if spec is None:
         return
@@ -111,34 +109,16 @@ def size(value: str | None, flag: str) -> None:
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-def runtime_args(runtime: dict[str, object]) -> None:
-    """The engine options of `edge0 run` / `edge0 serve` that click cannot check itself."""
-    tiers = runtime.get("tiers")
-    tier_spec(tiers if isinstance(tiers, str) else None)
-    budget = runtime.get("memory_budget")
-    size(budget if isinstance(budget, str) else None, "--memory-budget")
-    for key, flag in (("trace_file", "--trace"), ("run_log_json", "--log-json")):
-        value = runtime.get(key)
-        output_file(value if isinstance(value, str) else None, flag)
-
-
-SEED_MAX = 2**64 - 1  # the sampler's seed range (edge0.model.generate.SEED_MAX)
-
-
-def sampling_args(sampling: dict[str, object]) -> None:
-    """Refuse sampler values no sampler can use (NaN, inf, a seed out of range) up front, in
-    the words of `SamplingSettings`, which checks them again."""
-
-    def bad(name: str, value: object, want: str) -> ConfigError:
-        return ConfigError(f"sampling {name}={value!r} is invalid: {want}")
-
-    temp = sampling.get("temp")
-    if isinstance(temp, float) and not (math.isfinite(temp) and temp >= 0):
-        raise bad("temp", temp, "use a finite number >= 0 (0 is greedy)")
-    for name in ("top_p", "min_p"):
-        value = sampling.get(name)
-        if isinstance(value, float) and not (math.isfinite(value) and 0.0 <= value <= 1.0):
-            raise bad(name, value, "use a number in [0, 1]")
-    seed = sampling.get("seed")
-    if isinstance(seed, int) and not 0 <= seed <= SEED_MAX:
-        raise bad("seed", seed, f"use an integer in [0, {SEED_MAX}]")
+def runtime_args(engine: dict[str, object], log_json: str | None = None) -> None:
+    """The engine options (Engine.open's keywords) that click cannot check itself: tier
+    specs, sizes and output files, by the kind their declaration names."""
+    checks: dict[str, Callable[[str | None, str], None]] = {
+        "tiers": tier_spec,
+        "size": size,
+        "output-file": output_file,
+    }
+    for a, o in declared(EngineOptions):
+        value = engine.get(a.name)
+        if o.value is not None and isinstance(value, str):
+            checks[o.value](value, str(o.flag))
+    output_file(log_json, "--log-json")

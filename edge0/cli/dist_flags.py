@@ -1,50 +1,21 @@
-"""`edge0 run --hosts/--layers/--rank-timeout`: run one model as a pipeline over several ranks."""
+"""`edge0 run --hosts/--layers/--rank-timeout`: the pipeline's options, resolved for the engine."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
-
-import click
 
 from edge0.dist.hosts import LAUNCHED, launched_rank
 
 DIST_KEYS = ("hosts", "layers", "rank_timeout")
 
 
-def dist_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.option(
-            "--hosts",
-            default=None,
-            help="Pipeline the layers over several ranks: a count of local ranks (2), "
-            "a comma list of IPs, or an mlx.launch hosts.json. Under mlx.launch "
-            "the ranks come from its environment. See docs/distributed.md.",
-        ),
-        click.option(
-            "--layers",
-            default=None,
-            help="Layers per rank, e.g. 3,5 or 0-2,3-7 [default: balance resident + "
-            "streamed memory per rank].",
-        ),
-        click.option(
-            "--rank-timeout",
-            type=click.FloatRange(0.1),
-            default=120.0,
-            show_default=True,
-            help="Seconds a pipeline step may take before rank 0 ends the request with an error.",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def resolve(dist: dict[str, Any]) -> dict[str, Any]:
-    """Engine options for the pipeline flags (hosts=LAUNCHED under mlx.launch)."""
-    hosts = dist["hosts"]
+def resolve(engine: dict[str, Any]) -> dict[str, Any]:
+    """`engine` (Engine.open's keywords) with the pipeline options resolved: hosts=LAUNCHED
+    under mlx.launch, and no pipeline options at all when there is no pipeline."""
+    hosts = engine.get("hosts")
     if hosts is None and launched_rank() is not None:
         hosts = LAUNCHED
+    rest = {k: v for k, v in engine.items() if k not in DIST_KEYS}
     if hosts is None:
-        return {}
-    return {"hosts": hosts, "layers": dist["layers"], "rank_timeout": dist["rank_timeout"]}
+        return rest
+    return rest | {k: engine[k] for k in DIST_KEYS if k in engine} | {"hosts": hosts}

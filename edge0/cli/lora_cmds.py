@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from edge0.cli.options import ROUTE_POLICIES, renamed
+from edge0.cli.options import renamed
+from edge0.options.engine import ROUTE_POLICIES
 
 SAMPLES_FILE = "samples.npz"
 

@@ -8,17 +8,19 @@ from typing import Any
 
 import click
 
-from edge0.cli.checks import (
-    model_dir,
-    read_stdin_text,
-    runtime_args,
-    sampling_args,
-    streaming_only_flags,
+from edge0.cli.checks import model_dir, read_stdin_text, runtime_args, streaming_only_flags
+from edge0.cli.dist_flags import resolve
+from edge0.cli.options import (
+    engine_options,
+    log_json_option,
+    sampling_options,
+    stats_option,
+    take,
 )
-from edge0.cli.dist_flags import DIST_KEYS, dist_options, resolve
-from edge0.cli.options import RUNTIME_KEYS, runtime_options, sampling_options, stats_option
 from edge0.cli.stream import is_layout, run_streaming
 from edge0.errors import ConfigError, PromptError
+from edge0.options.engine import EngineOptions
+from edge0.options.sampling import SamplingSettings
 
 
 def read_prompt(prompt: str) -> str:
@@ -41,10 +43,18 @@ def read_prompt(prompt: str) -> str:
     show_default=True,
     help="Wrap the prompt in the tokenizer's chat template (if it has one).",
 )
-@runtime_options
+@engine_options("run")
+@log_json_option
 @stats_option
-@dist_options
-def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> None:
+def command(
+    model: Path | None,
+    prompt: str,
+    chat: bool,
+    run_log_json: str | None,
+    stats: str,
+    verbose: bool,
+    **kw: Any,
+) -> None:
     """Generate text with MODEL (a model directory; default: the demo model).
 
     Text streams to stdout as it is generated. Then one line of statistics goes to
@@ -53,41 +63,38 @@ def command(model: Path | None, prompt: str, chat: bool, **sampling: Any) -> Non
     full` (or -v) adds the mode, compute, host syncs, overlap, prefill reads, hit rates,
     tickets and event-loop lag. Under --memory-budget the memory plan's line comes first.
     """
-    runtime = {k: sampling.pop(k) for k in RUNTIME_KEYS}
-    stats, verbose = sampling.pop("stats"), sampling.pop("verbose")
+    engine = resolve(take(EngineOptions, "run", kw))
+    settings = SamplingSettings(**take(SamplingSettings, "run", kw))
     full = stats == "full" or verbose
-    runtime["dist"] = resolve({k: sampling.pop(k) for k in DIST_KEYS})
+    dist = "hosts" in engine
     # 1. every argument check that needs no MLX, mlx-lm or transformers import
     model_dir(model)
-    runtime_args(runtime)
-    sampling_args(sampling)
+    runtime_args(engine, run_log_json)
     text = read_prompt(prompt)
     ctx = click.get_current_context()
     if model is not None and not is_layout(model):
         streaming_only_flags(ctx, f"{model} is not an edge0-layout directory")
-    elif runtime["mode"] == "resident" and not runtime["dist"]:
+    elif engine.get("mode") == "resident" and not dist:
         streaming_only_flags(ctx, "--mode resident runs the resident loop")
     # 2. then the heavy imports, the demo model and the work
     from edge0.model.demo import default_model_path
-    from edge0.model.generate import SamplingSettings, encode_prompt, generate
+    from edge0.model.generate import encode_prompt, generate
     from edge0.model.loader import load
     from edge0.model.lora import maybe_apply_adapters
 
-    SamplingSettings(**sampling)  # the sampler's own last check of the values
     path = model if model is not None else default_model_path()
-    if is_layout(path) and (runtime["mode"] != "resident" or runtime["dist"]):
+    if is_layout(path) and (engine.get("mode") != "resident" or dist):
         # the streaming engine (docs/runtime.md)
-        run_streaming(path, text, chat, sampling, runtime, full=full)
+        run_streaming(path, text, chat, settings, engine, run_log_json, full=full)
         return
-    if runtime["mode"] not in (None, "resident"):
+    if engine.get("mode") not in (None, "resident"):
         raise ConfigError(
-            f"--mode {runtime['mode']} streams experts from an edge0-layout directory; "
+            f"--mode {engine['mode']} streams experts from an edge0-layout directory; "
             f"convert {path} first with `edge0 convert {path} OUT`"
         )
     loaded = load(path)
-    maybe_apply_adapters(loaded.model, path, enabled=runtime["adapter"])
+    maybe_apply_adapters(loaded.model, path, enabled=engine["adapter"])
     tokens = encode_prompt(loaded.tokenizer, text, chat=chat)
-    settings = SamplingSettings(**sampling)
     last = ""
     for piece in generate(loaded, tokens, settings):
         if piece.text:

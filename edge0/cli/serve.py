@@ -11,14 +11,9 @@ from typing import Any
 
 import click
 
-from edge0.cli.options import (
-    RUNTIME_KEYS,
-    SERVE_MAX_BATCH,
-    engine_kwargs,
-    max_batch_option,
-    runtime_options,
-)
+from edge0.cli.options import engine_options, log_json_option, take
 from edge0.errors import ConfigError, Edge0Error
+from edge0.options.engine import EngineOptions
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 MAX_BODY_RANGE = (1 << 10, 1 << 30)  # --max-body: 1 KiB .. 1 GiB (bodies are held in memory)
@@ -38,10 +33,11 @@ def check_options(
     grace: float,
     model_name: str | None,
     api_key: str | None,
-    runtime: dict[str, Any],
+    engine: dict[str, Any],
+    log_json: str | None,
 ) -> int:
     """The server options checked before any work; returns --max-body in bytes."""
-    from edge0.cli.checks import output_file
+    from edge0.cli.checks import runtime_args
     from edge0.storage.spec import parse_size
 
     try:
@@ -61,8 +57,7 @@ def check_options(
                 f"{flag} {text!r} cannot be sent over HTTP; use printable "
                 f"{'ASCII' if flag == '--api-key' else 'UTF-8 text'}"
             )
-    output_file(runtime["trace_file"], "--trace")
-    output_file(runtime["run_log_json"], "--log-json")
+    runtime_args(engine, log_json)
     return limit
 
 
@@ -154,8 +149,8 @@ class _QuietStartupFailure(logging.Filter):
     show_default=True,
     help="Log one line per HTTP request (uvicorn's access log).",
 )
-@max_batch_option(SERVE_MAX_BATCH)
-@runtime_options
+@engine_options("serve")
+@log_json_option
 def command(
     model: Path | None,
     host: str,
@@ -165,7 +160,7 @@ def command(
     max_body: str,
     grace: float,
     access_log: bool,
-    max_batch: int,
+    run_log_json: str | None,
     **kw: Any,
 ) -> None:
     """Serve MODEL (an edge0-layout directory; default: the demo model) over HTTP.
@@ -182,16 +177,14 @@ def command(
     from edge0.cli.stream import is_layout
     from edge0.loop import run
     from edge0.model.demo import default_model_path
-    from edge0.runtime.plan.options import EngineOptions
     from edge0.server.app import ServerConfig, create_app
     from edge0.server.drain import DrainingServer
 
-    runtime = {k: kw.pop(k) for k in RUNTIME_KEYS}
-    limit = check_options(max_body, grace, model_name, api_key, runtime)
-    engine = engine_kwargs(runtime) | {"max_batch": max_batch}
-    EngineOptions(**engine).check()  # the engine's own checks (e.g. --io-workers) before any work
-    if runtime["run_log_json"] is not None:
-        log.configure(json_file=runtime["run_log_json"])
+    engine = take(EngineOptions, "serve", kw)
+    limit = check_options(max_body, grace, model_name, api_key, engine, run_log_json)
+    EngineOptions(**engine).check()  # the engine's own checks before any work
+    if run_log_json is not None:
+        log.configure(json_file=run_log_json)
     path = model if model is not None else default_model_path()
     if not is_layout(path):
         raise ConfigError(

@@ -21,9 +21,9 @@ import attrs
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
+from edge0.options.engine import EngineOptions
 from edge0.runtime.plan.footprint import footprint
 from edge0.runtime.plan.memory import Footprint, MemoryPlan, kv_bytes, plan, state_bytes
-from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.setup.prepare import kept_layers
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

@@ -20,6 +20,7 @@ from edge0.layout.safetensors_io import MX_DTYPES
 from edge0.log import get_logger
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
+from edge0.options.engine import EngineOptions
 from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor
 from edge0.routing.prerouter import PrerouterSet
@@ -30,7 +31,6 @@ from edge0.runtime.io.slots import SlotPool, pool_size
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.layers.streams import LayerStream, Lookahead, ResidentExperts
 from edge0.runtime.plan.memory import with_ram
-from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.setup.build import Setup
 from edge0.runtime.setup.prepare import (
     choose_predictor,

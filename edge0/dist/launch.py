@@ -36,9 +36,9 @@ from edge0.dist.plan import Split, plan_split
 from edge0.errors import ConfigError, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
+from edge0.options.engine import EngineOptions
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.plan.memory import MemoryPlan
-from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.setup.build import Setup
 from edge0.stats import current_rss_bytes
 

@@ -35,7 +35,7 @@ from edge0.dist.link import (
 from edge0.dist.stage import Stage
 from edge0.errors import ConfigError
 from edge0.log import get_logger
-from edge0.model.generate import SamplingSettings
+from edge0.model.generate import Sampler, SamplingSettings
 from edge0.model.sparse import sparse_blocks
 from edge0.runtime.compute.runner import greedy
 from edge0.runtime.compute.steps import Steps
@@ -266,7 +266,7 @@ def serve(node: Any) -> None:
         m = link.recv(prev, f"rank {rank}: waiting for rank {prev}", timeout=None)
         if m.kind == BEGIN:
             part = StageRunner(node.stage, node.ctx, m.request, node.entry, node.exit_to)
-            sampler = words_settings(m.payload).sampler()  # seeded here, as on one machine
+            sampler = Sampler(words_settings(m.payload))  # seeded here, as on one machine
             if not last:
                 link.send(nxt, m, f"rank {rank}: passing a request to rank {nxt}")
         elif m.kind == STEP:

@@ -24,8 +24,8 @@ from edge0.errors import Edge0Error, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.loop import run as run_async
+from edge0.options.engine import EngineOptions
 from edge0.runtime.compute.thread import ComputeThread
-from edge0.runtime.plan.options import EngineOptions
 from edge0.stats import current_rss_bytes
 
 log = get_logger("edge0.dist.worker")
@@ -105,27 +105,17 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def worker_from_cli(
-    path: Path, runtime: dict[str, Any], predictor: str | None, dist: dict[str, Any]
-) -> bool:
-    """`edge0 run` under mlx.launch: on a rank > 0, serve as a worker (True); rank 0: False."""
+def worker_from_cli(path: Path, engine: dict[str, Any]) -> bool:
+    """`edge0 run` under mlx.launch: on a rank > 0, serve as a worker (True); rank 0: False.
+
+    `engine` holds `Engine.open`'s keywords from the command line; a worker takes them all
+    but the trace (rank 0 writes it) and the hosts (it is one of them)."""
     from edge0.dist.hosts import LAUNCHED, launched_rank
 
     rank = launched_rank()
-    if dist.get("hosts") != LAUNCHED or rank is None or rank == 0:
+    if engine.get("hosts") != LAUNCHED or rank is None or rank == 0:
         return False
-    opts = EngineOptions(
-        tiers=runtime["tiers"],
-        mode=runtime["mode"] or "route",
-        top_k=runtime["route_top_k"],
-        predictor=predictor,
-        first_layer=runtime["first_layer"],
-        memory_budget=runtime["memory_budget"],
-        io_workers=runtime["io_workers"],
-        adapter=runtime["adapter"],
-        layers=dist["layers"],
-        rank_timeout=dist["rank_timeout"],
-    )
+    opts = EngineOptions(**{k: v for k, v in engine.items() if k not in ("trace", "hosts")})
     opts.check()
     try:
         run_async(work(path, opts, rank, None))

@@ -3,85 +3,25 @@
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from edge0.errors import ConfigError, PromptError
+from edge0.errors import PromptError
 from edge0.log import get_logger
 from edge0.model.loader import LoadedModel
+from edge0.options.sampling import SamplingSettings as SamplingSettings  # re-exported
+from edge0.options.sampling import TokenHooks as TokenHooks  # re-exported
 from edge0.stats import GenerationStats, peak_mlx_bytes, peak_rss_bytes
 
 log = get_logger(__name__)
 
 PREFILL_CHUNK = 512  # prompt tokens per forward pass during prefill
-
-
-SEED_MAX = 2**64 - 1
-
-
-def _check_settings(settings: SamplingSettings) -> None:
-    """Raise ConfigError for a setting no sampler can use (NaN, inf, out of range)."""
-
-    def bad(name: str, value: object, want: str) -> ConfigError:
-        return ConfigError(f"sampling {name}={value!r} is invalid: {want}")
-
-    if not isinstance(settings.max_tokens, int) or settings.max_tokens < 1:
-        raise bad("max_tokens", settings.max_tokens, "use an integer >= 1")
-    if not (math.isfinite(settings.temp) and settings.temp >= 0):
-        raise bad("temp", settings.temp, "use a finite number >= 0 (0 is greedy)")
-    for name in ("top_p", "min_p"):
-        value = getattr(settings, name)
-        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-            raise bad(name, value, "use a number in [0, 1]")
-    if not isinstance(settings.top_k, int) or settings.top_k < 0:
-        raise bad("top_k", settings.top_k, "use an integer >= 0 (0 is off)")
-    seed = settings.seed
-    if seed is not None and (not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
-        raise bad("seed", seed, f"use an integer in [0, {SEED_MAX}]")
-
-
-class TokenHooks(Protocol):
-    """What a request adds to its sampler, called on the compute thread once per draw."""
-
-    def mask(self, logprobs: mx.array) -> mx.array:
-        """The (1, vocab) log-probabilities to draw from (disallowed tokens at -inf)."""
-        ...
-
-    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
-        """After the draw: the model's own (1, vocab) log-probabilities and the drawn token."""
-        ...
-
-
-@attrs.frozen
-class SamplingSettings:
-    """How tokens are chosen. temp 0 is greedy; top_p 1.0 / top_k 0 / min_p 0 are off.
-
-    With a seed, every request with these settings draws the same tokens (in every
-    mode: the sampler owns its random key). Invalid values raise ConfigError.
-    """
-
-    max_tokens: int = 256
-    temp: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    # per-request token hooks (a token mask, log-probabilities): see TokenHooks
-    hooks: TokenHooks | None = attrs.field(default=None, eq=False, repr=False)
-
-    def __attrs_post_init__(self) -> None:
-        _check_settings(self)
-
-    def sampler(self) -> Sampler:
-        """A fresh sampler for one request (build it on the thread that runs the model)."""
-        return Sampler(self)
 
 
 class Sampler:
@@ -223,7 +163,7 @@ def generate(
             allowed=max_tokens,
             context=loaded.context_length,
         )
-    sampler = settings.sampler()
+    sampler = Sampler(settings)
     model, tokenizer = loaded.model, loaded.tokenizer
     cache = cache if cache is not None else make_prompt_cache(model)
     eos = set(tokenizer.eos_token_ids)

@@ -16,10 +16,10 @@ import mlx.nn as nn
 
 from edge0.errors import ConfigError
 from edge0.log import get_logger
+from edge0.options.engine import PREDICTORS
 from edge0.routing.prerouter import PrerouterSet, RouterCopyHead
 
 log = get_logger("edge0.routing.predictors")
-NAMES = ("oracle", "temporal", "init", "heads")
 
 
 class Predictor(Protocol):
@@ -177,7 +177,7 @@ def make_predictor(
     elif name == "init":
         pred = HeadPredictor(PrerouterSet.from_model(model, wrap=wrap, lean=True), "init")
     else:
-        raise ConfigError(f"unknown predictor {name!r}; choose one of {', '.join(NAMES)}")
+        raise ConfigError(f"unknown predictor {name!r}; choose one of {', '.join(PREDICTORS)}")
     if not wrap:  # no head predicts the first streamed layer
         pred.targets = {a: b for a, b in pred.targets.items() if b != layers[0]}
     log.info("predictor", name=pred.name, heads=len(pred.targets))

@@ -113,7 +113,7 @@ def model_type(model: nn.Module) -> str:
 
 def runtime_wraps() -> bool:
     """Whether `edge0 run`'s default first-layer policy is the wrap-around head."""
-    from edge0.runtime.plan.options import EngineOptions
+    from edge0.options.engine import EngineOptions
 
     return bool(EngineOptions().first_layer == "wrap")
 

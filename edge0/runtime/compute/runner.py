@@ -15,9 +15,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from edge0.model.sparse import sparse_blocks
-from edge0.runtime.compute.steps import MODES, Steps
+from edge0.runtime.compute.steps import Steps
 
-__all__ = ["MODES", "Runner", "Sampler", "greedy"]
+__all__ = ["Runner", "Sampler", "greedy"]
 
 
 Sampler = Callable[[mx.array], mx.array]

@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from edge0.runtime.layers.policy import RoutePolicy
     from edge0.runtime.prefill.chunks import ChunkState
 
-MODES = ("resident", "reactive", "hint", "route")
-
 
 class Stream(Protocol):
     """What the clock needs of a layer's stream (edge0.runtime.layers.streams.LayerStream)."""

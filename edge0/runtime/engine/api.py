@@ -16,23 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import structlog
 
 from edge0 import log as edge0_log
 from edge0.errors import PromptError
 from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
+from edge0.options.declare import signature_doc
+from edge0.options.engine import EngineOptions
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.engine.batcher import Batcher
 from edge0.runtime.engine.requests import EngineClosedError, Request
 from edge0.runtime.engine.solo import run_request
 from edge0.runtime.engine.summary import RunStats
-from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.setup.build import Setup, build
 
 __all__ = ["Engine"]
@@ -65,13 +68,7 @@ class Engine:
     async def open(cls, path: str | Path, **options: Any) -> AsyncIterator[Engine]:
         """Load `path` (an edge0-layout directory) and start the runtime.
 
-        Options (see EngineOptions): tiers="ram>pread" (or a Tier object),
-        mode="route" (resident, reactive, hint, route), top_k=None (the model's),
-        predictor=None (heads when prerouter.safetensors exists, else init; or
-        oracle, temporal), memory_budget=None ("3GiB"), trace=None (a .json path),
-        first_layer="resident" (or "wrap", "reactive"), io_workers=2,
-        sync_every=None (route: layers per host sync), max_batch=1 (requests decoded
-        together), token_buffer=64 (unread tokens before a batched request pauses).
+        The keyword options are EngineOptions' fields (edge0/options/engine.py):
         """
         if not structlog.is_configured():  # a library stays quiet unless the app configures logs
             edge0_log.configure("warning")
@@ -253,3 +250,20 @@ class Engine:
                 req.finish(exc)
             else:
                 req.finish()
+
+
+def _open_signature() -> None:
+    """Engine.open's signature and the list of its options, from EngineOptions' fields."""
+    fn = Engine.open.__func__  # type: ignore[attr-defined]
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("cls", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("path", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str | Path"),
+        *(inspect.Parameter(a.name, kw, default=a.default) for a in attrs.fields(EngineOptions)),
+    ]
+    fn.__signature__ = inspect.Signature(params)
+    if fn.__doc__:
+        fn.__doc__ = fn.__doc__.rstrip() + "\n" + signature_doc(EngineOptions) + "\n"
+
+
+_open_signature()

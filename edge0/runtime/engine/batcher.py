@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from edge0.model.generate import Sampler
 from edge0.runtime.compute.batch import (
     BatchStep,
     RowState,
@@ -141,7 +142,7 @@ class Batcher:
         def start() -> Any:
             if others:  # a fresh step: the others' prefetched slots may serve the prompt
                 ctx.step += 1
-            return eng.setup.make_runner(req.id, settings.sampler(), settings)
+            return eng.setup.make_runner(req.id, Sampler(settings), settings)
 
         runner = await compute.run(start)
         row = RowState(runner, req.id)

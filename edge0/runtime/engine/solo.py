@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 
 from edge0.log import get_logger
+from edge0.model.generate import Sampler
 from edge0.runtime.compute.runner import Runner, greedy
 from edge0.runtime.compute.steps import StepRecord
 from edge0.runtime.engine.requests import Request
@@ -97,7 +98,7 @@ async def run_request(engine: Engine, req: Request) -> None:
     ctx, sched, compute = engine.setup.ctx, engine.setup.scheduler, engine._compute
     settings = req.settings
     runner = await compute.run(  # the sampler is seeded on this thread
-        lambda: engine.setup.make_runner(req.id, settings.sampler(), settings)
+        lambda: engine.setup.make_runner(req.id, Sampler(settings), settings)
     )
     first_record = len(ctx.records)
     reads0 = reads_now(engine)

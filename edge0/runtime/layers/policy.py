@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.layers.policy_graph import DeviceChoice, pool_slots
@@ -48,17 +47,7 @@ if TYPE_CHECKING:
     from edge0.runtime.layers.streams import LayerStream
 
 log = get_logger(__name__)
-POLICIES = ("predicted", "available-first", "available-first-sync", "deadline")
-DEFAULT_POLICY = "predicted"  # docs/benchmarks/route_policy.md, "The default" (layer-heads round)
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
-
-
-def check_policy(name: str, deadline_ms: float | None) -> None:
-    """ConfigError for an unknown policy or a negative deadline."""
-    if name not in POLICIES:
-        raise ConfigError(f"unknown route policy {name!r}; choose one of {', '.join(POLICIES)}")
-    if deadline_ms is not None and (math.isnan(deadline_ms) or deadline_ms < 0):
-        raise ConfigError(f"--route-deadline-ms must be 0 or more (or inf), got {deadline_ms}")
 
 
 def host_rank(true: list[int], scores: list[float]) -> list[int]:

@@ -8,6 +8,7 @@ import numpy as np
 
 from edge0.layout.manifest import Manifest
 from edge0.model.loaded import activation_dtype
+from edge0.options.engine import EngineOptions
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.io.slotmem import ALIGN, slot_bytes
 from edge0.runtime.plan.memory import (
@@ -18,7 +19,6 @@ from edge0.runtime.plan.memory import (
     state_bytes,
     working_bytes,
 )
-from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.prefill.memory import chunk_bytes_per_token, chunk_fixed_bytes
 
 

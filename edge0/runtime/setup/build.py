@@ -16,6 +16,7 @@ import mlx.nn as nn
 from edge0.heap import fix_mmap_threshold
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
+from edge0.options.engine import EngineOptions
 from edge0.runtime.compute.runner import Runner
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.compute.thread import ComputeThread
@@ -23,7 +24,6 @@ from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.plan.footprint import footprint
 from edge0.runtime.plan.memory import DEFAULT_CHUNK, MemoryPlan, given_cache, plan, with_ram
-from edge0.runtime.plan.options import EngineOptions
 from edge0.runtime.setup.prepare import prepare
 from edge0.stats import current_rss_bytes
 from edge0.storage.spec import open_tiers

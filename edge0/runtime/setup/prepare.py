@@ -12,6 +12,7 @@ from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
+from edge0.options.engine import SYNC_EVERY, EngineOptions
 from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
@@ -35,7 +36,6 @@ from edge0.runtime.layers.streams import (
 )
 from edge0.runtime.layers.syncs import SyncGroups
 from edge0.runtime.plan.footprint import batch_k
-from edge0.runtime.plan.options import SYNC_EVERY, EngineOptions
 
 
 def model_top_k(block: nn.Module) -> int:
