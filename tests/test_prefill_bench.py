@@ -58,7 +58,7 @@ def test_bench_compares_chunked_with_one_token_prefill(store: Path, tmp_path: Pa
 
 def test_bench_rejects_a_bad_chunk_list(store: Path) -> None:
     res = CliRunner().invoke(main, ["bench", "run", str(store), "--prefill-chunk", "1,x"])
-    assert res.exit_code == 2 and "--prefill-chunk takes integers" in res.output
+    assert res.exit_code == 2 and "--prefill-chunk (prefill_chunk=) takes an integer" in res.output
     res = CliRunner().invoke(main, ["bench", "run", str(store), "--prefill-chunk", "0"])
     assert res.exit_code == 2 and "at least 1" in res.output
 

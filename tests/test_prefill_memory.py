@@ -154,7 +154,7 @@ def test_chunked_prefill_in_pieces_equals_one_token(
     assert seen == []  # one-token prefill never wraps the layers
     got = asyncio.run(generate(hybrid, PROMPT, 11, mode="route", predictor="init"))
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
     assert seen and set(seen) == {11}  # both chunks of 11 went through the pieces
 
 
@@ -168,7 +168,7 @@ def test_the_budget_chooses_the_chunk(hybrid: Path) -> None:
     assert setup.memory_plan.prompt > 0
     one = asyncio.run(generate(hybrid, PROMPT, 1, mode="reactive"))
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
 
 
 def test_a_chunk_over_the_budget_is_refused(hybrid: Path) -> None:

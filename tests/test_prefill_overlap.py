@@ -184,4 +184,4 @@ def test_read_ahead_is_exact(
     assert clash == []
     assert early_reads[0] > 0  # chunks of 8 at K=2, E=8 are read ahead (T x K >= COVER x E)
     assert got["tokens"] == one["tokens"]
-    np.testing.assert_allclose(got["logits"], one["logits"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
