@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from edge0.errors import ConfigError, ModelLoadError, PromptError
+from edge0.hub.ids import HubId, parse
 from edge0.options.declare import declared
 from edge0.options.engine import EngineOptions
 
@@ -65,6 +66,17 @@ def streaming_only_flags(ctx: click.Context, why: str) -> None:
         )
 
 
+def model_arg(model: str | None) -> HubId | None:
+    """A MODEL argument: the hub id it names (checked later, by the Hub), or None after the
+    checks of a local directory (None also for no MODEL: the demo model)."""
+    if model is None:
+        return None
+    hub = parse(model)
+    if hub is None:
+        model_dir(Path(model))
+    return hub
+
+
 def model_dir(path: Path | None) -> None:
     """Refuse a MODEL argument that cannot be a model directory (None: the demo model)."""
     if path is None:
@@ -73,7 +85,7 @@ def model_dir(path: Path | None) -> None:
     if not path.exists():
         raise ModelLoadError(
             f"{path}: no such model directory; check the path (a Hugging Face or mlx-lm "
-            "checkpoint directory, or the output of `edge0 convert`)"
+            "checkpoint directory, the output of `edge0 convert`, or a hub id ORG/NAME)"
         )
     if not path.is_dir():
         raise ModelLoadError(f"{path}: is a file; pass the model directory that contains it")

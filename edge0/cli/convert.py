@@ -8,7 +8,7 @@ import click
 
 
 @click.command("convert")
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("src")
 @click.argument("dst", type=click.Path(file_okay=False))
 @click.option(
     "--bits",
@@ -53,12 +53,14 @@ def command(
     zstd_level: int,
     force: bool,
 ) -> None:
-    """Convert the checkpoint in SRC into an edge0-layout directory DST."""
-    from pathlib import Path
+    """Convert the checkpoint in SRC (a directory, or a Hugging Face id ORG/NAME[@REVISION],
+    downloaded into the Hugging Face cache) into an edge0-layout directory DST."""
+    import sys
 
-    from edge0.cli.checks import model_dir
+    from edge0.cli.checks import model_arg
 
-    model_dir(Path(src))  # before the converter's imports (mlx-lm, seconds)
+    model_arg(src)  # before the converter's imports (mlx-lm, seconds)
+    from edge0.hub.resolve import source
     from edge0.layout.convert import ConvertOptions, convert
 
     start = time.perf_counter()
@@ -71,7 +73,7 @@ def command(
         zstd_level=zstd_level,
         force=force,
     )
-    m = convert(src, dst, opts)
+    m = convert(source(src, progress=sys.stderr.isatty()), dst, opts)
     size = m.experts_file_size
     click.echo(
         f"wrote {dst}: {len(m.moe_layers)} MoE layers x {m.n_experts} experts, "

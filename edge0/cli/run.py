@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from edge0.cli.checks import model_dir, read_stdin_text, runtime_args, streaming_only_flags
+from edge0.cli.checks import model_arg, read_stdin_text, runtime_args, streaming_only_flags
 from edge0.cli.dist_flags import resolve
 from edge0.cli.options import (
     engine_options,
@@ -34,7 +34,7 @@ def read_prompt(prompt: str) -> str:
 
 
 @click.command("run")
-@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.argument("model", required=False)
 @click.option("-p", "--prompt", required=True, help='Prompt text, or "-" to read stdin.')
 @sampling_options
 @click.option(
@@ -47,7 +47,7 @@ def read_prompt(prompt: str) -> str:
 @log_json_option
 @stats_option
 def command(
-    model: Path | None,
+    model: str | None,
     prompt: str,
     chat: bool,
     run_log_json: str | None,
@@ -55,7 +55,8 @@ def command(
     verbose: bool,
     **kw: Any,
 ) -> None:
-    """Generate text with MODEL (a model directory; default: the demo model).
+    """Generate text with MODEL (a model directory or a Hugging Face id ORG/NAME[@REVISION],
+    downloaded and converted on first use; default: the demo model).
 
     Text streams to stdout as it is generated. Then one line of statistics goes to
     stderr: prompt and decode tokens per second, peak MLX memory and peak RSS, and for
@@ -68,11 +69,11 @@ def command(
     full = stats == "full" or verbose
     dist = "hosts" in engine
     # 1. every argument check that needs no MLX, mlx-lm or transformers import
-    model_dir(model)
+    hub = model_arg(model)
     runtime_args(engine, run_log_json)
     text = read_prompt(prompt)
     ctx = click.get_current_context()
-    if model is not None and not is_layout(model):
+    if model is not None and hub is None and not is_layout(Path(model)):
         streaming_only_flags(ctx, f"{model} is not an edge0-layout directory")
     elif engine.get("mode") == "resident" and not dist:
         streaming_only_flags(ctx, "--mode resident runs the resident loop")
@@ -82,7 +83,12 @@ def command(
     from edge0.model.loader import load
     from edge0.model.lora import maybe_apply_adapters
 
-    path = model if model is not None else default_model_path()
+    if model is None:
+        path = default_model_path()
+    else:
+        from edge0.hub.resolve import runnable
+
+        path = runnable(model, progress=sys.stderr.isatty())
     if is_layout(path) and (engine.get("mode") != "resident" or dist):
         # the streaming engine (docs/runtime.md)
         run_streaming(path, text, chat, settings, engine, run_log_json, full=full)

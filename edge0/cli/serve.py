@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-from pathlib import Path
+import sys
 from types import FrameType
 from typing import Any
 
 import click
 
+from edge0.cli.checks import model_arg
 from edge0.cli.options import engine_options, log_json_option, take
 from edge0.errors import ConfigError, Edge0Error
 from edge0.options.engine import EngineOptions
@@ -101,7 +102,7 @@ class _QuietStartupFailure(logging.Filter):
 
 
 @click.command("serve")
-@click.argument("model", required=False, type=click.Path(path_type=Path))
+@click.argument("model", required=False)
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -152,7 +153,7 @@ class _QuietStartupFailure(logging.Filter):
 @engine_options("serve")
 @log_json_option
 def command(
-    model: Path | None,
+    model: str | None,
     host: str,
     port: int,
     api_key: str | None,
@@ -163,7 +164,8 @@ def command(
     run_log_json: str | None,
     **kw: Any,
 ) -> None:
-    """Serve MODEL (an edge0-layout directory; default: the demo model) over HTTP.
+    """Serve MODEL (an edge0-layout directory or a Hugging Face id ORG/NAME[@REVISION],
+    downloaded and converted on first use; default: the demo model) over HTTP.
 
     OpenAI: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
     Anthropic: POST /v1/messages. GET /health, GET /metrics (Prometheus).
@@ -185,13 +187,20 @@ def command(
     EngineOptions(**engine).check()  # the engine's own checks before any work
     if run_log_json is not None:
         log.configure(json_file=run_log_json)
-    path = model if model is not None else default_model_path()
+    hub = model_arg(model)
+    if model is None:
+        path = default_model_path()
+    else:
+        from edge0.hub.resolve import runnable
+
+        path = runnable(model, progress=sys.stderr.isatty())
     if not is_layout(path):
         raise ConfigError(
             f"{path} is not an edge0-layout directory; `edge0 serve` streams "
             f"experts from one: run `edge0 convert {path} OUT` first"
         )
-    model_id = model_name or ("edge0-demo" if model is None else path.resolve().name)
+    default_id = path.resolve().name if hub is None else hub.repo
+    model_id = model_name or ("edge0-demo" if model is None else default_id)
     if host not in LOOPBACK and not api_key:
         click.echo(f"edge0 serve: warning: listening on {host} without --api-key", err=True)
     sock = listen(host, port)
