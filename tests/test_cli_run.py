@@ -13,15 +13,18 @@ from click.testing import CliRunner, Result
 
 from edge0.cli.main import main
 from edge0.errors import ModelLoadError, PromptError
+from edge0.model.demo import default_model_path
 from edge0.model.generate import SamplingSettings, encode_prompt, generate
+from edge0.routing.validation import Validation
 
 STATS = re.compile(
     r"^prompt: \d+ tok, [\d.]+ tok/s \| decode: \d+ tok, [\d.]+ tok/s \| "
     r"peak MLX memory: [\d.]+ MiB \| peak RSS: [\d.]+ MiB$"
 )
-# a streamed run's one line: the same, then reads and waits
+# a streamed run's one line: the same, then reads, waits, and whether the output is exact
 STREAM_STATS = re.compile(
-    STATS.pattern[:-1] + r" \| reads: [\d.]+ MiB/token \| blocked: [\d.]+ ms/step$"
+    STATS.pattern[:-1] + r" \| reads: [\d.]+ MiB/token \| blocked: [\d.]+ ms/step"
+    r" \| (exact|approximate \(route, .+\))$"
 )
 
 
@@ -93,7 +96,10 @@ def test_default_model_is_converted_on_first_use() -> None:
     assert full.exit_code == 0, full.output
     lines = full.stderr.strip().splitlines()
     assert STATS.match(lines[0]) and len(lines) > 1, full.stderr
-    assert any(line.startswith("mode route") for line in lines), full.stderr
+    # the default mode: route where the shipped heads carry a validation record, else hint
+    validated = Validation.read(default_model_path()) is not None
+    mode = "mode route, approximate (route, agreement " if validated else "mode hint, exact"
+    assert any(line.startswith(mode) for line in lines), full.stderr
     assert any(line.startswith("tickets issued") for line in lines), full.stderr
     assert full.stdout == result.stdout  # greedy: the same text whatever is reported
 

@@ -52,7 +52,7 @@ def test_run_streams_and_writes_trace_and_json_log(store: Path, tmp_path: Path) 
             log._json_sink.close()
         log.configure("warning")
     assert res.exit_code == 0, res.output
-    assert "blocked load" in res.output and "mode hint (top-k 2" in res.output
+    assert "blocked load" in res.output and "mode hint, exact (top-k 2" in res.output
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("cat", "").startswith("read.") for e in events)
     kinds = {json.loads(line)["event"] for line in logs.read_text().splitlines()}
@@ -81,6 +81,8 @@ def test_ctrl_c_exits_cleanly_with_stats_so_far(store: Path, tmp_path: Path) -> 
         "-p",
         "hello",
         "--no-chat",
+        "--mode",
+        "route",  # untrained heads: a long answer (exact mode's greedy one ends at once)
         "--max-tokens",
         "100000",
         "--tiers",

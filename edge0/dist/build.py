@@ -107,7 +107,7 @@ def load_node(
         size,
         split,
         stage,
-        Steps(opts.mode, k, tracer),
+        Steps(opts.run_mode, k, tracer),
         link,
         int(config["hidden_size"]),
         dtype,
@@ -125,7 +125,7 @@ def load_node(
     n_slots = n_slots or pool_size(k, len(streamed))
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
     table = SlotPool(streamed, n_slots)
-    steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
+    steps = Steps(opts.run_mode, k, tracer, predictor=predictor, memory=memory)
     node.ctx = steps
     node.entry = streamed[0] if streamed else None
     for i in keep:
@@ -133,7 +133,7 @@ def load_node(
             steps.resident_experts[i] = resident_stacks(path, manifest, i)
     if opts.record_routing:
         steps.recording = {}
-    streams = make_streams([i for i, _, _ in blocks], steps, memory, manifest, opts.mode)
+    streams = make_streams([i for i, _, _ in blocks], steps, memory, manifest, opts.run_mode)
     if predictor is not None:
         _wire_heads(
             node,

@@ -25,6 +25,7 @@ from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.loop import run as run_async
 from edge0.options.engine import EngineOptions
+from edge0.routing.validation import with_mode
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.stats import current_rss_bytes
 
@@ -115,7 +116,8 @@ def worker_from_cli(path: Path, engine: dict[str, Any]) -> bool:
     rank = launched_rank()
     if engine.get("hosts") != LAUNCHED or rank is None or rank == 0:
         return False
-    opts = EngineOptions(**{k: v for k, v in engine.items() if k not in ("trace", "hosts")})
+    asked = EngineOptions(**{k: v for k, v in engine.items() if k not in ("trace", "hosts")})
+    opts = with_mode(asked, path)  # as rank 0 decides it
     opts.check()
     try:
         run_async(work(path, opts, rank, None))

@@ -42,20 +42,16 @@ class EngineOptions:
         defaults={"bench": None},  # the benchmark's own: see `edge0 bench run --help`
         repeats=("bench",),
     )
-    mode: str = opt(
-        "route",
-        "Decode mode.",
+    mode: str | None = opt(
+        None,
+        "Decode mode: resident, reactive and hint are exact; route computes with the "
+        "predicted experts (docs/prerouter.md).",
         flag="--mode",
         commands=ALL,
         choices=MODES,
-        default_help="route for edge0-layout dirs, else resident",
-        # run: None lets `edge0 run` pick resident for a directory that is not a layout
-        defaults={
-            "run": None,
-            "serve": None,
-            "bench": "resident,reactive,hint,route",
-            "sweep": "reactive,route",
-        },
+        default_help="route when the layout's heads carry a validation record "
+        "(`edge0 tune`), else hint (exact); resident for a directory that is not a layout",
+        defaults={"bench": "resident,reactive,hint,route", "sweep": "reactive,route"},
         lists=("bench", "sweep"),
         old=("--modes",),
     )
@@ -223,6 +219,13 @@ class EngineOptions:
         default_help="0",
     )
 
+    @property
+    def run_mode(self) -> str:
+        """The decode mode once decided (Engine.open decides a None mode from the layout)."""
+        if self.mode is None:
+            raise ConfigError("no decode mode decided; open the engine with Engine.open")
+        return self.mode
+
     def check(self) -> None:
         """ConfigError for a value out of its declared range, or options that conflict."""
         check_declared(self)
@@ -231,7 +234,7 @@ class EngineOptions:
         if self.max_batch > 1 and self.hosts is not None:
             raise ConfigError("--max-batch > 1 is not supported with --hosts; use --max-batch 1")
         if self.route_policy != "predicted" and (
-            self.mode != "route" or self.hosts is not None or self.max_batch > 1
+            self.mode not in (None, "route") or self.hosts is not None or self.max_batch > 1
         ):
             raise ConfigError(
                 f"--route-policy {self.route_policy} needs --mode route on one process, one "

@@ -31,6 +31,7 @@ from edge0.log import get_logger
 from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
 from edge0.options.declare import signature_doc
 from edge0.options.engine import EngineOptions
+from edge0.routing.validation import exactness, warn_unvalidated, with_mode
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.engine.batcher import Batcher
 from edge0.runtime.engine.requests import EngineClosedError, Request
@@ -72,7 +73,8 @@ class Engine:
         """
         if not structlog.is_configured():  # a library stays quiet unless the app configures logs
             edge0_log.configure("warning")
-        opts = EngineOptions(**options)
+        asked = EngineOptions(**options)
+        opts = with_mode(asked, path)  # no mode given: route on validated heads, else hint
         compute = ComputeThread()
         try:
             if opts.hosts is not None:  # a pipeline over several ranks: this is rank 0
@@ -85,6 +87,11 @@ class Engine:
         except BaseException:
             compute.close()
             raise
+        predictor = getattr(setup.ctx.predictor, "name", "")
+        setup.exactness = exactness(opts, path, predictor)
+        validated = setup.exactness.startswith("approximate (route, agreement")
+        if asked.mode == "route" and setup.exactness != "exact" and not validated:
+            warn_unvalidated(setup.exactness)  # once, as the engine opens
         engine = cls(setup, compute)
         try:
             await engine._start()

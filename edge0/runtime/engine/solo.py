@@ -83,6 +83,7 @@ def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
     policy = engine.options.route_policy if ctx.mode == "route" else ""
     stats = RunStats(
         mode=ctx.mode,
+        exactness=engine.setup.exactness,
         top_k=ctx.top_k,
         prompt_tokens=len(req.ids),
         predictor=getattr(ctx.predictor, "name", ""),

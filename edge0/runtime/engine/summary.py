@@ -18,6 +18,7 @@ class RunStats:
     """What one request (or a run so far) did. Times in seconds unless named _ms."""
 
     mode: str = ""
+    exactness: str = ""  # "exact", or "approximate (route, agreement X%)" (routing.validation)
     top_k: int = 0
     predictor: str = ""
     prompt_tokens: int = 0
@@ -88,6 +89,7 @@ class RunStats:
             )
             + f" | reads: {self.bytes_per_token / _MIB:.2f} MiB/token"
             f" | blocked: {self.blocked_ms_per_step:.1f} ms/step"
+            + (f" | {self.exactness}" if self.exactness else "")
         )
 
     def summary(self) -> str:
@@ -104,8 +106,8 @@ class RunStats:
                     self.peak_mlx_bytes,
                     self.peak_rss_bytes,
                 ),
-                f"mode {self.mode} (top-k {self.top_k}, predictor {self.predictor or '-'}"
-                f"{self._policy()}) | "
+                f"mode {self.mode}, {self.exactness or 'exact'} (top-k {self.top_k}, predictor "
+                f"{self.predictor or '-'}{self._policy()}) | "
                 f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
                 f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
                 f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "

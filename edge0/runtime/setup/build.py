@@ -52,6 +52,7 @@ class Setup:
     runner: Callable[..., Any] | None = None  # (request, sampler, settings) -> a Runner
     on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     dist: Any = None  # the pipeline node (edge0.dist.build.Node) of rank 0
+    exactness: str = "exact"  # what the stats line says of the output (routing.validation)
 
     def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:
         if self.runner is not None:

@@ -91,7 +91,7 @@ def prepare(
     )
     memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
     table = SlotPool(streamed, n_slots)
-    steps = Steps(opts.mode, k, tracer, predictor=predictor, memory=memory)
+    steps = Steps(opts.run_mode, k, tracer, predictor=predictor, memory=memory)
     if keep and model_dir is not None:
         steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
     if opts.record_routing:
@@ -102,7 +102,7 @@ def prepare(
     if opts.mode == "route" and opts.route_policy != "predicted":
         deadline = DEFAULT_DEADLINE_MS if opts.route_deadline_ms is None else opts.route_deadline_ms
         steps.policy = RoutePolicy(opts.route_policy, deadline, steps, layer_heads)
-    streams = make_streams(layers, steps, memory, manifest, opts.mode)
+    streams = make_streams(layers, steps, memory, manifest, opts.run_mode)
     if predictor is not None:  # heads only for layers that are streamed
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
         for owner, target in predictor.targets.items():
