@@ -1,20 +1,30 @@
-"""Stage 1: distil prerouter heads from routing traces in MLX (KL + top-K set BCE)."""
+"""Stage 1: distil prerouter heads from routing traces (KL + top-K set BCE), early stopping."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import attrs
 import mlx.core as mx
-import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
+from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from edge0.errors import ConfigError
 from edge0.log import get_logger
-from edge0.routing.prerouter import PrerouterHead, PrerouterSet, multi_hot
+from edge0.routing.prerouter import PrerouterSet
+from edge0.train.head_fit import (
+    HeadParams,
+    Rows,
+    adamw,
+    forward,
+    loss_and_grad,
+    multi_hot,
+    objective,
+    recall,
+)
 from edge0.train.traces import TraceSet, head_rows, horizon_lead
 
 log = get_logger(__name__)
@@ -37,65 +47,12 @@ class HeadTrainConfig:
     seed: int = 0
 
 
-class _Heads(nn.Module):
-    """The heads as one module so one optimizer updates them all."""
-
-    def __init__(self, heads: list[PrerouterHead]) -> None:
-        super().__init__()
-        self.heads = heads
-
-
-Batch = list[
-    tuple[mx.array, mx.array, mx.array, mx.array]
-]  # per head: hidden, hot_t, hot_prev, target
-
-
-def make_batch(
-    ts: TraceSet,
-    seqs: np.ndarray,
-    pos: np.ndarray,
-    pairs: list[tuple[int, int]],
-    lead: int = 1,
-) -> Batch:
-    e = ts.meta.num_experts
-    out = []
-    for a, b in pairs:
-        h, t, p, y = head_rows(ts, seqs, pos, a, b, lead)
-        rows = (len(seqs),)
-        out.append(
-            (
-                mx.array(h),
-                multi_hot(mx.array(t), e, rows),
-                multi_hot(mx.array(p), e, rows),
-                mx.array(y),
-            )
-        )
-    return out
-
-
-def topk_hot(logits: mx.array, k: int) -> mx.array:
-    """(R, E) -> (R, E) float multi-hot of the k largest entries."""
-    inds = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
-    return multi_hot(inds, logits.shape[-1], tuple(logits.shape[:-1]))
-
-
-def head_loss(z: mx.array, target: mx.array, k: int, set_weight: float) -> mx.array:
-    """KL(softmax(target) || softmax(z)) + set_weight * sum_e BCE(sigmoid(z_e), y_e) / k, row mean.
-
-    y is the multi-hot of the teacher's top-k set. Softmax is shift-invariant, so the KL
-    leaves the logit level free and the BCE uses it to put the top-k set above 0.
-    """
-    logp = target - mx.logsumexp(target, axis=-1, keepdims=True)
-    logq = z - mx.logsumexp(z, axis=-1, keepdims=True)
-    kl = mx.sum(mx.exp(logp) * (logp - logq), axis=-1)
-    y = topk_hot(target, k)
-    bce = mx.sum(nn.softplus(z) - y * z, axis=-1) / k
-    return mx.mean(kl + set_weight * bce)
-
-
-def recall_at(z: mx.array, target: mx.array, k: int) -> mx.array:
-    """Mean |top-k(z) ∩ top-k(target)| / k over rows."""
-    return mx.mean(mx.sum(topk_hot(z, k) * topk_hot(target, k), axis=-1) / k)
+def blas_threads() -> int:
+    """Threads for numpy's BLAS: the cores that the last minute's load leaves free, at least
+    one. OpenBLAS's threads spin while they wait; on a busy 2-core machine two of them ran a
+    step 28x slower than one (measured: docs/prerouter.md)."""
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, cores - round(os.getloadavg()[0])))
 
 
 def _split(ts: TraceSet, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -113,7 +70,9 @@ def train_heads(
     """Train `init`'s heads (in place) on `ts`; returns the best-on-held-out set and a summary.
 
     The heads' horizon (init.config.horizon) picks the targets: the next MoE layer at t+1
-    ("token") or at t ("layer", no wrap-around head).
+    ("token") or at t ("layer", no wrap-around head). Each step trains every head on the
+    same sampled rows (edge0.train.head_fit); the traces may be memory maps, of which a
+    step reads only its rows, and held-out rows are read again at each evaluation.
     """
     if tuple(init.config.moe_layers) != ts.meta.moe_layers:
         raise ConfigError(
@@ -123,66 +82,64 @@ def train_heads(
     pairs = ts.pairs(wrap=init.config.wrap)
     lead = horizon_lead(init.config.horizon)
     owners = [init.config.moe_layers[a] for a, _ in pairs]
-    module = _Heads([init.heads[o] for o in owners])
+    params = [HeadParams.of(init.heads[o]) for o in owners]
+    e = ts.meta.num_experts
     rng = np.random.default_rng(cfg.seed)
     train_seqs, held_seqs = _split(ts, cfg.heldout_frac, cfg.seed)
     s = ts.meta.seq_len
     span = s - lead  # token positions with a target inside the window
     n_held = min(cfg.heldout_rows, len(held_seqs) * span)
-    held = make_batch(ts, rng.choice(held_seqs, n_held), rng.integers(0, span, n_held), pairs, lead)
+    held = (rng.choice(held_seqs, n_held), rng.integers(0, span, n_held))
 
-    def loss_fn(mod: _Heads, batch: Batch) -> mx.array:
-        losses = [
-            head_loss(h(x, ht, hp), y, cfg.k, cfg.set_weight)
-            for h, (x, ht, hp, y) in zip(mod.heads, batch, strict=True)
-        ]
-        return mx.sum(mx.stack(losses))
+    def rows(pair: tuple[int, int], seqs: np.ndarray, pos: np.ndarray) -> Rows:
+        h, t, p, y = head_rows(ts, seqs, pos, *pair, lead)
+        return Rows(h, np.concatenate([multi_hot(t, e), multi_hot(p, e)], axis=1), y)
 
     def evaluate() -> tuple[float, float, list[float]]:
-        loss = loss_fn(module, held)
-        recalls = [
-            recall_at(h(x, ht, hp), y, cfg.k)
-            for h, (x, ht, hp, y) in zip(module.heads, held, strict=True)
-        ]
-        mx.eval(loss, recalls)
-        per = [float(r) for r in recalls]
-        return float(loss), float(np.mean(per)), per
+        loss, per = 0.0, []
+        for pair, hp in zip(pairs, params, strict=True):
+            r = rows(pair, *held)
+            z, _ = forward(hp.w, r)
+            loss += objective(z, r.target, cfg.k, cfg.set_weight)[0]
+            per.append(recall(z, r.target, cfg.k))
+        return loss, float(np.mean(per)), per
 
-    opt = optim.AdamW(learning_rate=cfg.lr, weight_decay=cfg.weight_decay)
-    step_fn = nn.value_and_grad(module, loss_fn)
-    loss0, rec0, per0 = evaluate()
-    best = (-loss0, rec0, 0, module.parameters(), per0)  # ranked by held-out loss
-    log.info("heads.init", heldout_loss=loss0, heldout_recall=rec0)
-    stale, started, step = 0, time.monotonic(), 0
-    on_tty = None if progress else True  # tqdm's None: only on a terminal
-    bar = tqdm(total=cfg.max_steps, desc="heads", unit="step", disable=on_tty)
-    bar.set_postfix(held_loss=f"{loss0:.3f}", recall=f"{rec0:.3f}")
-    for step in range(1, cfg.max_steps + 1):
-        seqs = rng.choice(train_seqs, cfg.batch)
-        batch = make_batch(ts, seqs, rng.integers(0, span, cfg.batch), pairs, lead)
-        loss, grads = step_fn(module, batch)
-        opt.update(module, grads)
-        mx.eval(module.parameters(), opt.state, loss)
-        bar.update(1)
-        if step % cfg.eval_every and step != cfg.max_steps:
-            continue
-        hl, rec, per = evaluate()
-        bar.set_postfix(loss=f"{float(loss):.3f}", held_loss=f"{hl:.3f}", recall=f"{rec:.3f}")
-        log.info(
-            "heads.eval", step=step, train_loss=float(loss), heldout_loss=hl, heldout_recall=rec
-        )
-        if -hl > best[0]:
-            best, stale = (-hl, rec, step, module.parameters(), per), 0
-        else:
-            stale += 1
-        over_time = (
-            cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60
-        )
-        if stale >= cfg.patience or over_time:
-            break
-    bar.close()
-    module.update(best[3])
-    mx.eval(module.parameters())
+    threads = blas_threads()  # numpy's BLAS runs the steps; see blas_threads
+    log.info("heads.blas", threads=threads)
+    with threadpool_limits(threads, user_api="blas"):
+        loss0, rec0, per0 = evaluate()
+        best = (-loss0, rec0, 0, [hp.copy() for hp in params], per0)  # ranked by held-out loss
+        log.info("heads.init", heldout_loss=loss0, heldout_recall=rec0)
+        stale, started, step = 0, time.monotonic(), 0
+        on_tty = None if progress else True  # tqdm's None: only on a terminal
+        bar = tqdm(total=cfg.max_steps, desc="heads", unit="step", disable=on_tty)
+        bar.set_postfix(held_loss=f"{loss0:.3f}", recall=f"{rec0:.3f}")
+        for step in range(1, cfg.max_steps + 1):
+            seqs, pos = rng.choice(train_seqs, cfg.batch), rng.integers(0, span, cfg.batch)
+            loss = 0.0
+            for pair, hp in zip(pairs, params, strict=True):
+                value, grads = loss_and_grad(hp.w, rows(pair, seqs, pos), cfg.k, cfg.set_weight)
+                adamw(hp, grads, cfg.lr, cfg.weight_decay)
+                loss += value
+            bar.update(1)
+            if step % cfg.eval_every and step != cfg.max_steps:
+                continue
+            hl, rec, per = evaluate()
+            bar.set_postfix(loss=f"{loss:.3f}", held_loss=f"{hl:.3f}", recall=f"{rec:.3f}")
+            log.info("heads.eval", step=step, train_loss=loss, heldout_loss=hl, heldout_recall=rec)
+            if -hl > best[0]:
+                best, stale = (-hl, rec, step, [hp.copy() for hp in params], per), 0
+            else:
+                stale += 1
+            over_time = (
+                cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60
+            )
+            if stale >= cfg.patience or over_time:
+                break
+        bar.close()
+    for owner, hp, weights in zip(owners, params, best[3], strict=True):
+        hp.load_into(init.heads[owner], weights)
+    mx.eval([init.heads[o].parameters() for o in owners])
     summary = {
         "k": cfg.k,
         "horizon": init.config.horizon,
