@@ -18,6 +18,7 @@ from edge0.cli.bench_run import sweep_cmd
 from edge0.cli.main import main
 from edge0.cli.run import command as run_cmd
 from edge0.cli.serve import command as serve_cmd
+from edge0.cli.tune import command as tune_cmd
 from edge0.errors import ConfigError
 from edge0.options.declare import COMMANDS, Opt, declared
 from edge0.options.engine import EngineOptions
@@ -25,7 +26,13 @@ from edge0.options.sampling import SamplingSettings
 from edge0.runtime.engine.api import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
-CLICK = {"run": run_cmd, "serve": serve_cmd, "bench": bench_run_cmd, "sweep": sweep_cmd}
+CLICK = {
+    "run": run_cmd,
+    "serve": serve_cmd,
+    "bench": bench_run_cmd,
+    "sweep": sweep_cmd,
+    "tune": tune_cmd,
+}
 EVERY = [(cls, a, o) for cls in (EngineOptions, SamplingSettings) for a, o in declared(cls)]
 FLAGGED = [(cls, a, o) for cls, a, o in EVERY if o.flag]
 
@@ -36,9 +43,19 @@ def _params(command: click.Command) -> dict[str, click.Parameter]:
 
 # the modules that build `run`, `serve`, `bench run`/`sweep` and Engine.open (the other
 # commands, such as `train` or `eval`, have flags of their own with other meanings)
-DERIVED = ["options/*.py", "cli/run.py", "cli/serve.py", "cli/stream.py", "cli/bench_run.py",
-           "cli/checks.py", "cli/options.py", "cli/dist_flags.py", "runtime/engine/*.py",
-           "runtime/setup/*.py"]  # fmt: skip
+DERIVED = [
+    "options/*.py",
+    "cli/run.py",
+    "cli/serve.py",
+    "cli/stream.py",
+    "cli/bench_run.py",
+    "cli/checks.py",
+    "cli/options.py",
+    "cli/dist_flags.py",
+    "cli/tune.py",
+    "runtime/engine/*.py",
+    "runtime/setup/*.py",
+]
 
 
 def _sources() -> str:
@@ -127,6 +144,7 @@ def _args(command: str) -> list[str]:
         "serve": ["serve"],
         "bench": ["bench", "run", model],
         "sweep": ["bench", "sweep", model],
+        "tune": ["tune", model],
     }[command]
 
 

@@ -68,7 +68,9 @@ def _register() -> None:
     main.add_command(verify.command)
 
     from edge0.cli import eval as eval_cmd
-    from edge0.cli import train
+    from edge0.cli import train, tune
+
+    main.add_command(tune.command)
 
     main.add_command(train.command)
     main.add_command(eval_cmd.command)

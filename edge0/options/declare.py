@@ -11,7 +11,8 @@ import attrs
 from edge0.errors import ConfigError
 
 KEY = "edge0.option"  # where an option's declaration sits in its attrs field's metadata
-COMMANDS = ("run", "serve", "bench", "sweep")  # the commands that derive flags from the table
+# the commands that derive flags from the table
+COMMANDS = ("run", "serve", "bench", "sweep", "tune")
 # values click cannot check, checked by the CLI before any heavy import (edge0.cli.checks)
 VALUE_KINDS = ("tiers", "size", "output-file")
 

@@ -25,6 +25,7 @@ SERVE_MAX_BATCH = 4  # `edge0 serve`: requests decoded together (docs/benchmarks
 ENGINE = ("run", "serve")  # the commands that open an engine
 BENCH = ("run", "serve", "bench")  # ... and the benchmark, which compares values
 ALL = ("run", "serve", "bench", "sweep")
+TUNE = ("tune",)  # `edge0 tune` runs engines of its own, under the same budget and tiers
 
 
 @attrs.frozen
@@ -37,7 +38,7 @@ class EngineOptions:
         "stage without a size holds 1 GiB, or what --memory-budget plans; one with a size "
         "keeps it (counted in the plan, refused if it cannot fit). The API also takes a Tier.",
         flag="--tiers",
-        commands=BENCH,
+        commands=BENCH + TUNE,
         value="tiers",
         defaults={"bench": None},  # the benchmark's own: see `edge0 bench run --help`
         repeats=("bench",),
@@ -60,7 +61,7 @@ class EngineOptions:
         "Routing capacity K: experts per token per layer. (The sampler's top-k is --sample-top-k.)",
         kind=int,
         flag="--top-k",
-        commands=ALL,
+        commands=ALL + TUNE,
         low=1,
         default_help="the model's top-k",
         lists=("bench",),
@@ -82,7 +83,7 @@ class EngineOptions:
         "slots, KV cache and working memory leave buys more slots or the RAM cache "
         "(docs/memory.md).",
         flag="--memory-budget",
-        commands=ALL,
+        commands=ALL + TUNE,
         value="size",
     )
     trace: str | Path | None = opt(
@@ -97,7 +98,7 @@ class EngineOptions:
         "First MoE layer: experts kept in memory, predicted by the last layer's wrap-around "
         "head, or routed and read on demand.",
         flag="--first-layer",
-        commands=ALL,
+        commands=ALL + TUNE,
         choices=FIRST_LAYER,
     )
     io_workers: int = opt(
@@ -105,7 +106,7 @@ class EngineOptions:
         "Concurrent tier reads.",
         kind=int,
         flag="--io-workers",
-        commands=ALL,
+        commands=ALL + TUNE,
         low=1,
         high=MAX_IO_WORKERS,
     )

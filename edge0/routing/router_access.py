@@ -49,7 +49,8 @@ def router_of(block: nn.Module) -> nn.Module:
 
 
 def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """(layer index, sparse block) for each decoder layer with a router and routed experts."""
+    """(layer index, sparse block) for each decoder layer with a router and routed experts
+    (in the model, or streamed by Edge0's block)."""
     from edge0.model.sparse import SPARSE_ATTRS
     from edge0.routing.families import for_model
 
@@ -59,7 +60,8 @@ def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
         for attr in SPARSE_ATTRS:
             block = getattr(layer, attr, None) if attr in layer else None
             router = fam.router_attr.split(".")[0]
-            if block is not None and router in block and fam.switch_attr in block:
+            streamed = hasattr(block, "stream")  # a streaming block: its experts in slots
+            if block is not None and router in block and (fam.switch_attr in block or streamed):
                 out.append((i, block))
     if not out:
         raise ModelLoadError("model has no sparse MoE layers (no router gate); not a MoE model")

@@ -9,8 +9,11 @@ paper's prediction-as-routing, whose output is approximate (docs/prerouter.md).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -86,8 +89,23 @@ def exactness(opts: EngineOptions, layout: str | Path | None, predictor: str) ->
     return f"approximate (route, agreement {record.agreement:.1%}{note})"
 
 
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("edge0_route_quiet", default=False)
+
+
+@contextlib.contextmanager
+def quietly() -> Iterator[None]:
+    """No warning from engines opened in this context (`edge0 tune` validating new heads)."""
+    token = _quiet.set(True)
+    try:
+        yield
+    finally:
+        _quiet.reset(token)
+
+
 def warn_unvalidated(label: str) -> None:
     """Say once, when the engine opens, that an explicit route mode's output is approximate."""
+    if _quiet.get():
+        return
     log.warning(
         "route.approximate",
         note=f"output is {label}: route mode computes with the predicted experts; run "

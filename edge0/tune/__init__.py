@@ -1,0 +1,1 @@
+"""`edge0 tune`: routing heads trained and validated on the user's machine, inside its budget."""

@@ -1,0 +1,185 @@
+"""`edge0 tune`: traces from the streamed int4 model, heads, validation, one atomic write.
+
+1. Calibration and held-out windows (edge0.tune.corpus) are prefilled by the engine in an
+   exact mode under the run's memory budget; every window's routing goes to disk
+   (edge0.tune.capture, edge0.tune.store). A killed run resumes after its last window.
+2. The heads (token horizon) start from the model's routers and are trained on the
+   calibration traces, memory-mapped, with early stopping on windows held out of them.
+3. The trained heads are written into the layout, then validated on the held-out text:
+   recall@K per layer, and route mode against exact mode (agreement, KL). The validation
+   record is written last: until it is, the layout's default mode stays exact (`hint`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from edge0.layout.manifest import Manifest
+from edge0.log import get_logger
+from edge0.routing.prerouter import PrerouterSet
+from edge0.routing.prerouter_config import FILES
+from edge0.routing.validation import KEY, Validation
+from edge0.train.heads import HeadTrainConfig, train_heads
+from edge0.train.traces import sample_windows, text_encoder
+from edge0.tune import corpus as corpora
+from edge0.tune.capture import prefill_job
+from edge0.tune.store import Shape, TraceStore
+from edge0.tune.validate import agreement, decode_logits, head_recall
+
+log = get_logger(__name__)
+CHARS_PER_TOKEN = 6  # text asked of the corpus per token wanted (generous: code runs ~3.5-4)
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+@attrs.frozen
+class TuneOptions:
+    """What `edge0 tune` does (its flags)."""
+
+    tokens: int = 16384  # calibration tokens traced (windows of seq_len)
+    heldout_tokens: int = 2048  # held-out tokens traced, for recall
+    validate_tokens: int = 512  # held-out tokens decoded in route and exact mode
+    seq_len: int = 256
+    top_k: int | None = None  # routing capacity the heads are trained and validated for
+    corpus: str | None = None  # a text file; None: the standard library's sources
+    max_minutes: float | None = None  # training time limit
+    max_steps: int = 4000
+    work_dir: Path | None = None  # traces; None: the edge0 cache
+    fresh: bool = False  # drop earlier traces
+    seed: int = 0
+    engine: dict[str, Any] = attrs.field(factory=dict)  # Engine.open keywords (budget, tiers)
+
+
+async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Run the pipeline on `layout`; returns the summary that also goes into prerouter.json."""
+    started = time.monotonic()
+    report = progress or (lambda phase, done, total: None)
+    manifest = Manifest.load(layout)
+    text = _corpus(opts)
+    work = opts.work_dir or _work_dir(layout, manifest)
+    if opts.fresh:
+        for part in ("train", "heldout"):
+            (work / part / "state.json").unlink(missing_ok=True)
+    stores, init = await _trace(layout, manifest, text, opts, work, report)
+    train, held = (s.trace_set("student-int4 (streamed)", str(layout)) for s in stores)
+    k = opts.top_k or init.config.top_k
+    untrained = head_recall(init, held, k, opts.seed)["recall"]  # init is trained in place
+    cfg = HeadTrainConfig(
+        k=k, max_steps=opts.max_steps, max_minutes=opts.max_minutes, seed=opts.seed
+    )
+    trained, summary = train_heads(train, init, cfg, progress=progress is not None)
+    summary["traces"]["corpus"] = text.source
+    _write_heads(layout, trained)  # trained, not validated: the default mode stays exact
+    record = head_recall(trained, held, k, opts.seed)
+    record["recall_untrained"] = untrained
+    windows = stores[1].tokens()[: max(1, opts.validate_tokens // opts.seq_len)]
+    prompt = opts.seq_len // 4
+    report("validate", 0, 2)
+    engine = {k_: v for k_, v in opts.engine.items() if k_ != "prefill_chunk"}
+    engine["top_k"] = k
+    exact = await decode_logits(layout, "hint", windows, prompt, engine)
+    report("validate", 1, 2)
+    route = await decode_logits(layout, "route", windows, prompt, engine)
+    report("validate", 2, 2)
+    record.update(agreement(exact, route))
+    record["k"] = k
+    record["corpus"] = text.source
+    record["seconds"] = round(time.monotonic() - started, 1)
+    _write_validation(layout, trained, summary, record)
+    log.info("tune.done", layout=str(layout), **{f: record[f] for f in ("agreement", "recall")})
+    return {"training": summary, "validation": record}
+
+
+def _corpus(opts: TuneOptions) -> corpora.Corpus:
+    train_chars = opts.tokens * CHARS_PER_TOKEN
+    held_chars = max(opts.heldout_tokens, opts.validate_tokens) * CHARS_PER_TOKEN
+    if opts.corpus is not None:
+        text = corpora.from_file(opts.corpus)
+    else:
+        text = corpora.builtin(train_chars, held_chars)
+    text.check(opts.seq_len * 5 * 2, opts.seq_len * 5 * 2)  # sample_windows' own minimum
+    return text
+
+
+def _work_dir(layout: Path, manifest: Manifest) -> Path:
+    from edge0.model.demo import cache_dir
+
+    key = hashlib.sha256(f"{layout.resolve()}|{manifest.experts_file_size}".encode())
+    return cache_dir() / "tune" / key.hexdigest()[:16]
+
+
+async def _trace(
+    layout: Path,
+    manifest: Manifest,
+    text: corpora.Corpus,
+    opts: TuneOptions,
+    work: Path,
+    report: Progress,
+) -> tuple[tuple[TraceStore, TraceStore], PrerouterSet]:
+    """Both parts' traces (resumed where a killed run stopped), and the untrained heads."""
+    from edge0.runtime.engine.api import Engine
+
+    engine = {"prefill_chunk": opts.seq_len, **opts.engine, "mode": "reactive"}
+    async with Engine.open(layout, **engine) as eng:
+        encode = text_encoder(eng.tokenizer)
+        init: PrerouterSet = await eng.run_on_compute(
+            lambda: PrerouterSet.from_model(eng.setup.model)
+        )
+        cfg = init.config
+        stores = []
+        parts = (("train", text.train, opts.tokens), ("heldout", text.heldout, opts.heldout_tokens))
+        for name, part_text, tokens in parts:
+            n = max(2, tokens // opts.seq_len)
+            windows = sample_windows(part_text, encode, n, opts.seq_len)
+            shape = Shape(n, opts.seq_len, cfg.moe_layers, cfg.d_model, cfg.num_experts, cfg.top_k)
+            key = _key(manifest, windows)
+            store = TraceStore.open(work / name, shape, key)
+            for i in range(store.done, n):
+                report(f"traces ({name})", i * opts.seq_len, n * opts.seq_len)
+                ids = list(map(int, windows[i]))
+                hidden, topk, logits = await eng.run_on_compute(prefill_job(eng, ids))
+                store.write(i, hidden, topk, logits, windows[i])
+            report(f"traces ({name})", n * opts.seq_len, n * opts.seq_len)
+            stores.append(store)
+    return (stores[0], stores[1]), init
+
+
+def _key(manifest: Manifest, windows: np.ndarray) -> str:
+    """What a store's traces depend on: the model's records and the exact windows."""
+    digest = hashlib.sha256(json.dumps(manifest.to_json(), sort_keys=True).encode())
+    digest.update(np.ascontiguousarray(windows).tobytes())
+    return digest.hexdigest()[:24]
+
+
+def _write_heads(layout: Path, heads: PrerouterSet) -> None:
+    """The heads' two files, each replaced atomically (weights first: a config always
+    describes weights at least as new as itself)."""
+    tmp = layout / ".tune-heads.tmp"
+    tmp.mkdir(exist_ok=True)
+    heads.save(tmp)
+    for name in FILES["token"]:
+        os.replace(tmp / name, layout / name)
+    tmp.rmdir()
+
+
+def _write_validation(
+    layout: Path, heads: PrerouterSet, training: dict[str, Any], record: dict[str, Any]
+) -> None:
+    """prerouter.json again, now with the validation record (the default mode's switch)."""
+    info = dict(training, **{KEY: record})
+    config = attrs.evolve(heads.config, trained=True, info=info).to_json()
+    path = layout / FILES["token"][1]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    assert Validation.read(layout) is not None  # the record reads back as the engine reads it

@@ -1,0 +1,102 @@
+"""Validation of trained heads on held-out text: what `route` mode will cost in quality.
+
+Two measurements. From held-out traces: each head's recall@K of the experts the next MoE
+layer truly runs at the next token, beside the "same experts as the last token" rule.
+From the engine itself: held-out windows decoded teacher-forced in `route` mode (the heads'
+prediction is the routing) and in `hint` mode (exact); per position, whether the greedy
+next token agrees, and the KL of route's distribution from the exact one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from edge0.routing.prerouter import PrerouterSet, multi_hot
+from edge0.routing.validation import quietly
+from edge0.train.traces import TraceSet, head_rows
+
+ROWS = 4096  # held-out rows per head for recall (all of them when fewer)
+
+
+def head_recall(heads: PrerouterSet, ts: TraceSet, k: int, seed: int = 0) -> dict[str, Any]:
+    """Recall@k per head over held-out traces, against the executed experts of the target
+    layer at the next token; `temporal` is the same figure for "the target's experts at
+    this token" (what a prefetcher without heads would guess)."""
+    n, s = ts.hidden.shape[0], ts.meta.seq_len
+    rng = np.random.default_rng(seed)
+    rows = min(ROWS, n * (s - 1))
+    seqs, pos = rng.integers(0, n, rows), rng.integers(0, s - 1, rows)
+    e = ts.meta.num_experts
+    per: dict[str, float] = {}
+    temporal: dict[str, float] = {}
+    for (a, b), (owner, _) in zip(ts.pairs(heads.config.wrap), heads.config.heads(), strict=True):
+        hidden, top_t, prev, _ = head_rows(ts, seqs, pos, a, b, lead=1)
+        z = heads.heads[owner](
+            mx.array(hidden),
+            multi_hot(mx.array(top_t), e, (rows,)),
+            multi_hot(mx.array(prev), e, (rows,)),
+        )
+        guess = np.array(mx.argpartition(-z, kth=k - 1, axis=-1)[:, :k])
+        truth = _truth(ts, seqs, b, pos + 1, k)
+        per[str(owner)] = _overlap(guess, truth, k)
+        temporal[str(owner)] = _overlap(_truth(ts, seqs, b, pos, k), truth, k)
+    return {
+        "recall": float(np.mean(list(per.values()))),
+        "recall_per_layer": {o: round(r, 4) for o, r in per.items()},
+        "temporal_recall": float(np.mean(list(temporal.values()))),
+        "rows_per_layer": rows,
+    }
+
+
+def _truth(ts: TraceSet, seqs: np.ndarray, layer: int, pos: np.ndarray, k: int) -> np.ndarray:
+    """The experts layer `layer` ran (at capacity k: the top k of its router's logits)."""
+    if k == ts.meta.top_k:
+        return np.asarray(ts.topk[seqs, layer, pos], dtype=np.int64)
+    logits = np.asarray(ts.logits[seqs, layer, pos])
+    return np.argpartition(-logits, k - 1, axis=-1)[:, :k]
+
+
+def _overlap(guess: np.ndarray, truth: np.ndarray, k: int) -> float:
+    hits = [len(set(g) & set(t)) for g, t in zip(guess.tolist(), truth.tolist(), strict=True)]
+    return float(np.mean(hits)) / k
+
+
+def agreement(exact: np.ndarray, route: np.ndarray) -> dict[str, float]:
+    """Greedy next-token agreement and KL(exact || route) over (T, V) logits rows."""
+    lp = exact - _logsumexp(exact)
+    lq = route - _logsumexp(route)
+    kl = np.sum(np.exp(lp) * (lp - lq), axis=-1)
+    same = np.argmax(exact, axis=-1) == np.argmax(route, axis=-1)
+    return {
+        "agreement": float(np.mean(same)),
+        "kl_mean": float(np.mean(kl)),
+        "kl_p99": float(np.percentile(kl, 99)),
+        "tokens": int(len(kl)),
+    }
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=-1, keepdims=True)
+    out: np.ndarray = m + np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+    return out
+
+
+async def decode_logits(
+    layout: Path, mode: str, windows: np.ndarray, prompt_len: int, engine: dict[str, Any]
+) -> np.ndarray:
+    """The (T, V) logits of every held-out window decoded teacher-forced in `mode`."""
+    from edge0.eval.policy import forced_decode
+    from edge0.runtime.engine.api import Engine
+
+    rows = []
+    opts = dict(engine, mode=mode, predictor="heads")
+    with quietly():  # the heads are being validated: no "not validated" warning
+        async with Engine.open(layout, **opts) as eng:
+            for w in windows:
+                got, _ = await forced_decode(eng, list(map(int, w)), prompt_len)
+                rows.append(got)
+    return np.concatenate(rows)

@@ -1,0 +1,105 @@
+"""`edge0 tune`: streamed traces equal the resident model's routing, a killed run resumes, and
+the validated heads switch the default mode to route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edge0.cli.main import main
+from edge0.layout.load import load_layout
+from edge0.routing.validation import Validation
+from edge0.train.capture import run_and_record
+from edge0.tune.pipeline import TuneOptions, tune
+from edge0.tune.store import TraceStore
+
+SMALL = dict(tokens=512, heldout_tokens=256, validate_tokens=64, seq_len=32, max_steps=40)
+
+
+@pytest.fixture()
+def layout(runtime_stores: dict[str, Path], tmp_path: Path) -> Path:
+    return Path(shutil.copytree(runtime_stores["qwen3_moe"], tmp_path / "m"))
+
+
+class Stop(Exception):
+    pass
+
+
+def test_streamed_traces_equal_the_resident_models_routing(layout: Path, tmp_path: Path) -> None:
+    """The recorders around the streamed blocks keep what the int4 model computes resident."""
+    opts = TuneOptions(work_dir=tmp_path / "w", **SMALL)  # type: ignore[arg-type]
+    asyncio.run(tune(layout, opts))
+    store = TraceStore.open(
+        tmp_path / "w" / "train", _shape(tmp_path / "w" / "train"), _key(tmp_path)
+    )
+    ts = store.trace_set("", "")
+    resident = load_layout(layout, experts="resident").model
+    want = run_and_record(resident, mx.array(np.asarray(store.tokens()[:4])), np.dtype(np.float16))
+    assert np.array_equal(np.asarray(ts.topk[:4]), want.topk)
+    np.testing.assert_allclose(np.asarray(ts.logits[:4]), want.logits, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        np.asarray(ts.hidden[:4], dtype=np.float32), want.hidden.astype(np.float32), atol=2e-3
+    )
+
+
+def _state(root: Path) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((root / "state.json").read_text())
+    return state
+
+
+def _shape(root: Path) -> Any:
+    from edge0.tune.store import Shape
+
+    s = _state(root)["shape"]
+    return Shape(**{**s, "moe_layers": tuple(s["moe_layers"])})
+
+
+def _key(tmp_path: Path) -> str:
+    return str(_state(tmp_path / "w" / "train")["key"])
+
+
+def test_a_killed_run_resumes_after_its_last_window(layout: Path, tmp_path: Path) -> None:
+    opts = TuneOptions(work_dir=tmp_path / "w", **SMALL)  # type: ignore[arg-type]
+    seen: list[int] = []
+
+    def kill_at_third(phase: str, done: int, total: int) -> None:
+        if phase == "traces (train)":
+            seen.append(done)
+            if done == 2 * opts.seq_len:
+                raise Stop
+
+    with pytest.raises(Stop):
+        asyncio.run(tune(layout, opts, kill_at_third))
+    assert _state(tmp_path / "w" / "train")["done"] == 2  # two windows on disk
+    again: list[int] = []
+    asyncio.run(tune(layout, opts, lambda p, d, t: again.append(d) if p == "traces (train)" else 0))
+    assert again[0] == 2 * opts.seq_len  # started at the third window
+    assert Validation.read(layout) is not None
+
+
+def test_tune_validates_and_the_default_mode_becomes_route(layout: Path, tmp_path: Path) -> None:
+    def run() -> str:
+        args = ["run", str(layout), "-p", "def f(x):", "--max-tokens", "3", "--tiers", "pread"]
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, res.output
+        return str(res.stderr.strip().splitlines()[-1])
+
+    assert run().endswith("| exact")
+    args = ["tune", str(layout), "--work-dir", str(tmp_path / "w"), "--tiers", "pread"]
+    args += ["--tokens", "512", "--heldout-tokens", "256", "--validate-tokens", "64"]
+    res = CliRunner().invoke(main, [*args, "--seq-len", "32", "--max-minutes", "0.5"])
+    assert res.exit_code == 0, res.output
+    record = Validation.read(layout)
+    assert record is not None and 0.0 <= record.agreement <= 1.0 and record.tokens > 0
+    assert "route vs exact on" in res.output and f"{record.agreement:.1%}" in res.output
+    assert run().endswith(f"| approximate (route, agreement {record.agreement:.1%})")
+    config = json.loads((layout / "prerouter.json").read_text())
+    assert config["trained"] and config["info"]["traces"]["source"] == "student-int4 (streamed)"
