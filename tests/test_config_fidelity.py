@@ -15,11 +15,11 @@ from test_reference import edge0_logits
 
 from edge0.cli.main import main as cli
 from edge0.errors import ModelLoadError
+from edge0.families import supported_list
 from edge0.model.fields import TABLES, TEXT_TYPES, table, transformers_view
 from edge0.model.fields.common import WRAPPER
 from edge0.model.fields.rules import COMPUTED, EDGE0, IRRELEVANT, REFUSED, Rope
 from edge0.model.loader import load
-from edge0.routing.families import supported_list
 from edge0.synth.fidelity_probes import REFUSALS, VARIANTS
 from edge0.synth.tiny_families import fixture_file, write_family
 

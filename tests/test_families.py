@@ -21,12 +21,12 @@ from runtime_helpers import PROMPT, MockTier
 from test_reference import edge0_logits
 from tool_helpers import load_tool
 
+from edge0.families import family_for
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
 from edge0.layout.manifest import Manifest
 from edge0.layout.verify import verify
 from edge0.model.loader import load
-from edge0.routing.families import family_for
 from edge0.runtime.engine.api import Engine
 from edge0.synth.flagships import FLAGSHIPS
 from edge0.synth.tiny_families import CONFIGS, fixture_file, layout_from_transformers, write_family

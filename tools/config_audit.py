@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
+from edge0.families import supported_list
 from edge0.model.fields import TEXT_TYPES, table, transformers_view
 from edge0.model.fields.common import COMMON, WRAPPER
 from edge0.model.fields.rules import COMPUTED, EDGE0, IRRELEVANT, ROPE_KEYS, Rope, Rule
-from edge0.routing.families import supported_list
 
 VERDICT = {COMPUTED: "computed", EDGE0: "Edge0 reads it", IRRELEVANT: "irrelevant"}
 

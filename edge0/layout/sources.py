@@ -21,12 +21,12 @@ from typing import Any
 import attrs
 
 from edge0.errors import ConversionError, ModelLoadError
+from edge0.families import Family, family_for
 from edge0.layout.readable import ARTIFACT_FILES
 from edge0.layout.records import PROJECTIONS
 from edge0.layout.safetensors_io import TensorInfo, read_header, read_raw
 from edge0.log import get_logger
 from edge0.model.arch import check_supported, normalize_config
-from edge0.routing.families import Family, family_for
 
 log = get_logger(__name__)
 

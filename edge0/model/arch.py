@@ -7,10 +7,10 @@ from typing import Any
 
 import mlx.nn as nn
 
+from edge0 import families
 from edge0.errors import ModelLoadError
 from edge0.model import fields
 from edge0.model.rope import untruncate_yarn
-from edge0.routing import families
 
 # Dense (non-MoE) families people are likely to point Edge0 at by mistake.
 _DENSE_TYPES = {

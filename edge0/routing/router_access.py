@@ -36,8 +36,8 @@ def router_bias(block: nn.Module) -> mx.array | None:
 
 def router_of(block: nn.Module) -> nn.Module:
     """The router linear of a sparse block (a family's `router_attr`: `gate`, `router`, ...)."""
-    from edge0.routing.families import FAMILIES
-    from edge0.routing.families.base import router_at
+    from edge0.families import FAMILIES
+    from edge0.families.base import router_at
 
     paths = sorted({f.router_attr for f in FAMILIES.values()}, key=lambda a: -a.count("."))
     for attr in paths:  # the deepest first: granitemoe's `router.layer` before gpt-oss' `router`
@@ -50,8 +50,8 @@ def router_of(block: nn.Module) -> nn.Module:
 
 def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(layer index, sparse block) for each decoder layer with a router and routed experts."""
+    from edge0.families import for_model
     from edge0.model.sparse import SPARSE_ATTRS
-    from edge0.routing.families import for_model
 
     fam = for_model(model)
     out = []

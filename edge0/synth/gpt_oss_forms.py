@@ -19,8 +19,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from edge0.families import family_for
 from edge0.model.arch import normalize_config
-from edge0.routing.families import family_for
 
 _SIDE = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

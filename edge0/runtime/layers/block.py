@@ -31,9 +31,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import Edge0Error
+from edge0.families import Family
 from edge0.kernels.ops import expert_ffn as native_expert_ffn
 from edge0.layout.records import projection_quant
-from edge0.routing.families import Family
 
 if TYPE_CHECKING:
     from edge0.runtime.layers.streams import LayerStream

@@ -9,11 +9,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ConfigError
+from edge0.families import family_for
 from edge0.layout.manifest import Manifest
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.options.engine import SYNC_EVERY, EngineOptions
-from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.compute.steps import Steps

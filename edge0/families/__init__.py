@@ -14,7 +14,7 @@ import pkgutil
 from typing import Any
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import Family
+from edge0.families.base import Family
 
 
 def _discover() -> dict[str, Family]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from edge0.routing.families.deepseek_v3 import DeepseekV3
+from edge0.families.deepseek_v3 import DeepseekV3
 
 
 class Glm4Moe(DeepseekV3):

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import Family, sigmoid_gated_shared
+from edge0.families.base import Family, sigmoid_gated_shared
 
 
 class Qwen2Moe(Family):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from edge0.routing.families.base import Family
+from edge0.families.base import Family
 
 
 class Olmoe(Family):

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import Family, every_layer_sparse_unless, sigmoid_gated_shared
+from edge0.families.base import Family, every_layer_sparse_unless, sigmoid_gated_shared
 
 
 class Qwen3Moe(Family):

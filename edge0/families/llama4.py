@@ -23,7 +23,7 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.errors import ConfigError, ModelLoadError
-from edge0.routing.families.base import Family
+from edge0.families.base import Family
 
 _FUSED = re.compile(
     r"^.*layers\.(?P<layer>\d+)\.feed_forward\.experts\.(?P<kind>gate_up_proj|down_proj)$"

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import Family, dense_first_then_sparse
+from edge0.families.base import Family, dense_first_then_sparse
 
 
 class DeepseekV2(Family):

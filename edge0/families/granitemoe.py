@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.routing.families.base import LogitsTopK
+from edge0.families.base import LogitsTopK
 
 _FUSED = re.compile(
     r"^.*layers\.(?P<layer>\d+)\.block_sparse_moe\.(?P<kind>input_linear|output_linear)\.weight$"

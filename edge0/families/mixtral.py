@@ -11,7 +11,7 @@ from typing import ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.routing.families.base import Family
+from edge0.families.base import Family
 
 
 class Mixtral(Family):

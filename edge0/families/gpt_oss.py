@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import LogitsTopK
+from edge0.families.base import LogitsTopK
 
 MXFP4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
 # mlx-lm's SwigluOAI uses these constants whatever the config says

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.routing.families.base import Family, dense_first_then_sparse
+from edge0.families.base import Family, dense_first_then_sparse
 
 
 class DeepseekV3(Family):
