@@ -113,6 +113,7 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
     """mlx-lm grows one layer's cache at a time: working memory holds that layer's KV once
     (a config without `layer_types` has every layer attending; sliding layers do not count)."""
     mixtral = {
+        "model_type": "mixtral",
         "hidden_size": 4096,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
@@ -124,6 +125,7 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
         WORKING_BASE + 4 * WORKING_PER_1K_D + kv_bytes(mixtral, 4000) // 32
     )
     gpt_oss = {
+        "model_type": "gpt_oss",
         "hidden_size": 2880,
         "num_hidden_layers": 24,
         "num_attention_heads": 64,

@@ -69,7 +69,7 @@ class Node:
 def _predictor(model: nn.Module, opts: EngineOptions, path: Path) -> tuple[int, Predictor | None]:
     """Before pruning: top-k and the predictor over all MoE layers (heads read the routers)."""
     blocks = sparse_blocks(model)
-    k = opts.top_k or model_top_k(blocks[0][2])
+    k = opts.top_k or model_top_k(model, blocks[0][2])
     return k, choose_predictor(model, [i for i, _, _ in blocks], opts, path)
 
 

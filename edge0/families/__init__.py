@@ -34,6 +34,11 @@ def _discover() -> dict[str, Family]:
 FAMILIES: dict[str, Family] = _discover()
 
 
+def every_family() -> list[Family]:
+    """Each family once (one instance per module class), in model_type order."""
+    return list({id(f): f for f in FAMILIES.values()}.values())
+
+
 def supported_list() -> str:
     """The supported model_types, for error messages and docs."""
     return ", ".join(sorted(t for t in FAMILIES if not t.endswith("_text")))
@@ -56,4 +61,4 @@ def for_model(model: Any) -> Family:
     return family_for(str(getattr(args, "model_type", None) or getattr(model, "model_type", "")))
 
 
-__all__ = ["FAMILIES", "Family", "family_for", "for_model", "supported_list"]
+__all__ = ["FAMILIES", "Family", "every_family", "family_for", "for_model", "supported_list"]

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+FULL, LINEAR = "full_attention", "linear_attention"  # transformers' layer_types values
 
 
 class Family:
@@ -37,6 +38,9 @@ class Family:
     hf_projections: ClassVar[dict[str, str]] = {p: p for p in PROJECTIONS}
     routing: ClassVar[str] = "softmax, top-k"
     shared: ClassVar[str] = "none"
+    # the family's attention takes a batch cache's per-row offsets and left-padding mask
+    # (every family fixture decodes batched exactly as alone: tests/test_batch_families.py)
+    stacks: ClassVar[bool] = True
 
     # -- config ---------------------------------------------------------------------------
     def n_experts(self, tc: dict[str, Any]) -> int:
@@ -133,6 +137,24 @@ class Family:
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         """Add what the block adds besides routed experts (shared expert, casts)."""
         return y
+
+    # -- memory (the plan counts what each layer's cache holds) ---------------------------
+    def layer_kinds(self, tc: dict[str, Any]) -> list[str]:
+        """Each decoder layer's attention (transformers' `layer_types` values)."""
+        types = tc.get("layer_types")
+        if isinstance(types, list):
+            return [str(t) for t in types]
+        return [FULL] * int(tc["num_hidden_layers"])
+
+    def kv_token_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """Keys and values one token adds to a full-attention layer's cache."""
+        heads = int(tc.get("num_key_value_heads") or tc.get("num_attention_heads") or 1)
+        head_dim = tc.get("head_dim") or int(tc["hidden_size"]) // int(tc["num_attention_heads"])
+        return 2 * heads * int(head_dim) * itemsize
+
+    def state_layer_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """The recurrent state of one linear-attention layer (0: the family has none)."""
+        return 0
 
     # -- capacity ------------------------------------------------------------------------
     def check_top_k(self, k: int) -> None:

@@ -41,6 +41,8 @@ class Llama4(Family):
     router_attr = "router"
     routing = "top-1 of logits, sigmoid of it scales the expert input"
     shared = "ungated, always added"
+    # its chunked-attention caches have no batch form that keeps each row's chunk
+    stacks = False
 
     # -- config ---------------------------------------------------------------------------
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:

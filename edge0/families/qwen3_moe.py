@@ -16,7 +16,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
-from edge0.families.base import Family, every_layer_sparse_unless, sigmoid_gated_shared
+from edge0.families.base import (
+    FULL,
+    LINEAR,
+    Family,
+    every_layer_sparse_unless,
+    sigmoid_gated_shared,
+)
 
 
 class Qwen3Moe(Family):
@@ -74,6 +80,21 @@ class Qwen3Moe(Family):
 
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         return sigmoid_gated_shared(block, x, y)
+
+    def layer_kinds(self, tc: dict[str, Any]) -> list[str]:
+        if isinstance(tc.get("layer_types"), list):
+            return super().layer_kinds(tc)
+        n, every = int(tc["num_hidden_layers"]), int(tc.get("full_attention_interval") or 1)
+        return [FULL if (i + 1) % every == 0 else LINEAR for i in range(n)]
+
+    def state_layer_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """Qwen3-Next/3.5's DeltaNet: its conv state (kernel - 1 inputs) and delta-rule state."""
+        if not tc.get("linear_num_value_heads"):
+            return 0
+        hk, dk = int(tc["linear_num_key_heads"]), int(tc["linear_key_head_dim"])
+        hv, dv = int(tc["linear_num_value_heads"]), int(tc["linear_value_head_dim"])
+        conv = (int(tc.get("linear_conv_kernel_dim", 4)) - 1) * (2 * hk * dk + hv * dv)
+        return (conv + hv * dk * dv) * itemsize
 
 
 _PER = re.compile(r"^(?P<pre>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
