@@ -143,12 +143,10 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
 
 
 def _mlx_lm_readable(b: dict[str, Path]) -> Path:
-    """The checkpoint in a form mlx-lm's sanitize reads: gpt-oss under mlx-lm's names."""
-    if json.loads((b["hf"] / "config.json").read_text())["model_type"] != "gpt_oss":
-        return b["hf"]
-    from edge0.synth.gpt_oss_forms import mlx_names
+    """The checkpoint in a form mlx-lm's sanitize reads (gpt-oss: under mlx-lm's names)."""
+    from edge0.synth.forms import mlx_lm_readable
 
-    return mlx_names(b["hf"], b["root"] / "mlx-names")
+    return mlx_lm_readable(b["hf"], b["root"] / "mlx-names")
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

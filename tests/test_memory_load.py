@@ -27,7 +27,7 @@ from edge0.runtime.plan.memory import (
     plan,
     working_bytes,
 )
-from edge0.synth.gpt_oss_forms import hub_mxfp4
+from edge0.synth.forms import derived
 from edge0.synth.tiny_families import fixture_file, write_family
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -40,7 +40,9 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     root = tmp_path_factory.mktemp("load")
     if request.param == "gpt_oss_mxfp4":  # MXFP4 records: uint8 scales, bf16 biases
         hf = write_family(fixture_file(FIXTURES, "gpt_oss"), root / "hf")
-        convert(hub_mxfp4(hf, root / "hub"), root / "e0", ConvertOptions(group_size=32))
+        convert(
+            derived("gpt_oss_mxfp4", hf, root / "hub"), root / "e0", ConvertOptions(group_size=32)
+        )
         return root / "e0"
     return build_store(root, str(request.param))
 

@@ -23,7 +23,20 @@ import mlx.core as mx
 import numpy as np
 
 from edge0.errors import ModelLoadError
-from edge0.families.base import LogitsTopK
+from edge0.families import tiny
+from edge0.families.audit import (
+    EXPERTS,
+    SHAPE,
+    Fields,
+    Rope,
+    computed,
+    edge0,
+    irrelevant,
+    only,
+    where,
+)
+from edge0.families.base import Form, LogitsTopK, Written
+from edge0.families.probes import DYNAMIC, YARN
 
 MXFP4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
 # mlx-lm's SwigluOAI uses these constants whatever the config says
@@ -33,6 +46,89 @@ _EXPERTS = re.compile(
     r"(?P<proj>gate_up_proj|down_proj)(?P<part>|_bias|_blocks|_scales)$"
 )
 
+# gpt-oss-20b's released rope (YaRN x32 over 4096, `truncate: false`)
+RELEASED_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 150000.0,
+}
+
+
+def _tiny(vocab: int) -> Any:
+    from transformers import GptOssConfig
+
+    # the released rope with `truncate: true` (mlx-lm's own rounding); the hub's `truncate:
+    # false` is the gpt_oss-variant fixture (edge0/model/rope.py); sliding window 4 so the
+    # prompt crosses it
+    return GptOssConfig(
+        **tiny.common(vocab, num_hidden_layers=4, max_position_embeddings=131072),
+        intermediate_size=tiny.FF,
+        num_key_value_heads=tiny.KV,
+        head_dim=tiny.HEAD_DIM,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        rope_parameters=dict(RELEASED_ROPE, truncate=True),
+    )
+
+
+def _gpt_oss(layers: int, experts: int) -> Any:
+    from transformers import GptOssConfig
+
+    return GptOssConfig(
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=experts,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_parameters=dict(RELEASED_ROPE),
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+
+
+def _hub_mxfp4(weights: dict[str, mx.array], config: dict[str, Any]) -> Written:
+    """The hub's original release layout (openai/gpt-oss-*): experts as MXFP4 `*_blocks`
+    (E, out, in/32, 16) uint8 and `*_scales` (E, out, in/32) uint8, gate and up interleaved
+    by rows, `quantization_config.quant_method = "mxfp4"`; everything else as it is. The
+    packing is MLX's `mode="mxfp4"` (what mlx-lm reads the hub files as)."""
+    tensors: dict[str, mx.array] = {}
+    for key, value in weights.items():
+        if key.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            w = value.astype(mx.float32).swapaxes(-1, -2)  # (E, out, in): rows interleaved
+            wq, scales = mx.quantize(w, group_size=32, bits=4, mode="mxfp4")[:2]
+            e, rows, cols = w.shape
+            tensors[f"{key}_blocks"] = wq.view(mx.uint8).reshape(e, rows, cols // 32, 16)
+            tensors[f"{key}_scales"] = scales
+        else:
+            tensors[key] = value
+    keep = [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ]
+    quant = {"quant_method": "mxfp4", "modules_to_not_convert": keep}
+    return tensors, dict(config, quantization_config=quant), "pt"
+
+
+def _mlx_names(weights: dict[str, mx.array], config: dict[str, Any]) -> Written:
+    """The same float weights under mlx-lm's names (`mlp.experts.gate_proj.weight` (E, F, d),
+    `...gate_proj.bias`), the form of an mlx-community bf16 repository: mlx-lm's `sanitize`
+    reads this and the hub's MXFP4 form, not transformers' (E, d, 2F) tensors."""
+    return GptOss().prepare_hf(dict(weights), config), config, "mlx"
+
 
 class GptOss(LogitsTopK):
     name = "gpt_oss"
@@ -41,6 +137,51 @@ class GptOss(LogitsTopK):
     switch_attr = "experts"
     router_attr = "router"
     routing = "top-k of biased logits, softmax over the k"
+
+    fields: ClassVar[Fields] = {
+        "num_local_experts": edge0(EXPERTS),
+        "rope_parameters": Rope(
+            ("default", "linear", "yarn", "llama3"),
+            "mlx-lm's gpt_oss builds these rope types (dynamic fails inside mlx-lm)",
+        ),
+        "attention_bias": only(True, why="mlx-lm's gpt_oss attention always has biases"),
+        "head_dim": computed(SHAPE),
+        "sliding_window": computed("the window of sliding_attention layers (fixture: 4)"),
+        "layer_types": where(
+            lambda v, _: v is None or "sliding_attention" in v,
+            "a pattern with sliding_attention layers",
+            "mlx-lm's gpt_oss builds its masks for sliding and full layers both",
+        ),
+        "swiglu_alpha": only(1.702, why="mlx-lm's SwigluOAI hard-codes alpha 1.702"),
+        "swiglu_limit": only(7.0, why="mlx-lm's SwigluOAI hard-codes limit 7.0"),
+        "hidden_act": irrelevant("transformers' gpt-oss experts use their own clamped SwiGLU"),
+        "tie_word_embeddings": only(False, why="mlx-lm's gpt_oss always has its own lm_head"),
+    }
+
+    flagships: ClassVar[dict[str, Any]] = {
+        "gpt-oss-20b": lambda: _gpt_oss(24, 32),
+        "gpt-oss-120b": lambda: _gpt_oss(36, 128),
+    }
+    expert_mode = "mxfp4"
+    probes: ClassVar[dict[str, dict[str, Any]]] = {
+        "no_attention_bias": {"attention_bias": False},
+        "yarn_untruncated": {"rope_parameters": dict(YARN, truncate=False)},
+        "rope_default": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+        "tied": {"tie_word_embeddings": True},
+        "all_full": {"layer_types": ["full_attention"] * 4},
+    }
+    variant: ClassVar[dict[str, Any]] = {"rope_parameters": dict(RELEASED_ROPE)}
+    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
+        ({"attention_bias": False}, "attention_bias=false: mlx-lm's gpt_oss"),
+        ({"rope_parameters": dict(DYNAMIC)}, 'rope_parameters.rope_type="dynamic"'),
+    ]
+    forms: ClassVar[dict[str, Form]] = {"gpt_oss_mxfp4": _hub_mxfp4}
+
+    def tiny(self, vocab: int) -> Any:
+        return _tiny(vocab)
+
+    def mlx_lm_form(self, weights: dict[str, mx.array], config: dict[str, Any]) -> Written:
+        return _mlx_names(weights, config)
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         alpha, limit = tc.get("swiglu_alpha", ALPHA), tc.get("swiglu_limit", LIMIT)

@@ -1,54 +1,137 @@
-"""Qwen3-MoE, Qwen3-Next, Qwen3.5/3.6-MoE: softmax over all experts, top-k, renormalised.
+"""Qwen3-MoE: softmax over all experts, top-k, renormalised (norm_topk_prob); no shared expert.
 
-Qwen3-Next and Qwen3.5 add a sigmoid-gated shared expert and interleave Gated
-DeltaNet with full attention (`layer_types`). Qwen3.5 hub checkpoints fuse the
-experts (`experts.gate_up_proj` (E, 2F, D), `experts.down_proj` (E, D, F));
-transformers 5 `save_pretrained` writes one tensor per expert instead, which
-`prepare_hf` fuses back for mlx-lm's sanitize.
+Sparse layers follow the Qwen rule (`mlp_only_layers`, `decoder_sparse_step`). Its
+fixture is the committed checkpoint tests/fixtures/qwen3_moe/ (edge0.synth.tiny);
+the named synthetic shapes (`tiny-qwen3`, `small-qwen3`, the Qwen3-30B-A3B
+flagship) are built by `shape_config`.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.errors import ModelLoadError
-from edge0.families.base import (
-    FULL,
-    LINEAR,
-    Family,
-    every_layer_sparse_unless,
-    sigmoid_gated_shared,
-)
+from edge0.families import tiny
+from edge0.families.audit import SHAPE, Fields, Rope, computed, edge0, only, where
+from edge0.families.base import Family, every_layer_sparse_unless, sigmoid_gated_shared
+from edge0.families.probes import YARN
+
+PLAIN_ROPE = "mlx-lm's {} builds a plain RoPE from rope_theta and drops any scaling"
+LAYERS = "the Qwen rule: a layer is sparse unless listed, and (i + 1) % step == 0"
+
+
+def qwen3_fields(name: str) -> Fields:
+    """The audit rows the Qwen3 families share."""
+    return {
+        "attention_bias": only(False, why=f"mlx-lm's {name} attention has no q/k/v/o biases"),
+        "decoder_sparse_step": edge0(LAYERS + " (golden-tested at 2 on qwen3_moe)"),
+        "mlp_only_layers": edge0(LAYERS + " (golden-tested with [1] on qwen3_next)"),
+        "moe_intermediate_size": computed(SHAPE + " (experts)"),
+        "norm_topk_prob": computed("renormalise the top-k weights (golden-tested both ways)"),
+        "num_experts": edge0("routed experts per sparse layer (the expert records)"),
+        "num_local_experts": edge0("routed experts per sparse layer (the expert records)"),
+        "head_dim": computed("mlx-lm takes it (transformers: hidden_size // heads when absent)"),
+        "tie_word_embeddings": computed("the lm_head is the embedding (golden-tested tied)"),
+    }
+
+
+def _tiny(vocab: int) -> Any:
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **tiny.common(vocab),
+        intermediate_size=2 * tiny.FF,
+        num_key_value_heads=tiny.KV,
+        head_dim=tiny.HEAD_DIM,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=tiny.FF,
+        norm_topk_prob=True,
+    )  # type: ignore[call-arg]
+
+
+def _qwen3_30b_a3b() -> dict[str, Any]:
+    from transformers import Qwen3MoeConfig
+
+    return dict(
+        Qwen3MoeConfig(  # type: ignore[call-arg]
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+            moe_intermediate_size=768,
+            norm_topk_prob=True,
+            max_position_embeddings=40960,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            architectures=["Qwen3MoeForCausalLM"],
+            dtype="bfloat16",
+        ).to_dict()
+    )
 
 
 class Qwen3Moe(Family):
     name = "qwen3_moe"
-    model_types: ClassVar[dict[str, str]] = {
-        "qwen3_moe": "qwen3_moe",
-        "qwen3_next": "qwen3_next",
-        "qwen3_5_moe": "qwen3_5_moe",
-        "qwen3_5_moe_text": "qwen3_5_moe",
-    }
+    model_types: ClassVar[dict[str, str]] = {"qwen3_moe": "qwen3_moe"}
     expert_keys = ("num_experts", "num_local_experts")
     routing = "softmax, top-k, renormalised (norm_topk_prob)"
-    shared = "sigmoid-gated (Qwen3-Next/3.5)"
+    norm_default: ClassVar[bool] = False  # transformers' default norm_topk_prob
+
+    fields: ClassVar[Fields] = {
+        **qwen3_fields("qwen3_moe"),
+        "rope_parameters": Rope(("default",), PLAIN_ROPE.format("qwen3_moe")),
+        "use_sliding_window": edge0("switches sliding_window on; checked through it"),
+        "sliding_window": where(
+            lambda v, _: v is None,
+            "null (use_sliding_window false)",
+            "mlx-lm's qwen3_moe attends over the whole context (no sliding window)",
+        ),
+    }
+
+    family_fixture = False
+    flagships: ClassVar[dict[str, Any]] = {"qwen3-30b-a3b": _qwen3_30b_a3b}
+    probes: ClassVar[dict[str, dict[str, Any]]] = {
+        "attention_bias": {"attention_bias": True},
+        "sliding_window": {"use_sliding_window": True, "sliding_window": 4},
+        "head_dim": {"head_dim": 32},
+        "gelu": {"hidden_act": "gelu"},
+        "tied": {"tie_word_embeddings": True},
+        "sparse_step": {"decoder_sparse_step": 2},
+        "mlp_only": {"mlp_only_layers": [0]},
+        "no_norm_topk": {"norm_topk_prob": False},
+    }
+    variant: ClassVar[dict[str, Any]] = {
+        "head_dim": 32,
+        "tie_word_embeddings": True,
+        "decoder_sparse_step": 2,
+        "norm_topk_prob": False,
+    }
+    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
+        (
+            {"use_sliding_window": True, "sliding_window": 4},
+            "sliding_window=4: mlx-lm's qwen3_moe attends over the whole context",
+        ),
+        ({"rope_parameters": dict(YARN)}, 'rope_parameters.rope_type="yarn"'),
+        ({"attention_bias": True}, "attention_bias=true: mlx-lm's qwen3_moe attention"),
+    ]
+
+    def tiny(self, vocab: int) -> Any:
+        return _tiny(vocab)
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         if "num_experts" not in tc and "num_local_experts" in tc:
             tc["num_experts"] = tc["num_local_experts"]
-        if str(tc.get("model_type")).startswith("qwen3_5"):
-            # transformers' Qwen3.5 has none of these: every layer sparse, always renormalised
-            tc.update(mlp_only_layers=[], decoder_sparse_step=1, norm_topk_prob=True)
         tc.setdefault("mlp_only_layers", [])
         tc.setdefault("decoder_sparse_step", 1)
-        tc.setdefault("norm_topk_prob", tc.get("model_type") != "qwen3_moe")
-        layer_types = tc.get("layer_types")
-        if isinstance(layer_types, list) and layer_types and tc.get("model_type") != "qwen3_moe":
-            tc["full_attention_interval"] = _interval(layer_types)
+        tc.setdefault("norm_topk_prob", self.norm_default)
         return tc
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
@@ -58,79 +141,27 @@ class Qwen3Moe(Family):
         inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]  # mlx-lm's order
         return inds, self.weights(block, scores, inds)
 
-    def prepare_hf(self, weights: dict[str, mx.array], tc: dict[str, Any]) -> dict[str, mx.array]:
-        if not tc.get("model_type", "").startswith("qwen3_5"):
-            return weights
-        return _fuse_per_expert(weights)
-
-    def sanitize_resident(
-        self, model: nn.Module, weights: dict[str, mx.array], tc: dict[str, Any], mlx: bool
-    ) -> dict[str, mx.array]:
-        if tc.get("model_type") != "qwen3_next" or mlx:
-            return super().sanitize_resident(model, weights, tc, mlx)
-        # mlx-lm's qwen3_next sanitize only converts HF tensors (conv1d layout, 1 + w norms)
-        # when it sees per-expert tensors: show it empty ones, then drop what it stacks
-        n = int(tc["num_experts"])
-        for layer in self.sparse_layers(tc):
-            for e in range(n):
-                for proj in ("gate_proj", "up_proj", "down_proj"):
-                    weights[f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"] = mx.zeros((0,))
-        out = model.sanitize(weights)
-        return {k: v for k, v in out.items() if ".switch_mlp." not in k}
-
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         return sigmoid_gated_shared(block, x, y)
 
-    def layer_kinds(self, tc: dict[str, Any]) -> list[str]:
-        if isinstance(tc.get("layer_types"), list):
-            return super().layer_kinds(tc)
-        n, every = int(tc["num_hidden_layers"]), int(tc.get("full_attention_interval") or 1)
-        return [FULL if (i + 1) % every == 0 else LINEAR for i in range(n)]
+    def shape_config(self, shape: Any, vocab: int, **extra: Any) -> dict[str, Any]:
+        """config.json of a synthetic `shape` (edge0.synth.shapes.Shape) with `vocab` tokens."""
+        from transformers import Qwen3MoeConfig
 
-    def state_layer_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
-        """Qwen3-Next/3.5's DeltaNet: its conv state (kernel - 1 inputs) and delta-rule state."""
-        if not tc.get("linear_num_value_heads"):
-            return 0
-        hk, dk = int(tc["linear_num_key_heads"]), int(tc["linear_key_head_dim"])
-        hv, dv = int(tc["linear_num_value_heads"]), int(tc["linear_value_head_dim"])
-        conv = (int(tc.get("linear_conv_kernel_dim", 4)) - 1) * (2 * hk * dk + hv * dv)
-        return (conv + hv * dk * dv) * itemsize
-
-
-_PER = re.compile(r"^(?P<pre>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
-
-
-def _fuse_per_expert(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """One tensor per expert -> the hub's fused gate_up_proj (E, 2F, D) and down_proj (E, D, F)."""
-    found: dict[str, dict[str, dict[int, mx.array]]] = {}
-    for key in [k for k in weights if _PER.match(k)]:
-        m = _PER.match(key)
-        assert m is not None
-        found.setdefault(m["pre"], {}).setdefault(m["proj"], {})[int(m["e"])] = weights.pop(key)
-    for pre, projs in found.items():
-        n = len(projs.get("gate", {}))
-        if any(sorted(projs.get(p, {})) != list(range(n)) for p in ("gate", "up", "down")):
-            raise ModelLoadError(
-                f"{pre}: per-expert tensors are incomplete (gate/up/down for experts 0..{n - 1} "
-                "expected); re-download the checkpoint"
-            )
-        gate = mx.stack([projs["gate"][e] for e in range(n)])  # (E, F, D)
-        up = mx.stack([projs["up"][e] for e in range(n)])
-        weights[f"{pre}.gate_up_proj"] = mx.concatenate([gate, up], axis=1)  # (E, 2F, D)
-        weights[f"{pre}.down_proj"] = mx.stack([projs["down"][e] for e in range(n)])
-    return weights
-
-
-def _interval(layer_types: list[str]) -> int:
-    """The period of full-attention layers; mlx-lm's Qwen3.5 only supports a regular one."""
-    n = layer_types.index("full_attention") + 1 if "full_attention" in layer_types else 0
-    expected = [
-        "full_attention" if n and (i + 1) % n == 0 else "linear_attention"
-        for i in range(len(layer_types))
-    ]
-    if n == 0 or expected != layer_types:
-        raise ModelLoadError(
-            f"layer_types {layer_types} is not 'every n-th layer is full attention'; "
-            "mlx-lm's qwen3_5_moe cannot run this layer pattern"
+        base = dict(
+            vocab_size=vocab,
+            hidden_size=shape.hidden,
+            intermediate_size=2 * shape.hidden,
+            num_hidden_layers=shape.layers,
+            num_attention_heads=shape.heads,
+            num_key_value_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            num_experts=shape.experts,
+            num_experts_per_tok=shape.top_k,
+            moe_intermediate_size=shape.moe_ff,
+            norm_topk_prob=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            architectures=["Qwen3MoeForCausalLM"],
+            dtype="bfloat16",
         )
-    return n
+        return dict(Qwen3MoeConfig(**{**base, **extra}).to_dict())
