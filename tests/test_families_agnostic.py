@@ -2,7 +2,7 @@
 
 Everything specific to one model family lives in its module under edge0/families/; the
 runtime, the expert store and its tiers, the checkpoint format, the prerouter, training,
-evaluation, several machines and the server go through the `Family` it answers for a
+evaluation, several machines, the server, hub ids and the options go through the `Family` it answers for a
 config or a loaded model. A family name in them (a model_type, or its hyphenated form,
 in code, a comment or a docstring) is either a per-family rule in the wrong place or a
 comment that will go stale.
@@ -25,6 +25,8 @@ AGNOSTIC = (
     "edge0/eval",
     "edge0/dist",
     "edge0/server",
+    "edge0/hub",
+    "edge0/options",
     "tiers",
     "edge0/engine.py",
     "edge0/errors.py",
