@@ -2,10 +2,10 @@
 
 Everything specific to one model family lives in its module under edge0/families/; the
 runtime, the expert store and its tiers, the checkpoint format, the prerouter, training,
-evaluation, several machines, the server, hub ids and the options go through the `Family` it answers for a
-config or a loaded model. A family name in them (a model_type, or its hyphenated form,
-in code, a comment or a docstring) is either a per-family rule in the wrong place or a
-comment that will go stale.
+evaluation, several machines, the server, hub ids and the options go through the `Family`
+it answers for a config or a loaded model. A family name in them (a model_type, or its
+hyphenated form, in code, a comment or a docstring) is either a per-family rule in the
+wrong place or a comment that will go stale.
 """
 
 from __future__ import annotations
