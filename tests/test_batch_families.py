@@ -2,9 +2,9 @@
 
 Each family decodes three prompts of different lengths batched (rows join mid-stream,
 so the merged caches are really left-padded, and leave at different steps) and alone;
-the tokens must be equal. The families of `STACKED_FAMILIES` must run the stacked
-forward, the others (caches without a batch form, or attention not tested with batch
-offsets) the greenlet path.
+the tokens must be equal. The families whose rows stack (`Family.stacks`) must run the
+stacked forward, the others (caches without a batch form, or attention not tested with
+batch offsets) the greenlet path.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from runtime_helpers import MockTier
 from test_batch import together
 
+from edge0.families import family_for
 from edge0.layout.convert import ConvertOptions, convert
-from edge0.runtime.compute.stack import STACKED_FAMILIES
 from edge0.runtime.engine.api import Engine
 from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family
 
@@ -63,6 +63,6 @@ def test_every_family_decodes_batched_as_alone(built: dict[str, Path], model_typ
     got, rows, step = run(main())
     assert got == ref
     assert 3 in rows and 2 in rows  # batched steps with rows of different lengths
-    assert step.stacked is (model_type in STACKED_FAMILIES)
+    assert step.stacked is family_for(model_type).stacks
     if step.stacked:
         assert 2 <= step.stack.merges < sum(r > 1 for r in rows)  # merged when rows change

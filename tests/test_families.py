@@ -21,12 +21,12 @@ from runtime_helpers import PROMPT, MockTier
 from test_reference import edge0_logits
 from tool_helpers import load_tool
 
+from edge0.families import family_for
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.layout.load import load_layout
 from edge0.layout.manifest import Manifest
 from edge0.layout.verify import verify
 from edge0.model.loader import load
-from edge0.routing.families import family_for
 from edge0.runtime.engine.api import Engine
 from edge0.synth.flagships import FLAGSHIPS
 from edge0.synth.tiny_families import CONFIGS, fixture_file, layout_from_transformers, write_family
@@ -143,12 +143,10 @@ def test_int4_tokens_equal_mlx_lm_int4_and_mlx_dirs_load(
 
 
 def _mlx_lm_readable(b: dict[str, Path]) -> Path:
-    """The checkpoint in a form mlx-lm's sanitize reads: gpt-oss under mlx-lm's names."""
-    if json.loads((b["hf"] / "config.json").read_text())["model_type"] != "gpt_oss":
-        return b["hf"]
-    from edge0.synth.gpt_oss_forms import mlx_names
+    """The checkpoint in a form mlx-lm's sanitize reads (gpt-oss: under mlx-lm's names)."""
+    from edge0.synth.forms import mlx_lm_readable
 
-    return mlx_names(b["hf"], b["root"] / "mlx-names")
+    return mlx_lm_readable(b["hf"], b["root"] / "mlx-names")
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -1,8 +1,8 @@
 """gpt-oss in the hub's MXFP4 form: experts stay `mode="mxfp4"` from the checkpoint to the slots.
 
 The checkpoint is the gpt_oss family fixture written as the hub release stores it
-(edge0.synth.gpt_oss_forms.hub_mxfp4); golden logits are transformers fp32 with the
-MXFP4 experts dequantized (tests/fixtures/golden/gpt_oss_mxfp4.npz).
+(the gpt_oss family's `gpt_oss_mxfp4` form, edge0.synth.forms); golden logits are
+transformers fp32 with the MXFP4 experts dequantized (tests/fixtures/golden/gpt_oss_mxfp4.npz).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.layout.records import field_views
 from edge0.layout.verify import verify
 from edge0.model.loader import load
-from edge0.synth.gpt_oss_forms import hub_mxfp4
+from edge0.synth.forms import derived
 from edge0.synth.tiny_families import fixture_file, write_family
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,7 +35,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def hub(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gpt-oss-mxfp4")
     hf = write_family(fixture_file(FIXTURES, "gpt_oss"), root / "hf")
-    src = hub_mxfp4(hf, root / "hub")
+    src = derived("gpt_oss_mxfp4", hf, root / "hub")
     convert(src, root / "e0", ConvertOptions(group_size=32))
     return {"hub": src, "e0": root / "e0", "root": root}
 

@@ -27,7 +27,7 @@ from edge0.runtime.plan.memory import (
     plan,
     working_bytes,
 )
-from edge0.synth.gpt_oss_forms import hub_mxfp4
+from edge0.synth.forms import derived
 from edge0.synth.tiny_families import fixture_file, write_family
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -40,7 +40,9 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     root = tmp_path_factory.mktemp("load")
     if request.param == "gpt_oss_mxfp4":  # MXFP4 records: uint8 scales, bf16 biases
         hf = write_family(fixture_file(FIXTURES, "gpt_oss"), root / "hf")
-        convert(hub_mxfp4(hf, root / "hub"), root / "e0", ConvertOptions(group_size=32))
+        convert(
+            derived("gpt_oss_mxfp4", hf, root / "hub"), root / "e0", ConvertOptions(group_size=32)
+        )
         return root / "e0"
     return build_store(root, str(request.param))
 
@@ -113,6 +115,7 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
     """mlx-lm grows one layer's cache at a time: working memory holds that layer's KV once
     (a config without `layer_types` has every layer attending; sliding layers do not count)."""
     mixtral = {
+        "model_type": "mixtral",
         "hidden_size": 4096,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
@@ -124,6 +127,7 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
         WORKING_BASE + 4 * WORKING_PER_1K_D + kv_bytes(mixtral, 4000) // 32
     )
     gpt_oss = {
+        "model_type": "gpt_oss",
         "hidden_size": 2880,
         "num_hidden_layers": 24,
         "num_attention_heads": 64,

@@ -13,7 +13,7 @@ import pytest
 from runtime_helpers import PROMPT, MockTier
 from test_route_policy import _decode
 
-from edge0.routing.families import family_for
+from edge0.families import family_for
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.slots import SlotState
 from edge0.runtime.layers.policy import host_rank, in_graph, route_slots

@@ -8,8 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
+from edge0.families import FAMILIES, family_for
 from edge0.kernels.layers import use_native
-from edge0.routing.families import FAMILIES, family_for
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.layers.block import StreamingMoE

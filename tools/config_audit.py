@@ -1,4 +1,4 @@
-"""Print the config audit of docs/models.md from Edge0's own tables (edge0.model.fields).
+"""Print the config audit of docs/models.md from the families' own rows (`Family.fields`).
 
 Rows shared by every family first, then each model_type's own rows with transformers'
 default for that model_type. tests/test_config_fidelity.py checks docs/models.md holds
@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from edge0.model.fields import TEXT_TYPES, table, transformers_view
-from edge0.model.fields.common import COMMON, WRAPPER
-from edge0.model.fields.rules import COMPUTED, EDGE0, IRRELEVANT, ROPE_KEYS, Rope, Rule
-from edge0.routing.families import supported_list
+from edge0.families import supported_list
+from edge0.families.audit import COMPUTED, EDGE0, IRRELEVANT, ROPE_KEYS, Rope, Rule
+from edge0.families.common import COMMON, WRAPPER
+from edge0.model.fields import table, transformers_view, wrapped
 
 VERDICT = {COMPUTED: "computed", EDGE0: "Edge0 reads it", IRRELEVANT: "irrelevant"}
 
@@ -68,10 +68,10 @@ def audit() -> str:
     lines += [row(k, r) for k, r in WRAPPER.items()]
     for model_type in supported_list().split(", "):
         view = transformers_view({"model_type": model_type})
-        if model_type in TEXT_TYPES:
+        if wrapped(model_type):
             view = view["text_config"]
         own = {k: r for k, r in table(model_type).items() if COMMON.get(k) is not r}
-        title = f"`{model_type}`" + (" (`text_config`)" if model_type in TEXT_TYPES else "")
+        title = f"`{model_type}`" + (" (`text_config`)" if wrapped(model_type) else "")
         lines += [
             "",
             f"### {title}",

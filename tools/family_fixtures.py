@@ -3,9 +3,9 @@
 For each family: tests/fixtures/families/<model_type>.json (transformers' config and the
 tensor layout its save_pretrained writes) and tests/fixtures/golden/<model_type>.npz
 (transformers fp32 logits for the fixed prompt + 8 cached greedy steps); derived forms
-(FORMS: gpt_oss_mxfp4, the hub's MXFP4 release of the gpt_oss fixture) and config
-variants (edge0.synth.fidelity_probes.VARIANTS: a family's fixture with computed
-non-default config values) get golden logits of their own. Usage:
+(a family's `forms`, e.g. gpt_oss_mxfp4, the hub's MXFP4 release of the gpt_oss fixture)
+and config variants (a family's `variant`: its fixture with computed non-default config
+values) get golden logits of their own. Usage:
 
     .venv/bin/python tools/family_fixtures.py [MODEL_TYPE ...]
     .venv/bin/python tools/family_fixtures.py --report   # deltas vs golden, no torch
@@ -21,7 +21,7 @@ import numpy as np
 from teacher_golden import golden_tool  # tools/ is on sys.path when this script runs
 
 from edge0.synth.fidelity_probes import VARIANTS
-from edge0.synth.gpt_oss_forms import FORMS
+from edge0.synth.forms import FORMS, write_form
 from edge0.synth.tiny_families import CONFIGS, fixture_file, write_family, write_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def _checkpoint(name: str, tmp: Path) -> Path:
 
     base, writer = FORMS.get(name, (name, None))
     path = write_family(fixture_file(FIXTURES, base), tmp / base)
-    return path if writer is None else writer(path, tmp / name)
+    return path if writer is None else write_form(writer, path, tmp / name)
 
 
 @click.command()

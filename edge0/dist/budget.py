@@ -19,11 +19,19 @@ from pathlib import Path
 import attrs
 
 from edge0.errors import ConfigError
+from edge0.families.base import FULL, LINEAR
 from edge0.layout.manifest import Manifest
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
 from edge0.options.engine import EngineOptions
 from edge0.runtime.plan.footprint import footprint
-from edge0.runtime.plan.memory import Footprint, MemoryPlan, kv_bytes, plan, state_bytes
+from edge0.runtime.plan.memory import (
+    Footprint,
+    MemoryPlan,
+    layer_kinds,
+    layer_kv_bytes,
+    layer_state_bytes,
+    plan,
+)
 from edge0.runtime.setup.prepare import kept_layers
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -122,11 +130,9 @@ def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: i
             owners = moe[:-1] + (moe[-1:] if opts.first_layer == "wrap" else [])
             for i in owners:
                 heads[i] = fp.heads // len(owners)
-    kinds = _layer_kinds(text, n)
-    per_kv = kv_bytes({**text, "layer_types": ["full_attention"]}, opts.context)
-    per_state = (
-        state_bytes({**text, "layer_types": ["linear_attention"]}) if text.get("layer_types") else 0
-    )
+    kinds = layer_kinds(manifest.config)
+    per_kv = layer_kv_bytes(manifest.config, opts.context)
+    per_state = layer_state_bytes(manifest.config)
     streamed = tuple(opts.mode != "resident" and i in moe and i not in kept for i in range(n))
     tied = bool(text.get("tie_word_embeddings", manifest.config.get("tie_word_embeddings")))
     return LayerBytes(
@@ -134,27 +140,14 @@ def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: i
         tuple(resident),
         tuple(experts),
         tuple(heads),
-        tuple(per_kv if k == "full_attention" else 0 for k in kinds),
-        tuple(per_state if k == "linear_attention" else 0 for k in kinds),
+        tuple(per_kv if k == FULL else 0 for k in kinds),
+        tuple(per_state if k == LINEAR else 0 for k in kinds),
         streamed,
         embed,
         head,
         tied,
         fp.resident - sum(tensors.values()),
     )
-
-
-def _layer_kinds(text: dict[str, object], n: int) -> list[str]:
-    """full_attention / linear_attention per layer (explicit list, interval, or all full)."""
-    types = text.get("layer_types")
-    if isinstance(types, list):
-        return [str(t) for t in types]
-    interval = int(str(text.get("full_attention_interval") or 1))
-    if interval > 1:
-        return [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
-        ]
-    return ["full_attention"] * n
 
 
 def rank_plan(

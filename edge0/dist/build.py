@@ -15,13 +15,13 @@ from edge0.dist.pipeline import StageScheduler
 from edge0.dist.plan import Split
 from edge0.dist.stage import Stage, load_stage
 from edge0.errors import ConfigError
+from edge0.families import family_for
 from edge0.layout.manifest import Manifest
 from edge0.layout.safetensors_io import MX_DTYPES
 from edge0.log import get_logger
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.options.engine import EngineOptions
-from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.compute.steps import Steps
@@ -69,7 +69,7 @@ class Node:
 def _predictor(model: nn.Module, opts: EngineOptions, path: Path) -> tuple[int, Predictor | None]:
     """Before pruning: top-k and the predictor over all MoE layers (heads read the routers)."""
     blocks = sparse_blocks(model)
-    k = opts.top_k or model_top_k(blocks[0][2])
+    k = opts.top_k or model_top_k(model, blocks[0][2])
     return k, choose_predictor(model, [i for i, _, _ in blocks], opts, path)
 
 

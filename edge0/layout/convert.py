@@ -61,7 +61,7 @@ def _expert_arrays(
     parts = source.read_expert(layer, expert)
     out: dict[str, np.ndarray] = {}
     for proj in PROJECTIONS:
-        if f"{proj}.bias" in parts:  # experts with biased projections (gpt-oss)
+        if f"{proj}.bias" in parts:  # experts with biased projections
             raw, dtype = parts.pop(f"{proj}.bias")
             b = to_mx(raw, dtype)
             out[f"{proj}.bias"] = to_raw(b.astype(cast) if cast is not None else b)

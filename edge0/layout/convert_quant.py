@@ -1,7 +1,7 @@
 """How `edge0 convert` quantizes: its options, the experts' shape, their bits and dtypes.
 
 HF experts get the chosen bits / group size (a smaller group where the widths need one)
-and, per projection, what mlx-lm's `quant_predicate` gives them (Granite-MoE: down_proj
+and, per projection, what mlx-lm's `quant_predicate` gives them (e.g. down_proj
 at 8 bits); MLX sources keep what they store, projection by projection; hub MXFP4
 experts stay MXFP4.
 """
@@ -83,7 +83,7 @@ def _quant_defaults(source: Source, shape: ExpertShape, opts: ConvertOptions) ->
         "mode": source.config["quantization"].get("mode", "affine"),
     }
     own = {p: q for p, q in per_proj.items() if q != per_proj["gate_proj"]}
-    if own:  # mlx-lm gave some projections their own bits (Granite-MoE: down_proj at 8)
+    if own:  # mlx-lm gave some projections their own bits (e.g. down_proj at 8)
         found["projections"] = own
     first = {k: v.shape[1:] for k, v in le.tensors.items()}
     for layer in shape.layers:
@@ -140,7 +140,7 @@ def _expert_params(
 
 
 def _with_projections(model: nn.Module | None, params: dict[str, Any]) -> dict[str, Any]:
-    """`params` plus the projections mlx-lm's predicate quantizes otherwise (Granite: down 8)."""
+    """`params` plus the projections mlx-lm's predicate quantizes otherwise (e.g. down 8)."""
     own = expert_projections(model, params) if model is not None else {}
     return {**params, "projections": own} if own else params
 

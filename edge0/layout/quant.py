@@ -4,7 +4,7 @@ mlx-lm's `convert -q` casts floating parameters to the config's dtype (except wh
 model's `cast_predicate` says no, e.g. `A_log`), then quantizes every module that has
 `to_quantized` and whose input width is a multiple of the group size, asking the model's
 `quant_predicate` for per-module overrides (routers `mlp.gate` and `shared_expert_gate`
-get 8 bits in the Qwen MoE families). Edge0 makes the same choices so that an edge0
+get 8 bits in some families). Edge0 makes the same choices so that an edge0
 checkpoint computes exactly what mlx-lm's int4 conversion of the same source computes.
 `quantize_stored` makes a float-shaped model's layers quantized where a checkpoint
 (an mlx-lm quantized one or an edge0 layout) stores them quantized.
@@ -74,7 +74,7 @@ def quant_params(
 def expert_projections(model: nn.Module, defaults: dict[str, Any]) -> dict[str, dict[str, int]]:
     """The expert projections mlx-lm's `quant_predicate` quantizes other than `defaults`.
 
-    {proj: {bits, group_size}} (Granite-MoE: `switch_mlp.down_proj` at 8 bits); every MoE
+    {proj: {bits, group_size}} (e.g. `switch_mlp.down_proj` at 8 bits); every MoE
     layer must get the same answer (one record shape), else ConversionError.
     """
     predicate = getattr(model, "quant_predicate", None)

@@ -3,7 +3,7 @@
 A record holds gate_proj, up_proj and down_proj of one expert, each as weight (uint32,
 packed as `mx.quantize` produces), scales and biases (the checkpoint's float dtype;
 `mode="mxfp4"`: uint8 scales and no biases), then the projection's own bias when the
-family's experts have one (gpt-oss: `bias`, out-dims, float), in that order, each
+family's experts have one (`bias`: out-dims, float), in that order, each
 field starting at a FIELD_ALIGN boundary; the record is zero-padded to a multiple of
 RECORD_ALIGN.
 """
@@ -69,8 +69,8 @@ def _align(n: int, to: int) -> int:
 def projection_quant(q: Mapping[str, Any], proj: str) -> dict[str, Any]:
     """One projection's {group_size, bits, mode}: the record's, or its own `projections` entry.
 
-    A quantization dict may give projections their own bits / group size (mlx-lm's
-    Granite-MoE predicate: `down_proj` at 8 bits): `{"projections": {"down_proj": {...}}}`.
+    A quantization dict may give projections their own bits / group size (a family's
+    mlx-lm predicate: `down_proj` at 8 bits): `{"projections": {"down_proj": {...}}}`.
     """
     own = (q.get("projections") or {}).get(proj) or {}
     return {

@@ -20,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from tqdm import tqdm
 
+from edge0.families import family_for
 from edge0.layout.quant import (
     cast_allowed,
     conversion_dtype,
@@ -37,7 +38,6 @@ from edge0.layout.safetensors_io import (
 )
 from edge0.layout.sources import Source
 from edge0.log import get_logger
-from edge0.routing.families import family_for
 
 log = get_logger(__name__)
 

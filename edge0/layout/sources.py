@@ -1,14 +1,15 @@
 """Source checkpoints for `edge0 convert`: find tensors across shards and read experts one by one.
 
 Three ways routed experts appear in a source, all read per (layer, expert) by byte range:
-- per-expert HF tensors named by the family: `...layers.N.mlp.experts.E.{gate,up,down}_proj.weight`
-  (qwen3_moe, olmoe, deepseek, ...), `...block_sparse_moe.experts.E.{w1,w3,w2}.weight` (mixtral);
+- per-expert HF tensors under the family's block and projection names (`Family.block_attr`,
+  `hf_projections`): `...layers.N.mlp.experts.E.{gate,up,down}_proj.weight` by default;
 - fused HF tensors: `...layers.N.mlp.experts.gate_up_proj` (E, 2*ff, d) and
-  `...experts.down_proj` (E, d, ff) (qwen3_5_moe; gate is the first half of gate_up);
+  `...experts.down_proj` (E, d, ff) (gate is the first half of gate_up);
 - stacked MLX tensors: `...layers.N.mlp.switch_mlp.{gate,up,down}_proj.{weight,scales,biases}`,
-  quantized (mlx-community int4) or plain float (`mlp.experts.*` and a `.bias` each in gpt-oss);
-- a family's own fused layout (`Family.fused_expert` / `read_fused`: gpt-oss' interleaved
-  gate_up tensors, float or the hub's MXFP4 blocks, which stay packed: `packed`).
+  quantized (mlx-community int4) or plain float (with a `.bias` each where the experts have
+  biases);
+- a family's own fused layout (`Family.fused_expert` / `read_fused`: e.g. interleaved
+  gate_up tensors, float or MXFP4 blocks, which stay packed: `packed`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from typing import Any
 import attrs
 
 from edge0.errors import ConversionError, ModelLoadError
+from edge0.families import Family, family_for
 from edge0.layout.readable import ARTIFACT_FILES
 from edge0.layout.records import PROJECTIONS
 from edge0.layout.safetensors_io import TensorInfo, read_header, read_raw
 from edge0.log import get_logger
 from edge0.model.arch import check_supported, normalize_config
-from edge0.routing.families import Family, family_for
 
 log = get_logger(__name__)
 
@@ -66,7 +67,7 @@ class Source:
     resident_keys: list[str]
     quantized: bool  # an MLX checkpoint with "quantization" in its config
     family: Family
-    # the experts' quantization when an HF source stores them packed (gpt-oss MXFP4)
+    # the experts' quantization when an HF source stores them packed (MXFP4 blocks)
     packed: dict[str, Any] | None = None
 
     @property
@@ -220,7 +221,7 @@ def open_source(path: Path) -> Source:
 
 
 def expert_bias_dtype(source: Source) -> str | None:
-    """The dtype of the experts' own projection biases (gpt-oss), None when they have none."""
+    """The dtype of the experts' own projection biases, None when they have none."""
     le = next(iter(source.experts.values()))
     found = [i.dtype for k, i in le.tensors.items() if k.endswith(("_bias", ".bias"))]
     return found[0] if found else None

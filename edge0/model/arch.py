@@ -7,10 +7,10 @@ from typing import Any
 
 import mlx.nn as nn
 
+from edge0 import families
 from edge0.errors import ModelLoadError
 from edge0.model import fields
 from edge0.model.rope import untruncate_yarn
-from edge0.routing import families
 
 # Dense (non-MoE) families people are likely to point Edge0 at by mistake.
 _DENSE_TYPES = {
@@ -119,7 +119,7 @@ def _normalize_text(tc: dict[str, Any], fam: families.Family | None) -> dict[str
         if "partial_rotary_factor" in rope:
             tc.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default" and not str(tc.get("model_type")).startswith("qwen3_5"):
+        if rope_type != "default" and (fam is None or fam.rope_scaling_key):
             tc.setdefault("rope_scaling", rope)
     if tc.get("head_dim") is None and "hidden_size" in tc and "num_attention_heads" in tc:
         tc["head_dim"] = tc["hidden_size"] // tc["num_attention_heads"]

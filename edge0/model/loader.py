@@ -94,7 +94,7 @@ def load(path: str | Path) -> LoadedModel:
     in model.safetensors.index.json), an mlx-lm / mlx-community directory (quantized
     when config.json has "quantization"), or an edge0-layout directory (edge0.json,
     handed to `edge0.layout.load.load_layout`). Supported families: see
-    `edge0.routing.families` (docs/models.md). Weights are cast to `activation_dtype()`.
+    `edge0.families` (docs/models.md). Weights are cast to `activation_dtype()`.
 
     Raises:
         ModelLoadError: missing directory, unsupported model_type, truncated or corrupt

@@ -11,7 +11,7 @@ SPARSE_ATTRS = ("mlp", "block_sparse_moe", "feed_forward")
 
 def sparse_blocks(model: nn.Module) -> list[tuple[int, str, nn.Module]]:
     """(layer index, attribute name, block) for every layer with a routed-expert block."""
-    from edge0.routing.families import for_model
+    from edge0.families import for_model
 
     switch = for_model(model).switch_attr
     out = []

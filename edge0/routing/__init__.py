@@ -1,1 +1,1 @@
-"""Routing: routing families, prerouter heads and the predictors built on them."""
+"""Routing: prerouter heads and the predictors built on the families' routers."""

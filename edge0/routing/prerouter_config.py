@@ -33,7 +33,7 @@ class PrerouterConfig:
     wrap: bool = True  # the last MoE layer's head predicts the first MoE layer at t+1
     trained: bool = False
     horizon: str = "token"  # one of HORIZONS; "layer" heads never wrap
-    router_bias: bool = False  # the heads' router copy has the router's bias (gpt-oss)
+    router_bias: bool = False  # the heads' router copy has the router's bias
     info: dict[str, Any] = attrs.field(factory=dict)  # training provenance and figures
 
     def heads(self) -> list[tuple[int, int]]:

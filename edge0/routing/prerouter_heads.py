@@ -28,7 +28,7 @@ class PrerouterHead(nn.Module):
         in_dim = d_model + 2 * num_experts
         self.fc1 = nn.Linear(in_dim, hidden)
         self.fc2 = nn.Linear(hidden, num_experts)
-        self.lin_h = nn.Linear(d_model, num_experts, bias=bias)  # bias: the router's (gpt-oss)
+        self.lin_h = nn.Linear(d_model, num_experts, bias=bias)  # bias: the router's, if any
         self.lin_m = nn.Linear(2 * num_experts, num_experts, bias=False)
         self.fc2.weight = mx.zeros_like(self.fc2.weight)
         self.fc2.bias = mx.zeros_like(self.fc2.bias)

@@ -28,7 +28,7 @@ def router_weight(block: nn.Module) -> mx.array:
 
 
 def router_bias(block: nn.Module) -> mx.array | None:
-    """The (E,) bias of a sparse block's router (gpt-oss), None when it has none."""
+    """The (E,) bias of a sparse block's router, None when it has none."""
     gate = router_of(block)
     bias = gate.get("bias") if "bias" in gate else None
     return None if bias is None else bias.astype(mx.float32)
@@ -36,11 +36,11 @@ def router_bias(block: nn.Module) -> mx.array | None:
 
 def router_of(block: nn.Module) -> nn.Module:
     """The router linear of a sparse block (a family's `router_attr`: `gate`, `router`, ...)."""
-    from edge0.routing.families import FAMILIES
-    from edge0.routing.families.base import router_at
+    from edge0.families import FAMILIES
+    from edge0.families.base import router_at
 
     paths = sorted({f.router_attr for f in FAMILIES.values()}, key=lambda a: -a.count("."))
-    for attr in paths:  # the deepest first: granitemoe's `router.layer` before gpt-oss' `router`
+    for attr in paths:  # the deepest first: `router.layer` before `router`
         try:
             return router_at(block, attr)
         except KeyError:
@@ -51,8 +51,8 @@ def router_of(block: nn.Module) -> nn.Module:
 def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
     """(layer index, sparse block) for each decoder layer with a router and routed experts
     (in the model, or streamed by Edge0's block)."""
+    from edge0.families import for_model
     from edge0.model.sparse import SPARSE_ATTRS
-    from edge0.routing.families import for_model
 
     fam = for_model(model)
     out = []
@@ -69,7 +69,7 @@ def moe_blocks(model: nn.Module) -> list[tuple[int, nn.Module]]:
 
 
 def block_top_k(block: nn.Module) -> int:
-    """The top-k of a sparse block, or of its router where the router keeps it (granitemoe)."""
+    """The top-k of a sparse block, or of its router where the router keeps it."""
     k = None
     for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):
         k = k or getattr(owner, "top_k", None) or getattr(owner, "num_experts_per_tok", None)

@@ -1,9 +1,10 @@
 """Random bf16 Hugging Face checkpoints of a named shape (input for `edge0 convert` tests).
 
-Tensor names and layouts follow the released checkpoints: qwen3_moe has one tensor per
-expert projection; qwen3_5_moe has the "model.language_model." prefix, fused experts
-(gate_up_proj (E, 2*ff, d), down_proj (E, d, ff)), conv1d weights (C, 1, K) and
-zero-centred RMSNorm weights. Written tensor by tensor, in shards.
+Tensor names and layouts follow the released checkpoints: one tensor per expert
+projection, or, where the family's releases fuse them (`Family.hub_fused`), the
+"model.language_model." prefix, fused experts (gate_up_proj (E, 2*ff, d), down_proj
+(E, d, ff)), conv1d weights (C, 1, K) and zero-centred RMSNorm weights. Written tensor
+by tensor, in shards.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from edge0.errors import ConversionError
+from edge0.families import family_for
 from edge0.layout.atomic import atomic_directory
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import switch_modules
@@ -60,7 +62,7 @@ Producer = Callable[[], np.ndarray] | Normal
 def _tensors(config: dict[str, Any], rand: Rand) -> Iterator[tuple[str, tuple[int, ...], Producer]]:
     """(HF name, shape, producer of float32 values) for every tensor of the checkpoint."""
     model = build_float_model(config)
-    fused = config["model_type"] == "qwen3_5_moe"
+    fused = family_for(str(config["model_type"])).hub_fused
     switch = {p: layer for layer, (p, _) in switch_modules(model).items()}
     for key, value in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
         shape = tuple(value.shape)  # type: ignore[union-attr]

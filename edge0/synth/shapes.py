@@ -1,8 +1,9 @@
 """Model shapes of synthetic checkpoints and their config.json (transformers' config classes).
 
-One `Shape` (the dimensions) and one builder per family (`hf_config`) serve the
-named shapes of `edge0.synth.layout` (`SHAPES`, up to the 35B-A3B) and the tiny
-random HF checkpoints of `edge0.synth.tiny` alike.
+One `Shape` (the dimensions), built into a config by its family (`Family.shape_config`),
+serves the named shapes of `edge0.synth.layout` (`SHAPES`: these and the families'
+flagships, up to the 35B-A3B) and the tiny random HF checkpoints of `edge0.synth.tiny`
+alike.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from typing import Any
 import attrs
 
 from edge0.errors import ConversionError
+from edge0.families import FAMILIES, Family, every_family
 from edge0.synth.flagships import FLAGSHIPS, flagship_config
 
-FAMILIES = ("qwen3_moe", "qwen3_5_moe")
+# the families that build synthetic shapes (`Family.shape_config`)
+SHAPE_FAMILIES = tuple(
+    f.name for f in every_family() if type(f).shape_config is not Family.shape_config
+)
 
 
 @attrs.frozen
@@ -39,63 +44,14 @@ class Shape:
 
 def hf_config(shape: Shape, vocab: int, **extra: Any) -> dict[str, Any]:
     """config.json of `shape` with `vocab` tokens; `extra` are more config fields (text config)."""
-    if shape.model_type == "qwen3_moe":
-        from transformers import Qwen3MoeConfig
-
-        cfg: Any = Qwen3MoeConfig(
-            **{
-                **dict(
-                    vocab_size=vocab,
-                    hidden_size=shape.hidden,
-                    intermediate_size=2 * shape.hidden,
-                    num_hidden_layers=shape.layers,
-                    num_attention_heads=shape.heads,
-                    num_key_value_heads=shape.kv_heads,
-                    head_dim=shape.head_dim,
-                    num_experts=shape.experts,
-                    num_experts_per_tok=shape.top_k,
-                    moe_intermediate_size=shape.moe_ff,
-                    norm_topk_prob=True,
-                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                    architectures=["Qwen3MoeForCausalLM"],
-                    dtype="bfloat16",
-                ),
-                **extra,
-            }
-        )
-    elif shape.model_type == "qwen3_5_moe":
-        from transformers import Qwen3_5MoeConfig
-
-        text = (
-            dict(
-                vocab_size=vocab,
-                hidden_size=shape.hidden,
-                num_hidden_layers=shape.layers,
-                num_attention_heads=shape.heads,
-                num_key_value_heads=shape.kv_heads,
-                head_dim=shape.head_dim,
-                linear_num_key_heads=shape.lin_k_heads,
-                linear_num_value_heads=shape.lin_v_heads,
-                linear_key_head_dim=shape.lin_head_dim,
-                linear_value_head_dim=shape.lin_head_dim,
-                num_experts=shape.experts,
-                num_experts_per_tok=shape.top_k,
-                moe_intermediate_size=shape.moe_ff,
-                shared_expert_intermediate_size=shape.shared_ff,
-                dtype="bfloat16",
-            )
-            | extra
-        )
-        cfg = Qwen3_5MoeConfig(text_config=text, architectures=[QWEN3_5_ARCH])
-    else:
+    family = FAMILIES.get(shape.model_type)
+    if family is None or type(family).shape_config is Family.shape_config:
         raise ConversionError(
-            f"synthetic checkpoints exist for {', '.join(FAMILIES)}, not {shape.model_type!r}"
+            f"synthetic checkpoints exist for {', '.join(SHAPE_FAMILIES)}, not {shape.model_type!r}"
         )
-    out: dict[str, Any] = cfg.to_dict()
-    return out
+    return family.shape_config(shape, vocab, **extra)
 
 
-QWEN3_5_ARCH = "Qwen3_5MoeForConditionalGeneration"
 _SMALL_35 = Shape(
     hidden=512,
     layers=8,
@@ -133,45 +89,12 @@ NAMED: dict[str, tuple[Shape, int]] = {
 
 def shape_config(name: str) -> dict[str, Any]:
     """config.json of a named shape (SHAPES)."""
-    from transformers import Qwen3_5MoeConfig
-
-    cfg: dict[str, Any]
     if name in NAMED:
         shape, vocab = NAMED[name]
         return hf_config(shape, vocab)
-    if name == "qwen3.5-35b-a3b":
-        cfg = Qwen3_5MoeConfig(architectures=[QWEN3_5_ARCH]).to_dict()
-    elif name == "qwen3.5-35b-a3b-4layers":  # the 35B's tensors, 4 of its 40 layers
-        text = Qwen3_5MoeConfig().to_dict()["text_config"]
-        text.update(num_hidden_layers=4, layer_types=text["layer_types"][:4])
-        cfg = Qwen3_5MoeConfig(text_config=text, architectures=[QWEN3_5_ARCH]).to_dict()
-    elif name == "qwen3-30b-a3b":
-        shape = Shape(
-            model_type="qwen3_moe",
-            hidden=2048,
-            layers=48,
-            heads=32,
-            kv_heads=4,
-            head_dim=128,
-            experts=128,
-            top_k=8,
-            moe_ff=768,
-        )
-        rope = {"rope_type": "default", "rope_theta": 1000000.0}
-        cfg = hf_config(
-            shape,
-            151936,
-            intermediate_size=6144,
-            max_position_embeddings=40960,
-            tie_word_embeddings=False,
-            rms_norm_eps=1e-6,
-            rope_parameters=rope,
-        )
-    elif name in FLAGSHIPS:  # the other families' flagships (edge0/synth/flagships.py)
-        cfg = flagship_config(name)
-    else:
-        raise ConversionError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
-    return cfg
+    if name in FLAGSHIPS:  # the families' flagships (Family.flagships)
+        return flagship_config(name)
+    raise ConversionError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
 
 
-SHAPES = ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-4layers", "qwen3-30b-a3b", *NAMED, *FLAGSHIPS)
+SHAPES = (*NAMED, *FLAGSHIPS)

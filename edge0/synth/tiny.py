@@ -10,7 +10,7 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from edge0.synth.shapes import FAMILIES as SUPPORTED
+from edge0.synth.shapes import SHAPE_FAMILIES as SUPPORTED
 from edge0.synth.shapes import Shape
 from edge0.synth.shapes import hf_config as shape_hf_config
 

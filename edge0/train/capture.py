@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.routing.families import Family, for_model
+from edge0.families import Family, for_model
 from edge0.routing.prerouter import block_top_k, moe_blocks
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from edge0.routing.prerouter_heads import PrerouterHead
 
 NAMES = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "lin_h.weight", "lin_m.weight")
-BIAS = "lin_h.bias"  # the router's bias, when the model's router has one (gpt-oss)
+BIAS = "lin_h.bias"  # the router's bias, when the model's router has one
 _SQRT_HALF = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 

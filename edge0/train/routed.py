@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from edge0.routing.families import Family, family_for
+from edge0.families import Family, family_for
 from edge0.routing.prerouter import PrerouterSet, moe_blocks
 
 Plan = dict[int, mx.array]  # MoE layer -> (B, S, K) executed expert sets

@@ -71,7 +71,7 @@ def install(c: Counters) -> None:
     import mlx_lm.models.qwen3_next as qwen3_next
     import mlx_lm.models.switch_layers as switch
 
-    import edge0.routing.families.base as fam
+    import edge0.families.base as fam
     import edge0.runtime.compute.steps as steps
     import edge0.runtime.io.fetcher as fetcher
     import edge0.runtime.io.readers as readers

@@ -4,7 +4,7 @@
 per-layer cache must be a type whose batch form keeps each row's positions
 (mlx-lm's `KVCache` -> `BatchKVCache` with left padding, `ArraysCache`, a
 `CacheList` of those), and the family's attention must be one tested to take a
-batch cache's per-row offsets and mask (`STACKED_FAMILIES`: tests/test_batch_families.py
+batch cache's per-row offsets and mask (`Family.stacks`: tests/test_batch_families.py
 decodes every family fixture batched and alone). Any other model keeps the
 greenlet path (edge0.runtime.compute.batch), each row its own forward.
 
@@ -24,28 +24,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from edge0.errors import Edge0Error
+from edge0.families import for_model
 
 if TYPE_CHECKING:
     from edge0.runtime.compute.batch import RowState
 
-# model_types whose attention reads a batch cache's per-row offsets and left-padding mask
-# (each decodes batched exactly as alone in tests/test_batch_families.py)
-STACKED_FAMILIES = frozenset(
-    {
-        "qwen3_moe",
-        "qwen3_5_moe",
-        "qwen3_next",
-        "qwen2_moe",
-        "mixtral",
-        "olmoe",
-        "granitemoe",
-        "glm4_moe",
-        "deepseek_v2",
-        "deepseek_v3",
-        "kimi_k2",
-        "gpt_oss",
-    }
-)
 _MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
 
 
@@ -59,10 +42,9 @@ def _mergeable(cache: Any) -> bool:
 
 def stack_refusal(model: Any) -> str | None:
     """Why `model`'s rows cannot run as one stacked forward; None when they can."""
-    args = getattr(model, "args", None)
-    model_type = str(getattr(args, "model_type", None) or getattr(model, "model_type", ""))
-    if model_type not in STACKED_FAMILIES:
-        return f"model_type {model_type!r} is not tested with batch caches"
+    family = for_model(model)
+    if not family.stacks:
+        return f"the {family.name} family is not tested with batch caches"
     kinds = {type(c).__name__ for c in make_prompt_cache(model) if not _mergeable(c)}
     if kinds:
         return f"caches without a batch form: {', '.join(sorted(kinds))}"

@@ -29,7 +29,7 @@ from edge0.layout.manifest import Manifest
 from edge0.layout.records import VIEW_DTYPES
 
 ALIGN = 4096
-DIM_LIMIT = 1 << 31  # MLX shapes are int32 (mixtral-8x7b's 68 slots: 6.7 GB)
+DIM_LIMIT = 1 << 31  # MLX shapes are int32 (68 slots of 8x7B experts: 6.7 GB)
 MX_DTYPES = {
     "uint32": mx.uint32,
     "uint8": mx.uint8,  # mxfp4 scales

@@ -31,9 +31,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import Edge0Error
+from edge0.families import Family
 from edge0.kernels.ops import expert_ffn as native_expert_ffn
 from edge0.layout.records import projection_quant
-from edge0.routing.families import Family
 
 if TYPE_CHECKING:
     from edge0.runtime.layers.streams import LayerStream
@@ -130,12 +130,12 @@ def ffn_plan(quant: dict[str, Any], views: dict[str, mx.array]) -> tuple[Proj, P
     reuses its slot views' plan: no per-call key formatting or quantization lookup)."""
 
     def one(name: str) -> Proj:
-        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
+        q = projection_quant(quant, name)  # a projection may have its own bits
         return (
             views[f"{name}.weight"],
             views[f"{name}.scales"],
             views.get(f"{name}.biases"),  # none in mxfp4 records
-            views.get(f"{name}.bias"),  # experts with biased projections (gpt-oss)
+            views.get(f"{name}.bias"),  # experts with biased projections
             q["group_size"],
             q["bits"],
             q["mode"],

@@ -26,7 +26,7 @@ from edge0.runtime.io.slots import pool_size
 if TYPE_CHECKING:
     import mlx.nn as nn
 
-    from edge0.routing.families import Family
+    from edge0.families import Family
     from edge0.runtime.layers.streams import LayerStream
 
 POOL_WIDTH = 8  # the pool holds up to 8K experts per layer (the candidates' cache) ...

@@ -29,6 +29,8 @@ import attrs
 import numpy as np
 
 from edge0.errors import ConfigError
+from edge0.families import family_for
+from edge0.families.base import FULL, LINEAR
 from edge0.layout.manifest import Manifest
 from edge0.runtime.io.slotmem import ALIGN
 from edge0.storage.spec import TierStage, format_spec, parse_size, parse_spec
@@ -255,52 +257,54 @@ def _text(config: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def layer_kinds(config: dict[str, Any]) -> list[str]:
+    """Each decoder layer's attention, as its family says (`full_attention`, ...)."""
+    return family_for(str(config["model_type"])).layer_kinds(_text(config))
+
+
 def attention_layers(config: dict[str, Any]) -> int:
     """Layers whose KV cache grows with the context (full attention)."""
-    c = _text(config)
-    layer_types = c.get("layer_types")
-    if layer_types:  # transformers' explicit per-layer list (qwen3_5_moe, qwen3_next, gpt_oss)
-        return sum(1 for t in layer_types if t == "full_attention")
-    layers = int(c.get("num_hidden_layers", 0))
-    interval = int(c.get("full_attention_interval", 1) or 1)
-    return layers // interval if interval > 1 else layers
+    return layer_kinds(config).count(FULL)
+
+
+def layer_kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
+    """One full-attention layer's KV cache of `context` tokens (rounded up to mlx-lm's
+    growth step)."""
+    tokens = -(-context // KV_STEP) * KV_STEP
+    family = family_for(str(config["model_type"]))
+    return family.kv_token_bytes(_text(config), itemsize) * tokens
 
 
 def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
     """KV cache of `context` tokens (rounded up to mlx-lm's growth step) for the full-attention
     layers of a config."""
-    c = _text(config)
-    heads = int(c.get("num_key_value_heads") or c.get("num_attention_heads") or 1)
-    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
-    tokens = -(-context // KV_STEP) * KV_STEP
-    return 2 * attention_layers(config) * heads * head_dim * tokens * itemsize
+    return attention_layers(config) * layer_kv_bytes(config, context, itemsize)
+
+
+def layer_state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
+    """One linear-attention layer's recurrent state, as its family says."""
+    return family_for(str(config["model_type"])).state_layer_bytes(_text(config), itemsize)
 
 
 def state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
     """Recurrent state of the linear-attention layers (conv state and delta-rule state)."""
-    c = _text(config)
-    n = sum(1 for t in c.get("layer_types") or [] if t == "linear_attention")
-    if not n:
-        return 0
-    hk, dk = int(c["linear_num_key_heads"]), int(c["linear_key_head_dim"])
-    hv, dv = int(c["linear_num_value_heads"]), int(c["linear_value_head_dim"])
-    conv = (int(c.get("linear_conv_kernel_dim", 4)) - 1) * (2 * hk * dk + hv * dv)
-    return n * (conv + hv * dk * dv) * itemsize
+    n = layer_kinds(config).count(LINEAR)
+    return n * layer_state_bytes(config, itemsize) if n else 0
 
 
 def working_bytes(config: dict[str, Any], context: int) -> int:
     """Decode working memory: the measured model (docs/memory.md), plus one attention layer's
     KV cache (mlx-lm grows a layer's cache by concatenation: old and new alive at once)."""
     d = int(_text(config).get("hidden_size", 1024))
-    layers = max(1, attention_layers(config))  # a config without layer_types: every layer
-    return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv_bytes(config, context) // layers
+    kv = layer_kv_bytes(config, context) if attention_layers(config) else 0
+    return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv
 
 
 def load_bytes(manifest: Manifest, compute_itemsize: int) -> int:
     """The transient of loading one layer's experts resident (0 when none is): the record
     buffer they are read through, and the largest float field's (E, ...) stack in its
     stored dtype while its compute-dtype copy is made (one field at a time; narrower
-    float fields only). Measured on gpt-oss-20b: reading the layer through a numpy copy
+    float fields only). Measured on a 20B MXFP4 shape: reading the layer through a numpy copy
     held it twice (404 MiB over the steady state), docs/memory.md."""
     from edge0.layout.records import VIEW_DTYPES
 

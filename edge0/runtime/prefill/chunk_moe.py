@@ -44,7 +44,7 @@ def dense_expert(
     quant = block.stream.quant
 
     def proj(name: str, inp: mx.array) -> mx.array:
-        q = projection_quant(quant, name)  # a projection may have its own bits (Granite-MoE)
+        q = projection_quant(quant, name)  # a projection may have its own bits
         biases = views.get(f"{name}.biases")
         scales = views[f"{name}.scales"][slot].astype(inp.dtype)
         w = mx.dequantize(
@@ -63,8 +63,8 @@ def dense_expert(
 
 def dense_experts_ok(block: StreamingMoE) -> bool:
     """Whether this layer's experts may run dequantized: affine records on the CPU backend,
-    each projection's fp32 weight within DENSE_MAX_BYTES (a wider one, e.g. Mixtral's or
-    Llama-4's 4096-5120 x 8192-14336 experts, keeps the int4 kernel: its dequantized copy
+    each projection's fp32 weight within DENSE_MAX_BYTES (a wider one, e.g. experts of
+    4096-5120 x 8192-14336, keeps the int4 kernel: its dequantized copy
     would be more memory than the plan's prompt chunk holds)."""
     quant = block.stream.quant
     if not (DENSE_EXPERT_ROWS > 0 and on_cpu() and quant.get("mode", "affine") == "affine"):

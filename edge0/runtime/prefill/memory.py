@@ -1,7 +1,7 @@
 """What a prompt chunk holds in memory, and the sub-chunked recurrence that bounds it.
 
-On the CPU backend mlx-lm's Gated DeltaNet (qwen3_5_moe, qwen3_next) runs its
-prompt path as one op graph per token, and MLX keeps every token's
+On the CPU backend mlx-lm's Gated DeltaNet (the hybrid families' linear attention) runs
+its prompt path as one op graph per token, and MLX keeps every token's
 (value heads x Dv x Dk) fp32 state alive until the graph is evaluated (2 MiB a
 token on the 35B-A3B shape: 556 MiB at 256 tokens, measured with
 `tools/bench/prefill_memory.py`). `bounded_recurrence` runs those layers

@@ -9,11 +9,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ConfigError
+from edge0.families import family_for, for_model
 from edge0.layout.manifest import Manifest
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.options.engine import SYNC_EVERY, EngineOptions
-from edge0.routing.families import family_for
 from edge0.routing.predictors import Predictor, make_predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.compute.steps import Steps
@@ -38,13 +38,9 @@ from edge0.runtime.layers.syncs import SyncGroups
 from edge0.runtime.plan.footprint import batch_k
 
 
-def model_top_k(block: nn.Module) -> int:
-    for owner in (block, *(block[a] for a in ("router", "gate") if a in block)):  # granitemoe
-        for attr in ("top_k", "num_experts_per_tok"):
-            k = getattr(owner, attr, None)
-            if isinstance(k, int):
-                return k
-    raise ConfigError(f"cannot tell the top-k of sparse block {type(block).__name__}")
+def model_top_k(model: nn.Module, block: nn.Module) -> int:
+    """The model's own top-k, as its family reads it from a sparse block."""
+    return for_model(model).top_k(block)
 
 
 def prepare(
@@ -62,14 +58,14 @@ def prepare(
     """
     blocks = sparse_blocks(model)
     layers = [i for i, _, _ in blocks]
-    k = opts.top_k or model_top_k(blocks[0][2])
+    k = opts.top_k or model_top_k(model, blocks[0][2])
     if k > manifest.n_experts:
         raise ConfigError(f"--top-k {k} exceeds the {manifest.n_experts} experts per layer")
     family = family_for(manifest.model_type)
     family.check_top_k(k)
     if opts.mode == "resident":
         for _, _, block in blocks:
-            family.set_top_k(block, k)  # the block's and its router's (DeepSeek's gate)
+            family.set_top_k(block, k)  # the block's and its router's, where it keeps one
         return Steps("resident", k, tracer), None, None
     predictor = choose_predictor(model, layers, opts, model_dir)
     layer_heads = (

@@ -1,22 +1,37 @@
-"""The family contract: config keys, sparse layers, routing rule, shared expert, expert names.
+"""The family contract: everything one MoE model family adds to the family-agnostic engine.
 
-A family reproduces its mlx-lm sparse block's arithmetic op for op, so a streamed
-layer computes bit-identical outputs to the resident one when it runs the same
-experts. `weights` gives the gate weights of a *given* expert set (route mode runs
-the set the prerouter predicted): the family's own rule applied to the true router
-scores of that set. Subclasses override what differs; the defaults are the plain
-"softmax over all experts, then top-k" block with one tensor per expert.
+A family module holds one `Family` subclass: how its config marks experts and sparse
+layers, its audit rows (what Edge0 does with each config field), its router's arithmetic
+reproduced op for op from its mlx-lm sparse block (so a streamed layer computes
+bit-identical outputs to the resident one when it runs the same experts), its expert
+tensor names, what its per-layer caches hold (the memory plan), whether its rows stack
+in a batch, and its test fixture and flagship shapes. `weights` gives the gate weights
+of a *given* expert set (route mode runs the set the prerouter predicted): the family's
+own rule applied to the true router scores of that set. Subclasses override what
+differs; the defaults are the plain "softmax over all experts, then top-k" block with
+one tensor per expert.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from edge0.families.audit import Fields
+
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+FULL, LINEAR = "full_attention", "linear_attention"  # transformers' layer_types values
+# fixture data a family module declares for its own model_type (read from the class itself,
+# never inherited: a subclass is another model_type with fixtures of its own)
+FIXTURE_DATA = ("flagships", "probes", "variant", "refusals", "forms")
+# a checkpoint written in another form: (weights, config, safetensors metadata "format")
+Written = tuple[dict[str, mx.array], dict[str, Any], str]
+# a derived checkpoint form: (weights, normalised config) -> the checkpoint in that form
+Form = Callable[[dict[str, mx.array], dict[str, Any]], Written]
 
 
 class Family:
@@ -37,6 +52,65 @@ class Family:
     hf_projections: ClassVar[dict[str, str]] = {p: p for p in PROJECTIONS}
     routing: ClassVar[str] = "softmax, top-k"
     shared: ClassVar[str] = "none"
+
+    # -- config as transformers reads it, and the audit (edge0.model.fields) ---------------
+    # model_type -> the transformers config class it is read with, where not its own
+    config_types: ClassVar[dict[str, str]] = {}
+    # the text model's model_type inside a multimodal wrapper's text_config (None: no wrapper)
+    text_type: ClassVar[str | None] = None
+    # what Edge0 does with each of the family's own config fields (beside edge0.families.common)
+    fields: ClassVar[Fields] = {}
+    # mlx-lm's class reads a scaled rope from `rope_scaling` (normalize_config fills it in)
+    rope_scaling_key: ClassVar[bool] = True
+
+    # -- batched decode ------------------------------------------------------------------
+    # the family's attention takes a batch cache's per-row offsets and left-padding mask
+    # (every family fixture decodes batched exactly as alone: tests/test_batch_families.py)
+    stacks: ClassVar[bool] = True
+
+    # -- fixtures and shapes (edge0.synth; see FIXTURE_DATA) -------------------------------
+    # the tiny config is committed as tests/fixtures/families/<name>.json (False: the
+    # family's fixture is a checkpoint of its own under tests/fixtures/<name>/)
+    family_fixture: ClassVar[bool] = True
+    # the transformers class that computes the reference logits of a checkpoint
+    reference_class: ClassVar[str] = "AutoModelForCausalLM"
+    # RMSNorms multiply by (1 + w): random norm weights are zero-centred
+    centred_norms: ClassVar[bool] = False
+    # the released checkpoints' layout: a multimodal wrapper's `model.language_model.` prefix,
+    # fused experts (gate_up_proj (E, 2F, D), down_proj (E, D, F)), conv1d (C, 1, K)
+    hub_fused: ClassVar[bool] = False
+    # flagship name -> its config (a transformers config, or config.json's dict)
+    flagships: ClassVar[dict[str, Callable[[], Any]]] = {}
+    # the experts' quantization of the flagships' released checkpoints
+    expert_mode: ClassVar[str] = "affine"
+    # config audit probes: name suffix -> config changes (beside the rope probes)
+    probes: ClassVar[dict[str, dict[str, Any]]] = {}
+    # computed non-default values, committed as the `<name>-variant` fixture with golden logits
+    variant: ClassVar[dict[str, Any]] = {}
+    # refused values: (config changes, the start of the one-line refusal)
+    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = []
+    # derived checkpoint forms with golden logits of their own: fixture name -> Form, made
+    # from the family fixture's files (edge0.synth.forms)
+    forms: ClassVar[dict[str, Form]] = {}
+
+    def tiny(self, vocab: int) -> Any:
+        """The tiny random checkpoint's transformers config with `vocab` tokens (tests/fixtures/
+        families/; None: the family has no tiny fixture of its own)."""
+        return None
+
+    def mlx_lm_form(self, weights: dict[str, mx.array], config: dict[str, Any]) -> Written | None:
+        """The checkpoint in the form mlx-lm's own loader reads, where its `sanitize` cannot
+        read transformers' layout (None: it can)."""
+        return None
+
+    def shape_config(self, shape: Any, vocab: int, **extra: Any) -> dict[str, Any]:
+        """config.json of a synthetic `shape` (edge0.synth.shapes.Shape: its dimensions)
+        with `vocab` tokens, `extra` fields added; families that build none raise."""
+        raise NotImplementedError(f"{self.name} builds no synthetic shapes")
+
+    def own(self, attr: str) -> Any:
+        """Fixture data declared by this class itself (FIXTURE_DATA), not by a parent."""
+        return getattr(type(self) if attr in vars(type(self)) else Family, attr)
 
     # -- config ---------------------------------------------------------------------------
     def n_experts(self, tc: dict[str, Any]) -> int:
@@ -133,6 +207,24 @@ class Family:
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         """Add what the block adds besides routed experts (shared expert, casts)."""
         return y
+
+    # -- memory (the plan counts what each layer's cache holds) ---------------------------
+    def layer_kinds(self, tc: dict[str, Any]) -> list[str]:
+        """Each decoder layer's attention (transformers' `layer_types` values)."""
+        types = tc.get("layer_types")
+        if isinstance(types, list):
+            return [str(t) for t in types]
+        return [FULL] * int(tc["num_hidden_layers"])
+
+    def kv_token_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """Keys and values one token adds to a full-attention layer's cache."""
+        heads = int(tc.get("num_key_value_heads") or tc.get("num_attention_heads") or 1)
+        head_dim = tc.get("head_dim") or int(tc["hidden_size"]) // int(tc["num_attention_heads"])
+        return 2 * heads * int(head_dim) * itemsize
+
+    def state_layer_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """The recurrent state of one linear-attention layer (0: the family has none)."""
+        return 0
 
     # -- capacity ------------------------------------------------------------------------
     def check_top_k(self, k: int) -> None:

@@ -3,7 +3,7 @@
 `resolve(config)` reads config.json the way transformers does (its config class for the
 model_type: absent keys take that model_type's defaults, older rope forms become
 `rope_parameters`, derived values follow), then checks every field against the
-family's audit table (`TABLES`, one module per group of families): a value Edge0
+family's audit rows (`Family.fields`, beside the rows all share): a value Edge0
 cannot compute as transformers does is refused in one line naming the field and the
 value. The same check runs for `edge0 run`, `edge0 convert` and an edge0 layout's
 config (edge0.model.arch.normalize_config), and the table is what docs/models.md prints.
@@ -17,24 +17,25 @@ import json
 from typing import Any
 
 from edge0.errors import ModelLoadError
-from edge0.model.fields.common import COMMON, WRAPPER
-from edge0.model.fields.deepseek import DEEPSEEK
-from edge0.model.fields.others import OTHERS
-from edge0.model.fields.qwen import QWEN
-from edge0.model.fields.rules import Rope, Rule, refusal
-
-# model_type -> {field: Rule | Rope}: the family's own rows (COMMON rows apply to all)
-TABLES: dict[str, dict[str, Rule | Rope]] = {**QWEN, **DEEPSEEK, **OTHERS}
-# model_types transformers runs under another config class
-CONFIG_TYPES = {"kimi_k2": "deepseek_v3"}
-# the text model's model_type inside a multimodal wrapper (text_config)
-TEXT_TYPES = {"qwen3_5_moe": "qwen3_5_moe_text", "llama4": "llama4_text"}
+from edge0.families import family_for
+from edge0.families.audit import Fields, Rope
+from edge0.families.common import COMMON, WRAPPER
 
 
-def table(model_type: str) -> dict[str, Rule | Rope]:
+def table(model_type: str) -> Fields:
     """Every audited field of `model_type`'s (text) config: COMMON plus the family's rows."""
-    own = TABLES[TEXT_TYPES.get(model_type, CONFIG_TYPES.get(model_type, model_type))]
-    return {**COMMON, **own}
+    return {**COMMON, **family_for(model_type).fields}
+
+
+def config_type(model_type: str) -> str:
+    """The transformers config class `model_type` is read with."""
+    return family_for(model_type).config_types.get(model_type, model_type)
+
+
+def wrapped(model_type: str) -> bool:
+    """Whether `model_type`'s config is a multimodal wrapper (the text model in text_config)."""
+    text = family_for(model_type).text_type
+    return text is not None and model_type != text
 
 
 def transformers_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def transformers_view(config: dict[str, Any]) -> dict[str, Any]:
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its rope advice is not the user's business here
     try:
-        cfg = transformers.AutoConfig.for_model(CONFIG_TYPES.get(model_type, model_type), **kwargs)
+        cfg = transformers.AutoConfig.for_model(config_type(model_type), **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers validates with many error types
         line = " ".join(str(exc).split())[:200]
         raise ModelLoadError(
@@ -79,7 +80,7 @@ def _resolve(raw: str) -> dict[str, Any]:  # transformers' config classes take ~
     view = {**config, **transformers_view(config)}
     model_type = str(view["model_type"])
     text = view.get("text_config")
-    if model_type in TEXT_TYPES and isinstance(text, dict):
+    if wrapped(model_type) and isinstance(text, dict):
         _check(view, WRAPPER, model_type, "")
         text = {**(config.get("text_config") or {}), **text}
         _check(text, table(model_type), model_type, "text_config.")
@@ -89,7 +90,7 @@ def _resolve(raw: str) -> dict[str, Any]:  # transformers' config classes take ~
     return view
 
 
-def _check(cfg: dict[str, Any], rules: dict[str, Rule | Rope], model_type: str, at: str) -> None:
+def _check(cfg: dict[str, Any], rules: Fields, model_type: str, at: str) -> None:
     for key, rule in rules.items():
         if isinstance(rule, Rope):
             try:
@@ -103,4 +104,4 @@ def _check(cfg: dict[str, Any], rules: dict[str, Rule | Rope], model_type: str, 
                 raise ModelLoadError(f"{at}{exc}") from None
 
 
-__all__ = ["TABLES", "Rope", "Rule", "refusal", "resolve", "table", "transformers_view"]
+__all__ = ["config_type", "resolve", "table", "transformers_view", "wrapped"]

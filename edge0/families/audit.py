@@ -86,6 +86,11 @@ def checked(test: Callable[[Any, dict[str, Any]], bool], accepted: str, why: str
     return Rule(COMPUTED, why, test, accepted)
 
 
+def derived_head_dim(value: Any, cfg: dict[str, Any]) -> bool:
+    """head_dim absent or hidden_size // num_attention_heads (what mlx-lm computes)."""
+    return value is None or value == cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
 def positive(value: Any, _: dict[str, Any]) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -172,3 +177,13 @@ class Rope:
             why = f"mlx-lm's {kind} rope for {model_type} does not read {key}"
             accepted = f"{key} {shown(ROPE_NEUTRAL[key])}" if key in ROPE_NEUTRAL else f"no {key}"
             raise refusal(f"rope_parameters.{key}", value, model_type, why, accepted)
+
+
+Fields = dict[str, Rule | Rope]  # a family's audit rows: config field -> what Edge0 does
+
+# phrases the families' rows share
+SHAPE = "mlx-lm builds the layer sizes from it; the weights' shapes are checked against it"
+EXPERTS = "routed experts per sparse layer (the expert records)"
+TIED_OK = "the lm_head is the embedding (golden-tested tied)"
+HALVES = "transformers rotates halves, never pairs (mlx-lm's own key)"
+ROPES = ("default", "linear", "dynamic", "yarn", "llama3")  # mlx-lm's initialize_rope, tested

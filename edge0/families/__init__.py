@@ -1,9 +1,10 @@
-"""Model families: one module per MoE architecture family, found by scanning this package.
+"""Model families: one module per MoE model family, found by scanning this package.
 
-A family (see base.py) says how its config marks experts and sparse layers, how its
-router turns logits into experts and gate weights (also for a *given* set, which
-route mode needs), what the block adds (shared experts), and how its checkpoints
-name expert tensors. Adding a family is one new module here plus its test.
+A family module holds everything specific to its model_type (base.py has the contract):
+its config keys and audit rows, its router's arithmetic, its expert tensor names, what
+its caches hold, whether its rows stack in a batch, its tiny test fixture and flagship
+shapes. The rest of Edge0 asks the family and never names one. Adding a family is one
+new module here plus its fixture files (docs/models.md).
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ import pkgutil
 from typing import Any
 
 from edge0.errors import ModelLoadError
-from edge0.routing.families.base import Family
+from edge0.families.base import Family, Form
 
 
 def _discover() -> dict[str, Family]:
     found: dict[str, Family] = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name == "base":
-            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, Family) and cls.__module__ == module.__name__ and cls.name:
@@ -32,6 +31,11 @@ def _discover() -> dict[str, Family]:
 
 
 FAMILIES: dict[str, Family] = _discover()
+
+
+def every_family() -> list[Family]:
+    """Each family once (one instance per module class), in model_type order."""
+    return list({id(f): f for f in FAMILIES.values()}.values())
 
 
 def supported_list() -> str:
@@ -56,4 +60,12 @@ def for_model(model: Any) -> Family:
     return family_for(str(getattr(args, "model_type", None) or getattr(model, "model_type", "")))
 
 
-__all__ = ["FAMILIES", "Family", "family_for", "for_model", "supported_list"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "Form",
+    "every_family",
+    "family_for",
+    "for_model",
+    "supported_list",
+]

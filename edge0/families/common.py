@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge0.model.fields.rules import (
-    Rope,
+from edge0.families.audit import (
+    SHAPE,
+    Fields,
     Rule,
     checked,
     edge0,
@@ -17,7 +18,6 @@ from edge0.model.fields.rules import (
 
 OUTPUTS = "an output switch of transformers' forward (what it returns), not its arithmetic"
 TRAINING = "used only in training (transformers applies it in train mode or to a loss)"
-SHAPE = "mlx-lm builds the layer sizes from it; the weights' shapes are checked against it"
 POSITIVE = "a positive integer"
 
 
@@ -30,7 +30,7 @@ def kv_heads(value: Any, config: dict[str, Any]) -> bool:
     return positive(value, config) and (not isinstance(heads, int) or heads % value == 0)
 
 
-COMMON: dict[str, Rule | Rope] = {
+COMMON: Fields = {
     "_name_or_path": irrelevant("where transformers loaded the config from"),
     "architectures": irrelevant("the class names transformers picks; Edge0 goes by model_type"),
     "chunk_size_feed_forward": irrelevant(
@@ -82,7 +82,7 @@ COMMON: dict[str, Rule | Rope] = {
 }
 
 # multimodal wrappers (text model under text_config): the top-level fields
-WRAPPER: dict[str, Rule | Rope] = {
+WRAPPER: Fields = {
     **{
         k: COMMON[k]
         for k in (

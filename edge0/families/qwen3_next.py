@@ -1,0 +1,146 @@
+"""Qwen3-Next: Qwen3-MoE's routing plus a sigmoid-gated shared expert; Gated DeltaNet layers.
+
+Linear attention (Gated DeltaNet) and full attention interleave by `layer_types`;
+mlx-lm places full attention every n-th layer (`full_attention_interval`), so only
+that pattern runs. A linear-attention layer keeps a recurrent state instead of a
+KV cache (`state_layer_bytes`). RMSNorms multiply by (1 + w).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from edge0.errors import ModelLoadError
+from edge0.families import tiny
+from edge0.families.audit import SHAPE, Fields, Rope, computed, edge0
+from edge0.families.base import FULL, LINEAR
+from edge0.families.probes import DYNAMIC, LONGROPE
+from edge0.families.qwen3_moe import Qwen3Moe, qwen3_fields
+
+HYBRID: Fields = {
+    "layer_types": edge0(
+        "linear (Gated DeltaNet) or full attention per layer; mlx-lm places full attention "
+        "every n-th layer, so only that pattern is accepted (full_attention_interval)"
+    ),
+    "linear_conv_kernel_dim": computed("the DeltaNet's causal conv width (golden-tested at 3)"),
+    "linear_key_head_dim": computed(SHAPE),
+    "linear_value_head_dim": computed(SHAPE),
+    "linear_num_key_heads": computed(SHAPE),
+    "linear_num_value_heads": computed(SHAPE),
+    "shared_expert_intermediate_size": computed(SHAPE + " (sigmoid-gated shared expert)"),
+    "attention_bias": computed("mlx-lm's gated attention takes it (golden-tested)"),
+}
+PARTIAL_HALF = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+
+
+def _tiny(vocab: int) -> Any:
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        **tiny.common(vocab, num_hidden_layers=4),
+        intermediate_size=2 * tiny.FF,
+        num_key_value_heads=tiny.KV,
+        head_dim=tiny.HEAD_DIM,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=tiny.FF,
+        shared_expert_intermediate_size=tiny.FF,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        norm_topk_prob=True,
+    )
+
+
+class Qwen3Next(Qwen3Moe):
+    name = "qwen3_next"
+    model_types: ClassVar[dict[str, str]] = {"qwen3_next": "qwen3_next"}
+    shared = "sigmoid-gated"
+    norm_default = True
+
+    fields: ClassVar[Fields] = {
+        **qwen3_fields("qwen3_next"),
+        **HYBRID,
+        "rope_parameters": Rope(
+            ("default", "linear", "dynamic", "yarn", "llama3"),
+            "mlx-lm's qwen3_next builds these rope types only",
+            partial=True,
+        ),
+        "tie_word_embeddings": computed("the lm_head is the embedding"),
+    }
+
+    family_fixture = True
+    centred_norms = True
+    probes: ClassVar[dict[str, dict[str, Any]]] = {
+        "attention_bias": {"attention_bias": True},
+        "tied": {"tie_word_embeddings": True},
+        "partial_rotary": {"rope_parameters": dict(PARTIAL_HALF)},
+        "conv_kernel": {"linear_conv_kernel_dim": 3},
+        "gelu": {"hidden_act": "gelu"},
+    }
+    variant: ClassVar[dict[str, Any]] = {
+        "attention_bias": True,
+        "linear_conv_kernel_dim": 3,
+        "mlp_only_layers": [1],
+        "norm_topk_prob": False,
+        "rope_parameters": {**DYNAMIC, "partial_rotary_factor": 0.5},
+        "max_position_embeddings": 16,
+    }
+    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
+        ({"hidden_act": "gelu"}, 'hidden_act="gelu": mlx-lm\'s SwiGLU blocks hard-code'),
+        ({"rope_parameters": dict(LONGROPE)}, 'rope_parameters.rope_type="longrope"'),
+    ]
+
+    def tiny(self, vocab: int) -> Any:
+        return _tiny(vocab)
+
+    def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
+        super().normalize(tc)
+        layer_types = tc.get("layer_types")
+        if isinstance(layer_types, list) and layer_types:
+            tc["full_attention_interval"] = _interval(layer_types)
+        return tc
+
+    def sanitize_resident(
+        self, model: nn.Module, weights: dict[str, mx.array], tc: dict[str, Any], mlx: bool
+    ) -> dict[str, mx.array]:
+        if mlx:
+            return super().sanitize_resident(model, weights, tc, mlx)
+        # mlx-lm's qwen3_next sanitize only converts HF tensors (conv1d layout, 1 + w norms)
+        # when it sees per-expert tensors: show it empty ones, then drop what it stacks
+        n = int(tc["num_experts"])
+        for layer in self.sparse_layers(tc):
+            for e in range(n):
+                for proj in ("gate_proj", "up_proj", "down_proj"):
+                    weights[f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"] = mx.zeros((0,))
+        out = model.sanitize(weights)
+        return {k: v for k, v in out.items() if ".switch_mlp." not in k}
+
+    def layer_kinds(self, tc: dict[str, Any]) -> list[str]:
+        if isinstance(tc.get("layer_types"), list):
+            return super().layer_kinds(tc)
+        n, every = int(tc["num_hidden_layers"]), int(tc.get("full_attention_interval") or 1)
+        return [FULL if (i + 1) % every == 0 else LINEAR for i in range(n)]
+
+    def state_layer_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """The DeltaNet's conv state (kernel - 1 inputs) and its delta-rule state."""
+        hk, dk = int(tc["linear_num_key_heads"]), int(tc["linear_key_head_dim"])
+        hv, dv = int(tc["linear_num_value_heads"]), int(tc["linear_value_head_dim"])
+        conv = (int(tc.get("linear_conv_kernel_dim", 4)) - 1) * (2 * hk * dk + hv * dv)
+        return (conv + hv * dk * dv) * itemsize
+
+
+def _interval(layer_types: list[str]) -> int:
+    """The period of full-attention layers; mlx-lm's Qwen3-Next/3.5 support a regular one only."""
+    n = layer_types.index(FULL) + 1 if FULL in layer_types else 0
+    expected = [FULL if n and (i + 1) % n == 0 else LINEAR for i in range(len(layer_types))]
+    if n == 0 or expected != layer_types:
+        raise ModelLoadError(
+            f"layer_types {layer_types} is not 'every n-th layer is full attention'; "
+            "mlx-lm's qwen3_5_moe cannot run this layer pattern"
+        )
+    return n
