@@ -52,6 +52,15 @@ def test_variant_grid() -> None:
     assert len(set(labels)) == len(labels)
     with pytest.raises(ConfigError, match="unknown mode"):
         bench_run.make_variants(["fast"], [None], ["pread"])
+    # predictors: one variant each for hint and route (before and after `edge0 tune`)
+    vs = bench_run.make_variants(["reactive", "hint", "route"], [2], ["pread"], ["init", "heads"])
+    assert [v.label for v in vs] == [
+        "reactive K=2 @ pread",
+        "hint (init) K=2 @ pread",
+        "hint (heads) K=2 @ pread",
+        "route (init) K=2 @ pread",
+        "route (heads) K=2 @ pread",
+    ]
 
 
 def test_rounds_interleave_and_report(store: Path) -> None:

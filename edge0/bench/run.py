@@ -118,15 +118,16 @@ def make_variants(
     modes: Sequence[str],
     ks: Sequence[int | None],
     tiers: Sequence[str],
-    predictor: str = "init",
+    predictors: Sequence[str] = ("init",),
     chunks: Sequence[int | None] = (None,),
     policies: Sequence[str] = ("predicted",),
     deadline_ms: float | None = None,
     kernels: Sequence[str] = ("native",),
     sync_every: Sequence[int | None] = (None,),
 ) -> list[Variant]:
-    """modes x K x tier stacks x prefill chunks x kernels, and route x route policies x
-    --sync-every values (resident once per K: it reads nothing)."""
+    """modes x K x tier stacks x prefill chunks x kernels, hint and route x predictors,
+    and route x route policies x --sync-every values (resident once per K: it reads
+    nothing)."""
     from edge0.options.engine import MODES
 
     out: list[Variant] = []
@@ -138,7 +139,8 @@ def make_variants(
                 for pol in policies if mode == "route" else ("predicted",):
                     dl = deadline_ms if pol != "predicted" else None
                     out += [
-                        Variant(mode, k, spec, predictor, c, pol, dl, kern, g)
+                        Variant(mode, k, spec, pred, c, pol, dl, kern, g)
+                        for pred in (predictors if mode in ("hint", "route") else predictors[:1])
                         for g in (sync_every if mode == "route" else (None,))
                         for c in chunks
                         for kern in kernels

@@ -76,6 +76,7 @@ class EngineOptions:
         cli_choices=("init", "heads", "temporal"),
         default_help="heads when prerouter.safetensors exists, else init; bench: init",
         defaults={"bench": "init", "sweep": "init"},
+        lists=("bench",),
     )
     memory_budget: str | int | None = opt(
         None,
