@@ -168,7 +168,7 @@ def foreground(text: str, timeout: float = TIMEOUT) -> subprocess.CompletedProce
 
 
 def _synth(shape: str, dst: Path) -> Path:
-    cmd = [sys.executable, str(ROOT / "tools/synth_checkpoint.py"), "--shape", shape, str(dst)]
+    cmd = [sys.executable, "-m", "edge0", "synth", "--shape", shape, str(dst)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode == 0, report(res)
     return dst

@@ -27,7 +27,7 @@ Too slow for CI: put `<!-- ci: skip (REASON) -->` on the line(s) right above
 the block (whole block) or ``<!-- ci: skip `CMD PREFIX` (REASON) -->`` (the
 commands starting with CMD PREFIX); the test is reported as skipped with
 REASON. `<!-- ci: synth PATH SHAPE -->` runs the block with PATH replaced by a
-small checkpoint from `tools/synth_checkpoint.py --shape SHAPE` (edge0 layout):
+small checkpoint from `edge0 synth --shape SHAPE` (edge0 layout):
 for reruns documented on large scratch models. ``<!-- ci: background `PREFIX`
 port N -->``: commands starting with PREFIX (a server, e.g. `edge0 serve`) are
 started in the background, N is replaced by a free port in the whole block, the

@@ -1,4 +1,4 @@
-"""tools/synth_checkpoint.py: exact real-model shapes, valid layout, HF format feeds convert."""
+"""`edge0 synth`: exact real-model shapes, valid layout, HF format feeds convert."""
 
 from __future__ import annotations
 
@@ -80,9 +80,8 @@ def test_hf_format_converts(shape: str, tmp_path: Path) -> None:
 
 
 def test_tool_command_line(tmp_path: Path) -> None:
-    tool = Path(__file__).resolve().parents[1] / "tools" / "synth_checkpoint.py"
-    args = ["--shape", "tiny", str(tmp_path / "s")]
-    result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+    args = ["synth", "--shape", "tiny", str(tmp_path / "s")]
+    result = subprocess.run([sys.executable, "-m", "edge0", *args], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "32 records" in result.stdout
     assert verify(tmp_path / "s", progress=False).records == 32
@@ -128,13 +127,12 @@ def test_zero_experts_need_only_the_resident_file_free(tmp_path: Path, monkeypat
 
 
 def test_zero_experts_tool_flag(tmp_path: Path) -> None:
-    tool = Path(__file__).resolve().parents[1] / "tools" / "synth_checkpoint.py"
-    args = ["--shape", "tiny", "--zero-experts", str(tmp_path / "s")]
-    result = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+    args = ["synth", "--shape", "tiny", "--zero-experts", str(tmp_path / "s")]
+    result = subprocess.run([sys.executable, "-m", "edge0", *args], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "the experts are holes" in result.stdout
     bad = subprocess.run(
-        [sys.executable, str(tool), *args[:3], "--compress", "zstd", str(tmp_path / "z")],
+        [sys.executable, "-m", "edge0", *args[:4], "--compress", "zstd", str(tmp_path / "z")],
         capture_output=True,
         text=True,
     )

@@ -68,9 +68,10 @@ def _register() -> None:
     main.add_command(verify.command)
 
     from edge0.cli import eval as eval_cmd
-    from edge0.cli import train, tune
+    from edge0.cli import synth, train, tune
 
     main.add_command(tune.command)
+    main.add_command(synth.command)
 
     main.add_command(train.command)
     main.add_command(eval_cmd.command)

@@ -214,7 +214,7 @@ def load_layout(
     """Open an edge0-layout directory.
 
     Args:
-        path: the directory written by `edge0 convert` or tools/synth_checkpoint.py.
+        path: the directory written by `edge0 convert` or edge0 synth.
         experts: "resident" reads every expert record (CRC-checked) into the model's
             QuantizedSwitchLinear stacks, so it runs exactly like mlx-lm's int4 model;
             "none" leaves the stacks empty (shape (0, ...)) for the streaming runtime.

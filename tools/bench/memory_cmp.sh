@@ -1,6 +1,6 @@
 #!/bin/bash
 # interleaved peak-RSS / CPU comparison of another checkout (BASE) and this one, route K=$2 on
-# the 35B shape (Q35: tools/synth_checkpoint.py --shape qwen3.5-35b-a3b), $3 tokens, $4 rounds;
+# the 35B shape (Q35: edge0 synth --shape qwen3.5-35b-a3b), $3 tokens, $4 rounds;
 # one JSON line per run (docs/memory.md).
 #   usage: tools/bench/memory_cmp.sh Q35 K TOKENS ROUNDS   (BASE=/path/to/other/checkout)
 set -eu

@@ -15,7 +15,7 @@ and PNGs under docs/benchmarks/img/<name>/):
   35b    the qwen3.5-35b-a3b shape: route K=4 under --memory-budget 3GiB, then resident on
          the same machine, watched by the memory guard (35b.md is written by hand from
          results/35b-*.md).
-Models: MEDIUM and Q35 (`python tools/synth_checkpoint.py --shape medium MEDIUM`, `--shape
+Models: MEDIUM and Q35 (`edge0 synth --shape medium MEDIUM`, `--shape
 qwen3.5-35b-a3b Q35`; `edge0 verify` them first); by default under the cache directory
 ($EDGE0_CACHE or ~/.cache/edge0) in synth/medium and synth/qwen3.5-35b-a3b.
 """

@@ -1,37 +1,27 @@
-"""Write a random-weight checkpoint with the exact shape of a real MoE model.
+"""`edge0 synth`: random-weight checkpoints with the exact shape of a real MoE model.
 
-    python tools/synth_checkpoint.py --shape qwen3.5-35b-a3b Q35
-    python tools/synth_checkpoint.py --shape small --format hf small-hf
-    python tools/synth_checkpoint.py --shape mixtral-8x7b --plan
-
-Shapes: the Qwen3.5 35B-A3B family and small test shapes, plus each supported family's
-flagship (mixtral-8x7b, olmoe-1b-7b, qwen1.5-moe-a2.7b, deepseek-v2-lite,
-moonlight-16b-a3b, glm-4.5-air; qwen3-30b-a3b for qwen3_moe).
-
-The default format is the edge0 layout at int4 (random packed weights, sane scales);
-`--format hf` writes a bf16 Hugging Face checkpoint (small shapes only), input for
-`edge0 convert`. `--zero-experts` leaves every expert record a hole of zeros in a
-sparse experts.bin: only the resident file takes disk (memory figures of a shape too
-big for the disk; reading a hole needs no disk I/O, so its read times mean nothing).
+edge0 synth --shape qwen3.5-35b-a3b Q35
+edge0 synth --shape small --format hf small-hf
+edge0 synth --shape mixtral-8x7b --plan
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import click
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from edge0.errors import Edge0Error  # noqa: E402
-from edge0.synth.hf import MAX_HF_BYTES, write_hf  # noqa: E402
-from edge0.synth.layout import SHAPES, plan_sizes, synthesize  # noqa: E402
+from edge0.errors import ConfigError, Edge0Error
 
 
-@click.command()
-@click.option("--shape", type=click.Choice(SHAPES), required=True)
+@click.command("synth")
+@click.option(
+    "--shape",
+    required=True,
+    help="A named shape: qwen3.5-35b-a3b, medium, small, tiny, or a family's flagship "
+    "(mixtral-8x7b, gpt-oss-20b, ...); a wrong name lists them all.",
+)
 @click.option(
     "--format", "fmt", type=click.Choice(["edge0", "hf"]), default="edge0", show_default=True
 )
@@ -58,7 +48,7 @@ from edge0.synth.layout import SHAPES, plan_sizes, synthesize  # noqa: E402
     help="Print the shape's resident and expert bytes in the edge0 layout; write nothing.",
 )
 @click.argument("dst", type=click.Path(file_okay=False), required=False)
-def main(
+def command(
     shape: str,
     fmt: str,
     bits: int,
@@ -71,7 +61,17 @@ def main(
     plan: bool,
     dst: str | None,
 ) -> None:
-    """Write a random checkpoint of SHAPE into DST (or, with --plan, print its sizes)."""
+    """Write a random checkpoint with the exact shape of a real MoE model into DST (or, with
+    --plan, print its sizes): the edge0 layout at int4 by default (random packed weights,
+    sane scales), or with --format hf a bf16 Hugging Face checkpoint for `edge0 convert`
+    (small shapes). --zero-experts leaves every expert record a hole of zeros in a sparse
+    experts.bin, so only the resident file takes disk (memory figures of a shape too big
+    for the disk; reading a hole needs no I/O, so its read times mean nothing)."""
+    from edge0.synth.layout import plan_sizes
+    from edge0.synth.shapes import SHAPES
+
+    if shape not in SHAPES:
+        raise ConfigError(f"--shape {shape!r} is not one of {', '.join(SHAPES)}")
     start = time.perf_counter()
     if plan:
         p = plan_sizes(shape, bits=bits, group_size=group_size)
@@ -88,6 +88,9 @@ def main(
         raise click.UsageError("DST is required unless --plan is given")
     if zero_experts and (fmt == "hf" or compress):
         raise click.UsageError("--zero-experts writes the edge0 format, uncompressed")
+    from edge0.synth.hf import MAX_HF_BYTES, write_hf
+    from edge0.synth.layout import synthesize
+
     try:
         if fmt == "hf":
             size = write_hf(shape, Path(dst), seed=seed, shards=shards, force=force)
@@ -105,15 +108,10 @@ def main(
             size = sum(f.stat().st_size for f in Path(dst).iterdir())
             disk = sum(f.stat().st_blocks * 512 for f in Path(dst).iterdir())
             click.echo(f"{m.n_records} records of {m.record_size} B")
-    except Edge0Error as exc:
-        click.echo(f"synth_checkpoint: error: {exc}", err=True)
-        sys.exit(2)
+    except Edge0Error:
+        raise  # the CLI's one line
     click.echo(
         f"wrote {dst}: {size / 1e9:.2f} GB in {time.perf_counter() - start:.1f} s"
         + (f" ({disk / 1e9:.2f} GB on disk: the experts are holes)" if zero_experts else "")
         + (f" (HF format is limited to {MAX_HF_BYTES / 1e9:.0f} GB)" if fmt == "hf" else "")
     )
-
-
-if __name__ == "__main__":
-    main()
