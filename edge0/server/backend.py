@@ -22,7 +22,7 @@ from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
 from edge0.server.chat import chat_ids
-from edge0.server.decoding import Decoding, Grammars, TokenLogprob
+from edge0.server.decoding import ANY_OBJECT, Decoding, Grammars, TokenLogprob
 from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Sampling, TextRequest
 
@@ -217,7 +217,7 @@ class Backend:
         ids = await self.prompt_ids(request)
         grammar = None
         if wanted is not None:  # the grammar compiles in a worker thread (~ms to ~1 s)
-            grammar = await asyncio.to_thread(self.grammars.check, *wanted)
+            grammar = await asyncio.to_thread(self._checked, request, *wanted)
         gens = []
         for i in range(request.n):
             sampling = request.sampling
@@ -228,6 +228,15 @@ class Backend:
                 hooks = await asyncio.to_thread(Decoding, self.grammars, grammar, request.logprobs)
             gens.append(Generation(self, api, ids, sampling, hooks))
         return gens
+
+    def _checked(self, request: TextRequest, grammar: str, param: str) -> str:
+        """`grammar` checked (a worker thread); a forced tool's own schema must admit a value
+        too (one that only refers to itself would stop the call half written)."""
+        if param == "tool_choice":
+            for tool in request.tools.forced():
+                schema = Grammars.json_grammar(tool.parameters or ANY_OBJECT)
+                self.grammars.check(schema, "tools", f"tool {tool.name!r}'s schema")
+        return self.grammars.check(grammar, param)
 
     def grammar(self, request: TextRequest) -> tuple[str, str] | None:
         """(grammar, the field it enforces) for a request's answer; None when it is free.

@@ -51,6 +51,7 @@ def error_body(
     path: str, status: int, message: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     """The error object of the API that serves `path`."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
     if path.startswith(ANTHROPIC_PREFIX):
         kind = _ANTHROPIC_TYPES.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
