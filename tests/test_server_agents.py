@@ -78,11 +78,11 @@ def live(model: Path) -> Iterator[LiveServer]:
 
 
 def oai(live: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    return live.openai(timeout=120)
 
 
 def claude(live: LiveServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=live.url, api_key=KEY, max_retries=0, timeout=120)
+    return live.anthropic(timeout=120)
 
 
 def _streamed_call(chunks: Any) -> tuple[str, dict[str, Any], str]:

@@ -210,13 +210,17 @@ def test_oversized_bodies_get_413(url: str) -> None:
 
 
 def test_too_long_prompts_and_unknown_routes(url: str) -> None:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as info:
+    with (
+        openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0) as client,
+        pytest.raises(openai.BadRequestError) as info,
+    ):
         client.completions.create(model="m", prompt=list(range(1, 600)), max_tokens=4)
     assert info.value.code == "context_length_exceeded"
     assert "599 tokens" in info.value.message and "context is 512" in info.value.message
-    claude = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-    with pytest.raises(anthropic.BadRequestError) as err:
+    with (
+        anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as claude,
+        pytest.raises(anthropic.BadRequestError) as err,
+    ):
         claude.messages.create(
             model="m", max_tokens=4, messages=[{"role": "user", "content": "def f(): " * 300}]
         )
