@@ -34,7 +34,8 @@ class PromptError(Edge0Error):
 class RequestError(Edge0Error):
     """An HTTP request to `edge0 serve` that cannot be served as sent (body, field, size, key).
 
-    `status` is the HTTP status to answer with; `param` names the offending field.
+    `status` is the HTTP status to answer with; `param` names the offending field;
+    `headers` go with the answer (Retry-After).
     """
 
     def __init__(
@@ -44,10 +45,12 @@ class RequestError(Edge0Error):
         status: int = 400,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.status = status
         self.param = param
         self.code = code
+        self.headers = headers or {}
         super().__init__(message)
 
 

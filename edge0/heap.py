@@ -7,6 +7,9 @@ buffers of MLX (activations, dequantized weights) and the RAM tier's record
 copies come from the arenas, where free space between live blocks stays
 resident: RSS and its peak grew prompt after prompt (docs/benchmarks/prefill.md,
 "The native-heap creep"). A fixed threshold turns that adjustment off.
+
+Small blocks still come from the arenas, one per thread that allocates; `trim` asks
+glibc to give their free pages back (a server calls it when it falls idle after a burst).
 """
 
 from __future__ import annotations
@@ -24,6 +27,21 @@ M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc's malloc.h)
 MMAP_THRESHOLD = 1 << 20  # blocks of 1 MiB and more are mapped on their own
 ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own setting: when given, it wins
 _done = False
+_libc: ctypes.CDLL | None = None
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc on Linux (it has mallopt and malloc_trim), else None."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c"))
+            lib.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+            lib.malloc_trim.argtypes = (ctypes.c_size_t,)
+            _libc = lib
+        except (OSError, AttributeError, TypeError):  # not glibc (musl has neither)
+            return None
+    return _libc
 
 
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
@@ -32,14 +50,20 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     global _done
     if _done:
         return True
-    if not sys.platform.startswith("linux") or ENV in os.environ:
+    libc = _glibc()
+    if libc is None or ENV in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt)
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    _done = bool(mallopt(M_MMAP_THRESHOLD, threshold))
+    _done = bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
     log.debug("heap.mmap_threshold", bytes=threshold, set=_done)
     return _done
+
+
+def trim() -> bool:
+    """Give the free pages of glibc's arenas back to the OS (`malloc_trim(0)`); False where
+    there is no glibc. It walks every arena: call it off the event loop, when idle."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    released = bool(libc.malloc_trim(0))
+    log.debug("heap.trimmed", released=released)
+    return True

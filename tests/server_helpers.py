@@ -13,15 +13,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import attrs
+import openai
 import pytest
-import uvicorn
 
 from edge0 import log
 from edge0.cli.serve import listen
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
 from edge0.server.app import ServerConfig, create_app
+from edge0.server.connections import uvicorn_config
 from edge0.server.drain import DrainingServer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import ExpertKey, ReadInfo
@@ -73,11 +75,12 @@ class LiveServer:
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = DrainingServer(
-            uvicorn.Config(self.app, log_level="warning", lifespan="on", loop="none"),
+            uvicorn_config(self.app, self.config.limits, self.app.state.metrics),
             self.config.drain,
             grace,
         )
         self.thread = threading.Thread(target=self._run, name="test-uvicorn", daemon=True)
+        self.clients: list[Any] = []  # SDK clients to close at the end (their pooled sockets)
 
     def _run(self) -> None:
         asyncio.run(self.server.serve(sockets=[self.sock]))
@@ -91,6 +94,8 @@ class LiveServer:
         return self.url
 
     def __exit__(self, *exc: object) -> None:
+        for client in self.clients:
+            client.close()
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
@@ -99,3 +104,15 @@ class LiveServer:
     @property
     def backend(self) -> Any:
         return self.app.state.backend
+
+    def openai(self, **kw: Any) -> openai.OpenAI:
+        """An OpenAI SDK client of this server (closed with the server)."""
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, max_retries=0, **kw)
+        self.clients.append(client)
+        return client
+
+    def anthropic(self, **kw: Any) -> anthropic.Anthropic:
+        """An Anthropic SDK client of this server (closed with the server)."""
+        client = anthropic.Anthropic(base_url=self.url, api_key=KEY, max_retries=0, **kw)
+        self.clients.append(client)
+        return client

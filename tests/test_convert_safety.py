@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,8 +102,9 @@ def test_leftovers_of_a_killed_convert_are_removed_and_live_ones_reported(
     dead.mkdir()
     (dead / MARKER_FILE).write_text(json.dumps({"pid": dead_pid(), "host": os.uname().nodename}))
     (dead / "experts.bin").write_bytes(b"\0" * 4096)
-    unmarked = tmp_path / "out.tmp-zz99yy88"  # killed before it wrote its marker
+    unmarked = tmp_path / "out.tmp-zz99yy88"  # killed before it wrote its marker, long ago
     unmarked.mkdir()
+    os.utime(unmarked, (time.time() - 3600, time.time() - 3600))  # (a young one may be live)
     live = tmp_path / "out.tmp-live0000"
     live.mkdir()
     (live / MARKER_FILE).write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))

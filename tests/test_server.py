@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -75,7 +74,7 @@ def reference(ref_engine: SyncEngine) -> Any:
 
 
 def oai(live: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    return live.openai(timeout=60)
 
 
 def metric(live: LiveServer, name: str, **labels: str) -> float:
@@ -152,7 +151,7 @@ def test_openai_chat_stream_with_usage(live: LiveServer, reference: Any) -> None
 
 
 def test_anthropic_messages_and_stream_events(live: LiveServer, reference: Any) -> None:
-    client = anthropic.Anthropic(base_url=live.url, api_key=KEY, max_retries=0, timeout=60)
+    client = live.anthropic(timeout=60)
     want = reference(PROMPT, 10, chat=True, temperature=0.0)
     # this SDK has no `temperature` argument; the API field still exists (default 1.0)
     args: Any = {
@@ -197,7 +196,7 @@ def test_stop_strings_cut_the_text(live: LiveServer, reference: Any) -> None:
         model="edge0-demo", prompt=PROMPT, max_tokens=16, temperature=0, stop=stop, stream=True
     )
     assert "".join(c.choices[0].text for c in chunks) == want
-    claude = anthropic.Anthropic(base_url=live.url, api_key=KEY, max_retries=0)
+    claude = live.anthropic()
     chat_full = reference(PROMPT, 16, chat=True)  # the demo's chat template shapes the prompt
     stop = chat_full[len(chat_full) // 2 : len(chat_full) // 2 + 3]
     assert stop.strip(), f"pick another stop string from {chat_full!r}"

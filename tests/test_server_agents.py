@@ -78,11 +78,11 @@ def live(model: Path) -> Iterator[LiveServer]:
 
 
 def oai(live: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    return live.openai(timeout=120)
 
 
 def claude(live: LiveServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=live.url, api_key=KEY, max_retries=0, timeout=120)
+    return live.anthropic(timeout=120)
 
 
 def _streamed_call(chunks: Any) -> tuple[str, dict[str, Any], str]:
@@ -161,6 +161,52 @@ def test_openai_named_tool_choice_forces_that_tool(live: LiveServer) -> None:
         )
         (call,) = out.choices[0].message.tool_calls or []
         assert call.function.name == name
+
+
+# pydantic v2's schema of `class Order(BaseModel): item: Item; qty: int` with extra="forbid"
+# (nested models go to `$defs`, referred to as `#/$defs/...`)
+ORDER = {
+    "$defs": {
+        "Item": {
+            "additionalProperties": False,
+            "properties": {"sku": {"maxLength": 8, "title": "Sku", "type": "string"}},
+            "required": ["sku"],
+            "title": "Item",
+            "type": "object",
+        }
+    },
+    "properties": {
+        "item": {"$ref": "#/$defs/Item"},
+        "qty": {"maximum": 99, "minimum": 1, "title": "Qty", "type": "integer"},
+    },
+    "required": ["item", "qty"],
+    "additionalProperties": False,
+    "title": "Order",
+    "type": "object",
+}
+
+
+def test_forced_calls_take_pydantic_schemas_with_defs(live: LiveServer) -> None:
+    out = oai(live).chat.completions.create(
+        model="edge0-demo",
+        messages=ASK,
+        tools=[{"type": "function", "function": {"name": "order", "parameters": ORDER}}],
+        tool_choice="required",
+        max_tokens=80,
+        seed=4,
+    )
+    (call,) = out.choices[0].message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), ORDER)
+    for choice in ({"type": "any"}, {"type": "tool", "name": "order"}):
+        msg = claude(live).messages.create(
+            model="edge0-demo",
+            max_tokens=80,
+            messages=ASK,  # type: ignore[arg-type]
+            tools=[{"name": "order", "input_schema": ORDER}],  # type: ignore[list-item]
+            tool_choice=choice,  # type: ignore[arg-type]
+        )
+        (use,) = [b for b in msg.content if b.type == "tool_use"]
+        jsonschema.validate(use.input, ORDER)
 
 
 def test_anthropic_tool_round_trip_plain_and_streamed(live: LiveServer) -> None:

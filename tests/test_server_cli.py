@@ -164,6 +164,8 @@ def test_sigterm_stops_like_ctrl_c_finishing_requests_and_writing_the_trace(
         (["--api-key", "k\u00e9y"], "--api-key 'k\u00e9y' cannot be sent over HTTP"),
         (["--io-workers", "1000"], "--io-workers (io_workers=) must be between 1 and 64"),
         (["--model-name", "a\udcff"], "--model-name 'a\\udcff' cannot be sent over HTTP"),
+        (["--max-header-size", "abc"], "--max-header-size: 'abc' is not a size"),
+        (["--max-header-size", "100"], "--max-header-size is 100 bytes; give 1KiB to 1MiB"),
     ],
 )
 def test_serve_checks_its_options_before_any_work(
@@ -174,3 +176,15 @@ def test_serve_checks_its_options_before_any_work(
     assert r.exit_code == 2, r.output
     assert r.output.startswith("edge0: error: ") and r.output.count("\n") == 1, r.output
     assert words in r.output and "nowhere" not in r.output
+
+
+def test_more_connections_than_open_files_allow_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 2048))
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "nowhere"), "--max-connections", "4000"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert "--max-connections 4000 needs 4256 open files" in r.output
+    assert "at most 2048 (`ulimit -Hn`); lower --max-connections to 1792" in r.output

@@ -27,6 +27,9 @@ ROUTES = [
     ("POST", "/v1/messages"),
 ]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "def parse(s):"}], "max_tokens": 4}
+USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+RESULT = {"type": "tool_result", "content": "42"}  # no tool_use_id
+TURN = [CHAT["messages"][0], {"role": "assistant", "content": [USE]}]  # (a user turn, a call)
 COMPLETION = {"model": "m", "prompt": "def parse(s):", "max_tokens": 4, "temperature": 0}
 
 
@@ -118,6 +121,26 @@ def test_api_key_is_checked_on_every_route(url: str, method: str, path: str) -> 
             "string",
         ),
         ("/v1/chat/completions", {"messages": CHAT["messages"], "stop": [1]}, "stop", "strings"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": None}]},
+            "messages[0].content",
+            "not null",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "system", "content": None}, *CHAT["messages"]]},
+            "messages[0].content",
+            "not null",
+        ),
+        ("/v1/completions", b"null", None, "JSON object, not null"),
+        ("/v1/completions", json.dumps(COMPLETION).encode("utf-16"), None, "not UTF-8"),
+        ("/v1/completions", json.dumps(COMPLETION).encode("utf-16-le"), None, "not UTF-8"),
+        ("/v1/completions", json.dumps(COMPLETION).encode("utf-32"), None, "not UTF-8"),
+        ("/v1/completions", b'{"prompt": "\xff"}', None, "byte 0xff at offset 12"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": None, "n": True}, "n", "not true"),
+        ("/v1/completions", {"prompt": None}, "prompt", "required"),
+        ("/v1/completions", {"prompt": "x", "stop": [None]}, "stop", "not array [null]"),
     ],
 )
 def test_bad_openai_requests_get_400(
@@ -137,7 +160,30 @@ def test_bad_openai_requests_get_400(
         ({**CHAT, "messages": [{"role": "system", "content": "x"}]}, "user, assistant"),
         ({**CHAT, "stop_sequences": "END"}, "list of non-empty strings"),
         ({**CHAT, "temperature": 1.5}, "between 0.0 and 1.0"),
-        ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "'image' block"),
+        ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, '"image" block'),
+        ({**CHAT, "tools": [{"name": "f"}]}, "`tools[0].input_schema` is required"),
+        (
+            {**CHAT, "tools": [{"name": "f", "input_schema": None}]},
+            "`tools[0].input_schema` is required",
+        ),
+        ({**CHAT, "messages": [*TURN, {"role": "user", "content": [RESULT]}]}, "tool_use_id"),
+        (
+            {
+                **CHAT,
+                "messages": [*TURN, {"role": "user", "content": [{**RESULT, "tool_use_id": 7}]}],
+            },
+            "tool_use_id` must be the id of the tool_use it answers, not integer 7",
+        ),
+        (
+            {**CHAT, "messages": [TURN[0], {**TURN[1], "content": [{**USE, "input": "{}"}]}]},
+            '`messages[1].content[0].input` must be an object, not string "{}"',
+        ),
+        (
+            {**CHAT, "messages": [TURN[0], {**TURN[1], "content": [{**USE, "name": None}]}]},
+            "`messages[1].content[0].name` must be a tool name, not null",
+        ),
+        ({**CHAT, "messages": TURN[1:] + TURN[:1]}, "`messages[0].role` must be user"),
+        (json.dumps(CHAT).encode("utf-16"), "not UTF-8"),
     ],
 )
 def test_bad_anthropic_requests_get_400(url: str, body: Any, words: str) -> None:
@@ -164,13 +210,17 @@ def test_oversized_bodies_get_413(url: str) -> None:
 
 
 def test_too_long_prompts_and_unknown_routes(url: str) -> None:
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as info:
+    with (
+        openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0) as client,
+        pytest.raises(openai.BadRequestError) as info,
+    ):
         client.completions.create(model="m", prompt=list(range(1, 600)), max_tokens=4)
     assert info.value.code == "context_length_exceeded"
     assert "599 tokens" in info.value.message and "context is 512" in info.value.message
-    claude = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
-    with pytest.raises(anthropic.BadRequestError) as err:
+    with (
+        anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0) as claude,
+        pytest.raises(anthropic.BadRequestError) as err,
+    ):
         claude.messages.create(
             model="m", max_tokens=4, messages=[{"role": "user", "content": "def f(): " * 300}]
         )
@@ -217,3 +267,55 @@ def test_a_tier_error_mid_stream_ends_it_with_an_error_event(url: str, tier: Fla
     last = json.loads(events[-1])
     assert last["error"]["code"] == "tier_error" and "injected fault" in last["error"]["message"]
     assert post(url, "/v1/completions", COMPLETION).status_code == 200
+
+
+LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"$ref": "#"}, "admits no JSON value"),
+        (LOOP, "admits no JSON value"),
+        ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}, "regex"),
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength (5)"),
+    ],
+)
+def test_a_schema_that_cannot_be_enforced_is_a_short_400(
+    url: str, schema: dict[str, Any], words: str
+) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for stream in (False, True):
+        r = post(url, "/v1/chat/completions", {**CHAT, "response_format": fmt, "stream": stream})
+        err = openai_error(r, 400)
+        assert err["param"] == "response_format" and words in err["message"], err
+        assert "\n" not in err["message"] and len(err["message"]) < 300, err["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/chat/completions",
+            {
+                **CHAT,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": LOOP}}],
+                "tool_choice": "required",
+            },
+        ),
+        (
+            "/v1/messages",
+            {
+                **CHAT,
+                "tools": [{"name": "f", "input_schema": LOOP}],
+                "tool_choice": {"type": "any"},
+            },
+        ),
+    ],
+)
+def test_a_forced_tool_whose_schema_admits_nothing_is_a_400(
+    url: str, path: str, body: dict[str, Any]
+) -> None:
+    r = post(url, path, body)
+    err = anthropic_error(r, 400) if path == "/v1/messages" else openai_error(r, 400)
+    assert "tool 'f''s schema admits no JSON value" in err["message"], err

@@ -12,8 +12,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edge0.errors import RequestError
-from edge0.server.backend import Generation
 from edge0.server.chat import chat_ids, plain_prompt
+from edge0.server.generation import Generation
 from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Message, Sampling
 

@@ -8,20 +8,26 @@ from typing import Any
 import click
 
 from edge0 import log
+from edge0.cli.signals import INTERRUPTED, sigterm_as_ctrl_c
 from edge0.errors import Edge0Error
 
 
 class Edge0Group(click.Group):
-    """Turns Edge0Error into a one-line message and exit code 2 (traceback with --debug)."""
+    """Turns Edge0Error into a one-line message and exit code 2 (traceback with --debug), and
+    Ctrl-C or SIGTERM into `edge0: interrupted` and exit code 130 (edge0.cli.signals)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with sigterm_as_ctrl_c():
+                return super().invoke(ctx)
         except Edge0Error as exc:
             if ctx.meta.get("edge0.debug"):
                 raise
             click.echo(f"edge0: error: {exc}", err=True)
             sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("\nedge0: interrupted", err=True)
+            sys.exit(INTERRUPTED)
 
 
 @click.group(cls=Edge0Group)

@@ -13,6 +13,7 @@ import click
 
 from edge0.cli.checks import model_arg
 from edge0.cli.options import engine_options, log_json_option, take
+from edge0.cli.serve_limits import limit_options, take_limits
 from edge0.errors import ConfigError, Edge0Error
 from edge0.options.engine import EngineOptions
 
@@ -150,6 +151,7 @@ class _QuietStartupFailure(logging.Filter):
     show_default=True,
     help="Log one line per HTTP request (uvicorn's access log).",
 )
+@limit_options
 @engine_options("serve")
 @log_json_option
 def command(
@@ -171,17 +173,18 @@ def command(
     Anthropic: POST /v1/messages. GET /health, GET /metrics (Prometheus).
     Streaming answers are server-sent events; a client that disconnects cancels
     its request. Ctrl-C and SIGTERM stop it gracefully (--shutdown-grace). The
-    engine options are those of `edge0 run`.
+    limits (connections, timeouts, queue) are in docs/server.md; the engine options
+    are those of `edge0 run`.
     """
-    import uvicorn
-
     from edge0 import log
     from edge0.cli.stream import is_layout
     from edge0.loop import run
     from edge0.model.demo import default_model_path
     from edge0.server.app import ServerConfig, create_app
+    from edge0.server.connections import uvicorn_config
     from edge0.server.drain import DrainingServer
 
+    limits = take_limits(kw)
     engine = take(EngineOptions, "serve", kw)
     limit = check_options(max_body, grace, model_name, api_key, engine, run_log_json)
     EngineOptions(**engine).check()  # the engine's own checks before any work
@@ -222,6 +225,7 @@ def command(
         model_id=model_id,
         api_key=api_key or None,
         max_body=limit,
+        limits=limits,
         on_ready=ready,
     )
     app = create_app(config)
@@ -230,15 +234,7 @@ def command(
         logging.getLogger("uvicorn.error").addFilter(quiet)
     level = "info" if access_log else "warning"
     server = DrainingServer(
-        uvicorn.Config(
-            app,
-            log_level=level,
-            access_log=access_log,
-            lifespan="on",
-            loop="none",
-        ),
-        config.drain,
-        grace,
+        uvicorn_config(app, limits, app.state.metrics, level, access_log), config.drain, grace
     )
     # uvicorn handles SIGTERM like SIGINT, then re-raises it: ours ends the command as Ctrl-C
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -129,6 +129,8 @@ def heads(
     horizon: str,
 ) -> None:
     """Distil prerouter heads for MODEL from TRACES; write them into MODEL (or --out)."""
+    from edge0.cli.stream import is_layout
+    from edge0.layout.artifacts import record_artifacts
     from edge0.routing.prerouter import PrerouterSet
     from edge0.train.heads import HeadTrainConfig, train_heads
     from edge0.train.traces import TraceSet
@@ -151,6 +153,8 @@ def heads(
     )
     trained, summary = train_heads(ts, init, cfg)
     path = trained.save(out or model)
+    if is_layout(path.parent):  # the layout's edge0.json records the heads' CRC32s
+        record_artifacts(path.parent)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "hparams"}, indent=2))
     click.echo(
         f"{horizon}-horizon held-out recall@{cfg.k}: "

@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,8 @@ from edge0.log import get_logger
 
 log = get_logger(__name__)
 MARKER_FILE = ".edge0-output"  # written into every atomic output: who writes it, from where
-_LEFTOVER = re.compile(r".+\.(tmp|old)-[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's suffixes
+LEFTOVER = re.compile(r".+\.(tmp|old)-[A-Za-z0-9_]{8}")  # tempfile.mkdtemp's suffixes
+YOUNG_S = 60.0  # a partial output without its marker this young may be a writer's first moment
 
 
 def _fsync_tree(root: Path) -> None:
@@ -103,15 +105,27 @@ def check_destination(dst: Path, force: bool, src: Path | None = None) -> None:
         )
 
 
-def _writer_alive(tmp: Path) -> bool:
-    """Whether the process that created the temporary directory `tmp` still runs here."""
+def writer_alive(tmp: Path) -> bool:
+    """Whether the process that created the temporary directory `tmp` may still run: its
+    marker names a live process here or another host, or it is a partial output with no
+    marker yet that is younger than YOUNG_S (its writer may be between mkdtemp and marker)."""
     try:
         info = json.loads((tmp / MARKER_FILE).read_text())
         pid, host = int(info["pid"]), str(info["host"])
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        if ".tmp-" not in tmp.name:  # a previous DST moved aside (.old-) has no marker
+            return False
+        try:
+            return time.time() - tmp.stat().st_mtime < YOUNG_S  # between mkdtemp and marker
+        except OSError:
+            return False
     if host != socket.gethostname():
         return True  # cannot tell: leave it alone
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this host (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -134,11 +148,11 @@ def clean_leftovers(dst: Path) -> list[Path]:
         return removed
     for entry in sorted(parent.iterdir()):
         name = entry.name
-        if not entry.is_dir() or entry.is_symlink() or not _LEFTOVER.fullmatch(name):
+        if not entry.is_dir() or entry.is_symlink() or not LEFTOVER.fullmatch(name):
             continue
         if not name.startswith(f"{dst.name}."):
             continue
-        if _writer_alive(entry):
+        if writer_alive(entry):
             log.warning("output.busy", path=str(entry), note="another writer is using it")
             continue
         previous = entry / dst.name
@@ -171,8 +185,8 @@ def atomic_directory(dst: Path, force: bool = False, src: Path | None = None) ->
     clean_leftovers(dst)
     check_destination(dst, force, src)
     tmp = Path(tempfile.mkdtemp(prefix=f"{dst.name}.tmp-", dir=dst.parent))
-    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output gets what mkdir would give
-    try:
+    try:  # from here on an interrupt (Ctrl-C, SIGTERM) removes `tmp`
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output gets what mkdir gives
         marker = {"pid": os.getpid(), "host": socket.gethostname(), "written_by": "edge0"}
         (tmp / MARKER_FILE).write_text(json.dumps(marker) + "\n")
         yield tmp

@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from edge0.errors import ConversionError
+from edge0.layout.artifacts import artifact_crcs
 from edge0.layout.atomic import atomic_directory, check_destination, check_free_space
 from edge0.layout.convert_quant import (
     ConvertOptions,
@@ -32,7 +33,7 @@ from edge0.layout.convert_quant import (
     _resident_bits,
     _scale_dtype,
 )
-from edge0.layout.crc import crc32
+from edge0.layout.crc import crc32, file_crc32
 from edge0.layout.manifest import RESIDENT_FILE, Manifest
 from edge0.layout.manifest_checks import FORMAT_VERSION
 from edge0.layout.model import build_float_model
@@ -48,7 +49,6 @@ from edge0.layout.records import (
 from edge0.layout.resident import write_resident
 from edge0.layout.safetensors_io import header_bytes, to_mx, to_raw
 from edge0.layout.sources import Source, open_source
-from edge0.layout.verify import file_crc32
 from edge0.layout.writer import RecordWriter
 from edge0.log import get_logger
 
@@ -161,6 +161,7 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
             "file": file_crc32(tmp / RESIDENT_FILE),
         }
         writer = _write_experts(source, shape, spec, expert_params, tmp, opts)
+        _copy_side_files(src, tmp, config)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             model_type=config["model_type"],
@@ -174,8 +175,8 @@ def convert(src: Path | str, dst: Path | str, opts: ConvertOptions | None = None
             crc32=tuple(writer.crc32),
             compression=writer.compression(),
             resident_crc32=resident_crc,
+            artifacts_crc32=artifact_crcs(tmp),
         )
-        _copy_side_files(src, tmp, config)
         manifest.save(tmp)  # last: a directory without edge0.json is never taken for valid
     log.info(
         "convert.done",

@@ -13,6 +13,7 @@ weight, scales, biases) sit at the byte offsets listed in `fields`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ class Manifest:
     compression: dict[str, Any] | None = None  # {"codec": "zstd", "level": 3} or None
     # CRC32s of resident.safetensors: {"header": of its 8 + N header bytes, "file": of all}
     resident_crc32: dict[str, int] | None = None
+    # CRC32 of each quality artifact file (prerouter heads) the layout holds, by file name;
+    # None in layouts written before it was recorded (their artifacts are not CRC-checked)
+    artifacts_crc32: dict[str, int] | None = None
 
     # --- the offset rule -------------------------------------------------
     def record_index(self, layer: int, expert: int) -> int:
@@ -99,8 +103,11 @@ class Manifest:
         return d
 
     def save(self, directory: Path) -> None:
+        """Write edge0.json (atomically: a reader sees the old file or the new one)."""
         path = Path(directory) / MANIFEST_FILE
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        os.replace(tmp, path)
 
     @classmethod
     def load(cls, directory: Path) -> Manifest:

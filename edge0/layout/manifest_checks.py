@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge0.errors import CheckpointError
+from edge0.layout.readable import ARTIFACT_FILES
 from edge0.layout.records import FIELD_ALIGN, PROJECTIONS, RECORD_ALIGN, RecordField, record_layout
 
 if TYPE_CHECKING:
@@ -214,6 +215,7 @@ def _parse(d: Any) -> dict[str, Any]:
         }
     return dict(
         format_version=FORMAT_VERSION,
+        artifacts_crc32=_artifacts(d.get("artifacts_crc32")),
         model_type=model_type,
         config=config,
         quantization=q,
@@ -226,6 +228,18 @@ def _parse(d: Any) -> dict[str, Any]:
         compression=_compression(d.get("compression")),
         resident_crc32=resident,
     )
+
+
+def _artifacts(value: Any) -> dict[str, int] | None:
+    """`artifacts_crc32`: the CRC32 of each quality artifact file (absent in older layouts)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Bad(f"'artifacts_crc32' must be null or an object, not {_show(value)}")
+    unknown = sorted(set(value) - set(ARTIFACT_FILES))
+    if unknown:
+        raise _Bad(f"'artifacts_crc32' names {unknown[0]!r}, not one of {list(ARTIFACT_FILES)}")
+    return {name: _int(value, name, 0, (1 << 32) - 1) for name in value}
 
 
 def parse_manifest(d: Any, path: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`edge0 verify`: all that opening a layout checks, then every record CRC and the resident CRC."""
+"""`edge0 verify`: what opening a layout checks, then every CRC: records, resident, artifacts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from edge0.errors import CheckpointError
-from edge0.layout.crc import crc32
+from edge0.layout.artifacts import check_artifacts
+from edge0.layout.crc import crc32, file_crc32
 from edge0.layout.files import FIX as _FIX
 from edge0.layout.files import record_name as _where
 from edge0.layout.manifest import EXPERTS_FILE, RESIDENT_FILE, ZSTD_FILE, ZSTD_INDEX_FILE, Manifest
@@ -30,18 +31,12 @@ class VerifyReport:
     bytes: int  # bytes read and checksummed (experts.bin, plus experts.zst when present)
     seconds: float
     zstd: bool
+    artifacts: tuple[str, ...] = ()  # artifact files checked against their CRC32
+    unrecorded: tuple[str, ...] = ()  # artifact files present with no CRC32 in edge0.json
 
     @property
     def gb_per_s(self) -> float:
         return self.bytes / 1e9 / max(self.seconds, 1e-9)
-
-
-def file_crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(CHUNK):
-            crc = crc32(chunk, crc)
-    return crc
 
 
 def _read_chunk(fd: int, buf: np.ndarray, offset: int, nbytes: int) -> int:
@@ -143,6 +138,7 @@ def verify(path: Path | str, progress: bool | None = None) -> VerifyReport:
     crcs = manifest.resident_crc32
     if crcs is not None and file_crc32(path / RESIDENT_FILE) != crcs["file"]:
         raise CheckpointError(f"{path / RESIDENT_FILE} fails its CRC32 check; {_FIX}")
+    unrecorded = check_artifacts(path, manifest)
     total = manifest.n_records * manifest.record_size
     disable = None if progress is None else not progress
     with tqdm(total=total, desc="verify", unit="B", unit_scale=True, disable=disable) as bar:
@@ -152,7 +148,12 @@ def verify(path: Path | str, progress: bool | None = None) -> VerifyReport:
         with tqdm(desc="verify zstd", unit="B", unit_scale=True, disable=disable) as bar:
             zbytes = _check_zstd(path, manifest, bar)
     report = VerifyReport(
-        manifest.n_records, total + zbytes, time.perf_counter() - start, bool(manifest.compression)
+        manifest.n_records,
+        total + zbytes,
+        time.perf_counter() - start,
+        bool(manifest.compression),
+        tuple(sorted(manifest.artifacts_crc32 or {})),
+        tuple(unrecorded),
     )
     log.info(
         "verify.ok",

@@ -8,31 +8,25 @@ heads along (token horizon: `prerouter.*`, route mode's prediction; layer horizo
 `prerouter-layer.*`, the deadline policy's; and LoRA adapters, when present), and
 the run streams its experts from there. The conversion is atomic and keyed by a hash
 of the shipped files, so a new release (new heads included) never reuses a stale
-student.
+student. The cache directory itself is edge0.model.cache's (`cache_dir` is re-exported
+here for older callers).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 from pathlib import Path
 
-from edge0.errors import ModelLoadError
+from edge0.errors import ConversionError, ModelLoadError
+from edge0.layout.manifest import MANIFEST_FILE
 from edge0.log import get_logger
+from edge0.model.cache import cache_dir, sweep
 
 log = get_logger(__name__)
+__all__ = ["cache_dir", "default_model_path", "teacher_path"]
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 TEACHER_DIR = DATA_DIR / "teacher"  # + prerouter{,-layer}.safetensors/.json, optional adapters/
-
-
-def cache_dir() -> Path:
-    """Where Edge0 keeps generated files: $EDGE0_CACHE, else $XDG_CACHE_HOME/edge0."""
-    if env := os.environ.get("EDGE0_CACHE"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edge0"
 
 
 def teacher_path() -> Path:
@@ -59,24 +53,23 @@ def _shipped_files() -> list[Path]:
 
 
 def default_model_path() -> Path:
-    """The demo student for `edge0 run`: the shipped teacher converted to the edge0 layout."""
+    """The demo student for `edge0 run`: the shipped teacher converted to the edge0 layout.
+
+    The cache is checked first (edge0.model.cache) and swept of what killed builds left; the
+    conversion is atomic (edge0.layout.atomic), and of two processes converting at once the
+    first to finish wins, the other uses its output."""
     from edge0.layout.convert import convert
 
     teacher = teacher_path()
-    target = cache_dir() / f"demo-student-{_fingerprint(_shipped_files())}"
-    if (target / "edge0.json").exists():
+    root = cache_dir()
+    sweep(root)
+    target = root / f"demo-student-{_fingerprint(_shipped_files())}"
+    if (target / MANIFEST_FILE).is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(target.name + f".build-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    log.info("demo.convert", source=str(teacher), target=str(target))
     try:
-        log.info("demo.convert", source=str(teacher), target=str(target))
-        convert(teacher, staging)  # atomic itself: staging only exists once complete
-        try:
-            staging.rename(target)  # concurrent builders: the first rename wins
-        except OSError:
-            if not (target / "edge0.json").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        convert(teacher, target)
+    except ConversionError:
+        if not (target / MANIFEST_FILE).is_file():  # not another process's finished output
+            raise
     return target

@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import attrs
 
-from edge0.server.backend import Generation
 from edge0.server.decoding import TokenLogprob
+from edge0.server.generation import Generation
 from edge0.server.tool_calls import ToolCallStream
 from edge0.server.tool_fields import ToolCall, ToolUse
 
@@ -92,7 +92,14 @@ class Answer:
         yield Event(index, "end", logprobs=tuple(pending))
 
     async def events(self) -> AsyncGenerator[Event, None]:
-        """Every choice's events as they come (a failing choice raises its error here)."""
+        """Every choice's events as they come (a failing choice raises its error here), once
+        the request has its places (edge0.server.admission: it may wait, or be refused)."""
+        async with self.gens[0].backend.admission.place(len(self.gens)):
+            async with contextlib.aclosing(self._events()) as events:
+                async for event in events:
+                    yield event
+
+    async def _events(self) -> AsyncGenerator[Event, None]:
         if len(self.gens) == 1:
             async with contextlib.aclosing(self._choice(0)) as only:
                 async for event in only:

@@ -141,7 +141,7 @@ async def _events(
 @api_route
 async def messages(request: Request) -> Response:
     backend: Backend = request.app.state.backend
-    body = await read_json(request, request.app.state.max_body)
+    body = await read_json(request)
     req = schemas.messages_request(body)
     tok = backend.engine.tokenizer
     answer = Answer(await backend.start("anthropic.messages", req), req.tools, tok, "toolu_")

@@ -2,15 +2,18 @@
 
 The engine lives in the server's own event loop: the lifespan opens it before
 the first request and closes it at shutdown. Requests queue for it first-come
-first-served; up to `--max-batch` of them decode together (edge0.runtime.engine.batcher);
-each route runs as a task of that loop.
+first-served, at most `--max-queue` of them (edge0.server.admission); up to
+`--max-batch` decode together (edge0.runtime.engine.batcher); each route runs as a task
+of that loop, whose default executor (bodies, prompts, grammars) has a few threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,10 @@ from edge0.server import anthropic_api, openai_api
 from edge0.server.backend import Backend
 from edge0.server.drain import Drain
 from edge0.server.http import api_route, error_response
+from edge0.server.idle import WORKER_THREADS, IdleTrim
+from edge0.server.limits import Limits
 from edge0.server.metrics import CONTENT_TYPE, CountResponses, ServerMetrics
+from edge0.server.prompt_bound import token_bound
 
 log = get_logger("edge0.server")
 MAX_BODY = 1 << 20  # bytes of JSON per request
@@ -44,6 +50,7 @@ class ServerConfig:
     model_id: str = "edge0"
     api_key: str | None = None  # required on every route when set
     max_body: int = MAX_BODY
+    limits: Limits = Limits()  # connections, timeouts, queue (edge0.server.limits)
     on_ready: Callable[[Engine], None] | None = None  # called once the engine is open
     drain: Drain = attrs.field(factory=Drain)  # shared with the DrainingServer that runs it
 
@@ -102,13 +109,20 @@ def create_app(config: ServerConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, "edge0-serve"))
+        trim = IdleTrim(lambda: app.state.backend.admission.busy == 0)
         try:
             async with Engine.open(config.model, **config.engine) as engine:
-                app.state.backend = Backend(engine, config.model_id, server_metrics)
+                bound = await asyncio.to_thread(token_bound, engine.tokenizer)
+                app.state.backend = Backend(
+                    engine, config.model_id, server_metrics, config.limits, bound, trim.soon
+                )
                 log.info("server.ready", model=str(config.model), model_id=config.model_id)
                 if config.on_ready is not None:
                     config.on_ready(engine)
                 yield
+                trim.cancel()
         except BaseException as exc:
             if getattr(app.state, "backend", None) is None:  # `edge0 serve` reports it
                 app.state.startup_error = exc
@@ -125,6 +139,8 @@ def create_app(config: ServerConfig) -> Starlette:
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
     )
     app.state.max_body = config.max_body
+    app.state.limits = config.limits
+    app.state.metrics = server_metrics
     app.state.drain = config.drain
     # streams end through the drain (a last event in the API's shape), not by sse-starlette
     # cancelling them the moment shutdown begins

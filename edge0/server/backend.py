@@ -1,168 +1,49 @@
-"""The server's side of the engine: prompts to token ids, one Generation per request.
-
-A Generation streams the text of one request from `Engine.tokens`, detokenized
-the way `Engine.generate` does it (a TextStream per request), holds back text that
-may begin a stop string, counts usage and reports the request to the metrics when
-it ends. Its engine stream is always closed (stop string, error, client gone),
-which cancels the request in the engine after the step in flight.
-"""
+"""The server's side of the engine: prompts to token ids (refused early when they cannot fit),
+grammars, admission, one Generation (edge0.server.generation) per choice of a request."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
-from edge0.errors import RequestError, TierReadError
-from edge0.model.generate import SamplingSettings, TextStream, encode_prompt
+from edge0.errors import RequestError
+from edge0.model.generate import encode_prompt
 from edge0.runtime.engine.api import Engine
-from edge0.runtime.engine.summary import RunStats
+from edge0.server.admission import Admission
 from edge0.server.chat import chat_ids
-from edge0.server.decoding import Decoding, Grammars, TokenLogprob
+from edge0.server.decoding import ANY_OBJECT, Decoding, Grammars
+from edge0.server.generation import Generation
+from edge0.server.limits import Limits
 from edge0.server.metrics import ServerMetrics
-from edge0.server.schemas import Sampling, TextRequest
+from edge0.server.prompt_bound import TokenBound
+from edge0.server.schemas import TextRequest
 
 JSON_TOOLS = "mlx_lm.tool_parsers.json_tools"
-
-
-def sampling_settings(s: Sampling, hooks: Decoding | None = None) -> SamplingSettings:
-    """The engine's sampling settings for a request's."""
-    seed = None if s.seed is None else s.seed % (1 << 64)  # the APIs allow negative seeds
-    return SamplingSettings(
-        max_tokens=s.max_tokens or 1 << 30,
-        temp=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        seed=seed,
-        hooks=hooks,
-    )
-
-
-def _stop_cut(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
-    """(index, stop string) of the earliest stop string in `text`."""
-    found = [(i, s) for s in stops if (i := text.find(s)) >= 0]
-    return min(found) if found else None
-
-
-def _held(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing characters of `text` could be the start of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if s.startswith(text[-n:]):
-                best = n
-                break
-    return best
-
-
-class Generation:
-    """One request's text stream; read `deltas()` once, then the usage fields."""
-
-    def __init__(
-        self,
-        backend: Backend,
-        api: str,
-        ids: list[int],
-        sampling: Sampling,
-        hooks: Decoding | None = None,
-    ) -> None:
-        self.backend = backend
-        self.hooks = hooks
-        self._logprobs_taken = 0
-        self.api = api
-        self.ids = ids
-        self.sampling = sampling
-        self.prompt_tokens = len(ids)
-        self.completion_tokens = 0
-        self.finish_reason = ""  # stop (EOS) | length | stop_sequence | cancelled | error
-        self.stop_sequence: str | None = None
-        self.stats: RunStats | None = None
-        self.started = time.perf_counter()
-        self.first_token_s: float | None = None
-        self._stop_at = 0
-
-    async def deltas(self) -> AsyncIterator[str]:
-        """The new text, piece by piece (never an empty piece)."""
-        engine, stops = self.backend.engine, self.sampling.stop
-        detok = TextStream(engine.tokenizer)
-        ours: list[RunStats] = []  # this request's stats, when its stream ends by itself
-        pending = ""
-        self.backend.metrics.started()
-        try:
-            tokens = engine.tokens(
-                self.ids,
-                max_tokens=self.sampling.max_tokens or 1 << 30,
-                sampling=sampling_settings(self.sampling, self.hooks),
-                stats_to=ours,
-            )
-            async with contextlib.aclosing(cast(AsyncGenerator[int, None], tokens)) as toks:
-                async for tok in toks:
-                    if self.first_token_s is None:
-                        self.first_token_s = time.perf_counter() - self.started
-                    self.completion_tokens += 1
-                    pending += detok.add(tok)
-                    if self._cut_at_stop(pending):
-                        break
-                    keep = _held(pending, stops) if stops else 0
-                    if len(pending) > keep:
-                        cut = len(pending) - keep
-                        out, pending = pending[:cut], pending[cut:]
-                        yield out
-            if self.finish_reason == "stop_sequence":
-                pending = pending[: self._stop_at]
-            else:
-                pending += detok.flush()
-                if self._cut_at_stop(pending):
-                    pending = pending[: self._stop_at]
-            if pending:
-                yield pending
-        except (asyncio.CancelledError, GeneratorExit):
-            self.finish_reason = "cancelled"
-            raise
-        except BaseException as exc:
-            self.finish_reason = "error"
-            if isinstance(exc, TierReadError):
-                self.backend.metrics.tier_error()
-            raise
-        finally:
-            # a stream we closed (stop string, client gone) gets its stats later: none here
-            natural = self.finish_reason in ("", "error")
-            self.stats = ours[0] if natural and ours else None
-            if not self.finish_reason:  # the engine's: stop (end of sequence) or length
-                self.finish_reason = self.stats.finish_reason if self.stats else "length"
-            self.backend.metrics.finished(self)
-
-    def _cut_at_stop(self, text: str) -> bool:
-        cut = _stop_cut(text, self.sampling.stop) if self.sampling.stop else None
-        if cut is None:
-            return False
-        self._stop_at, self.stop_sequence = cut
-        self.finish_reason = "stop_sequence"
-        return True
-
-    async def text(self) -> str:
-        return "".join([piece async for piece in self.deltas()])
-
-    def take_logprobs(self) -> list[TokenLogprob]:
-        """The log-probabilities of the tokens generated since the last call."""
-        if self.hooks is None or self.hooks.top_logprobs is None:
-            return []
-        got = self.hooks.records[self._logprobs_taken : self.completion_tokens]
-        self._logprobs_taken += len(got)
-        return got
 
 
 class Backend:
     """The engine and what every route needs from it."""
 
-    def __init__(self, engine: Engine, model_id: str, metrics: ServerMetrics) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_id: str,
+        metrics: ServerMetrics,
+        limits: Limits | None = None,
+        bound: TokenBound | None = None,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.model_id = model_id
         self.metrics = metrics
+        self.bound = bound  # a prompt's least token count from its bytes (None: tokenize)
+        limits = limits or Limits()
+        places = engine.options.max_batch
+        self.admission = Admission(places, limits.max_queue, metrics, on_idle)
         self.created = int(time.time())
         config = engine.setup.manifest.config
         text_config: dict[str, Any] = config.get("text_config") or config
@@ -172,7 +53,9 @@ class Backend:
         self.grammars = Grammars(engine.tokenizer, self.vocab, eos)
 
     async def prompt_ids(self, request: TextRequest) -> list[int]:
-        """Token ids of a request's prompt (chat template for messages), checked for length."""
+        """Token ids of a request's prompt (chat template for messages), checked for length:
+        a text that cannot fit the context is refused from its size, before tokenizing."""
+        self._refuse_long_text(request)
         tok = self.engine.tokenizer
         if request.messages:  # templates compile on first use: off the event loop
             tools = [t.template() for t in request.tools.tools] if request.tools.active else None
@@ -197,6 +80,29 @@ class Backend:
             )
         return ids
 
+    def _refuse_long_text(self, request: TextRequest) -> None:
+        """A 400 when the prompt's text alone has more bytes than the context's tokens can
+        cover (edge0.server.prompt_bound): a 1 MiB prompt is refused in microseconds. Chat
+        counts user and tool messages only: a template may drop parts of the others."""
+        if self.bound is None:
+            return
+        if request.messages:
+            texts = [m.content for m in request.messages if m.role in ("user", "tool")]
+        elif isinstance(request.prompt, str):
+            texts = [request.prompt]
+        else:
+            return
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        least = self.bound.tokens_at_least(size)
+        if least >= self.context:
+            raise RequestError(
+                f"the prompt is at least {least} tokens ({size} bytes of text; no token of this "
+                f"tokenizer stands for more than {self.bound.bytes_per_token}) but this model's "
+                f"context is {self.context} (max_position_embeddings); shorten the prompt",
+                param="messages" if request.messages else "prompt",
+                code="context_length_exceeded",
+            )
+
     async def start(self, api: str, request: TextRequest) -> list[Generation]:
         """The request's `n` Generations (not started until their deltas are read): choice i
         samples with seed + i, so it equals a single request with that seed."""
@@ -207,6 +113,7 @@ class Backend:
                 "together (`edge0 serve --max-batch`)",
                 param="n",
             )
+        self.admission.check(request.n)  # a full queue refuses before any work
         wanted = self.grammar(request)
         if (wanted or request.logprobs is not None) and self.engine.options.hosts is not None:
             raise RequestError(  # the last rank samples there, out of this process's reach
@@ -217,7 +124,7 @@ class Backend:
         ids = await self.prompt_ids(request)
         grammar = None
         if wanted is not None:  # the grammar compiles in a worker thread (~ms to ~1 s)
-            grammar = await asyncio.to_thread(self.grammars.check, *wanted)
+            grammar = await asyncio.to_thread(self._checked, request, *wanted)
         gens = []
         for i in range(request.n):
             sampling = request.sampling
@@ -228,6 +135,15 @@ class Backend:
                 hooks = await asyncio.to_thread(Decoding, self.grammars, grammar, request.logprobs)
             gens.append(Generation(self, api, ids, sampling, hooks))
         return gens
+
+    def _checked(self, request: TextRequest, grammar: str, param: str) -> str:
+        """`grammar` checked (a worker thread); a forced tool's own schema must admit a value
+        too (one that only refers to itself would stop the call half written)."""
+        if param == "tool_choice":
+            for tool in request.tools.forced():
+                schema = Grammars.json_grammar(tool.parameters or ANY_OBJECT)
+                self.grammars.check(schema, "tools", f"tool {tool.name!r}'s schema")
+        return self.grammars.check(grammar, param)
 
     def grammar(self, request: TextRequest) -> tuple[str, str] | None:
         """(grammar, the field it enforces) for a request's answer; None when it is free.

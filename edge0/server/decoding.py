@@ -12,6 +12,7 @@ RequestError.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -64,7 +65,7 @@ class Decoding:
         if self._last is not None:
             m.consume_token(int(self._last.item()))  # type: ignore[arg-type]
         if m.is_error():
-            raise RequestError(f"constrained decoding failed: {m.get_error()}")
+            raise RequestError(f"constrained decoding failed: {short(m.get_error())}")
         m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         vocab = logprobs.shape[-1]
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab]
@@ -115,16 +116,35 @@ class Grammars:
                 )
             return self._tokenizer
 
-    def check(self, grammar: str, param: str) -> str:
-        """`grammar` when llguidance takes it; else a RequestError naming `param`."""
+    def check(self, grammar: str, param: str, what: str = "its schema") -> str:
+        """`grammar` when llguidance takes it and it admits some text; else a RequestError
+        naming `param`. A schema that only refers to itself ({"$ref": "#"}, a `$defs` loop)
+        compiles to a grammar with no text in it: refused, never answered with ""."""
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self.tokenizer
         )
         if is_error:
+            raise RequestError(f"`{param}` cannot be enforced: {short(messages)}", param=param)
+        if not self._writes_text(grammar):
             raise RequestError(
-                f"`{param}` cannot be enforced: {'; '.join(messages)[:300]}", param=param
+                f"`{param}` cannot be enforced: {what} admits no JSON value (a schema that "
+                'only refers to itself, such as {"$ref": "#"} or a `$defs` loop, has none); '
+                "give the recursion a way out",
+                param=param,
             )
         return grammar
+
+    def _writes_text(self, grammar: str) -> bool:
+        """Whether a matcher of `grammar` lets a first token other than end of sequence
+        through (its errors show once the first mask is computed)."""
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        bits = np.zeros((self.tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if matcher.is_error() or matcher.is_stopped():
+            return False
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")
+        allowed[[e for e in self._eos if e < allowed.size]] = 0
+        return bool(allowed.any())
 
     @staticmethod
     def json_grammar(schema: dict[str, Any]) -> str:
@@ -134,23 +154,30 @@ class Grammars:
     @staticmethod
     def tool_grammar(tools: list[tuple[str, dict[str, Any]]], start: str, end: str) -> str:
         """A grammar for one call of one of `tools` ((name, parameters schema)), written as
-        `start` {"name": ..., "arguments": {...}} `end` (the json_tools format)."""
-        calls = [
-            {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["name", "arguments"],
-                "properties": {"name": {"const": name}, "arguments": params or ANY_OBJECT},
-            }
-            for name, params in tools
-        ]
-        schema = (
-            {"anyOf": calls, "x-guidance": STYLE}
-            if len(calls) > 1
-            else {**calls[0], "x-guidance": STYLE}
-        )
-        lark = (
-            f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}\n"
-            f"call: %json {json.dumps(schema)}\n"
-        )
-        return str(llguidance.LLMatcher.grammar_from_lark(lark))
+        `start` {"name": ..., "arguments": {...}} `end` (the json_tools format).
+
+        Each tool's schema is a rule of its own (`%json`), so its `$ref`s (`#/$defs/...`,
+        pydantic's shape) resolve against that schema, as the client wrote them."""
+        lines = [f"start: {json.dumps(start + chr(10))} call {json.dumps(chr(10) + end)}"]
+        lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
+        for i, (name, params) in enumerate(tools):
+            head = json.dumps(f'{{"name": {json.dumps(name)}, "arguments": ')
+            schema = {**(params or ANY_OBJECT), "x-guidance": STYLE}
+            lines.append(f'call_{i}: {head} args_{i} "}}"')
+            lines.append(f"args_{i}: %json {json.dumps(schema)}")
+        return str(llguidance.LLMatcher.grammar_from_lark("\n".join(lines) + "\n"))
+
+
+_SOURCE_LINE = re.compile(r"^\s*(\d+ \||\^+\s*$)")  # the grammar's text quoted back, a caret
+_AT = re.compile(r"^at \d+\(\d+\): ")  # a position in our own grammar text
+
+
+def short(messages: list[str] | str, limit: int = 200) -> str:
+    """The grammar library's message in one short line: no quoted grammar text, no parser
+    state, at most `limit` characters."""
+    text = messages if isinstance(messages, str) else "; ".join(messages)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not _SOURCE_LINE.match(ln)]
+    line = _AT.sub("", " ".join(lines[:4]))
+    if "<state>" in line:
+        line = line[: line.index("<state>")].strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -2,7 +2,9 @@
 
 Errors take the shape of the API the route belongs to: OpenAI's
 `{"error": {"message", "type", "param", "code"}}` everywhere but `/v1/messages`,
-which answers Anthropic's `{"type": "error", "error": {"type", "message"}}`.
+which answers Anthropic's `{"type": "error", "error": {"type", "message"}}` (and 529
+where OpenAI's shape says 429). A 408 or 413 closes the connection: the body may still
+be on its way.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ ANTHROPIC_PREFIX = "/v1/messages"
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the logs do
 INLINE_PARSE = 16 << 10  # bodies up to this size parse on the loop, larger ones in a thread
 
+OVERLOADED = 529  # Anthropic's status for "overloaded", where OpenAI's shape answers 429
+_CLOSE_AFTER = (408, 413)  # answered before the body was read: the connection cannot go on
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    429: "requests",
     503: "server_error",
 }
 _ANTHROPIC_TYPES = {
@@ -38,8 +44,10 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "request_too_large",
     503: "overloaded_error",
+    OVERLOADED: "overloaded_error",
 }
 
 
@@ -47,10 +55,17 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+def api_status(path: str, status: int) -> int:
+    """The status the API of `path` answers for `status` (Anthropic: 529 for 429)."""
+    return OVERLOADED if status == 429 and path.startswith(ANTHROPIC_PREFIX) else status
+
+
 def error_body(
     path: str, status: int, message: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     """The error object of the API that serves `path`."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # lone surrogates
+    status = api_status(path, status)
     if path.startswith(ANTHROPIC_PREFIX):
         kind = _ANTHROPIC_TYPES.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
@@ -59,9 +74,18 @@ def error_body(
 
 
 def error_response(
-    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+    path: str,
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    return JSONResponse(error_body(path, status, message, param, code), status_code=status)
+    extra = dict(headers or {})
+    if status in _CLOSE_AFTER:
+        extra["connection"] = "close"
+    body = error_body(path, status, message, param, code)
+    return JSONResponse(body, status_code=api_status(path, status), headers=extra)
 
 
 def status_of(exc: Edge0Error) -> tuple[int, str | None]:
@@ -99,7 +123,10 @@ def api_route(
         except Edge0Error as exc:
             status, code = status_of(exc)
             log.info("server.request_failed", path=path, status=status, error=str(exc))
-            return error_response(path, status, str(exc), getattr(exc, "param", None), code)
+            headers = exc.headers if isinstance(exc, RequestError) else None
+            return error_response(
+                path, status, str(exc), getattr(exc, "param", None), code, headers
+            )
         except Exception as exc:  # the server keeps serving; the log has the traceback
             log.exception("server.internal_error", path=path)
             return error_response(path, 500, f"internal error: {type(exc).__name__}: {exc}")
@@ -108,33 +135,56 @@ def api_route(
     return route
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refusing bodies over `limit` bytes (413) and
-    JSON beyond edge0.server.jsonbody's limits (400). Large bodies parse off the loop."""
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object. Refuses a body over the server's `max_body` (413: at
+    once from its Content-Length, else once counted), one not received within the body
+    timeout (408) and JSON beyond edge0.server.jsonbody's limits (400). Large bodies parse
+    off the loop."""
+    state = request.app.state
+    limit, timeout = state.max_body, state.limits.body_timeout
     length = request.headers.get("content-length", "")
-    if length.isascii() and length.isdigit() and len(length) < 19 and int(length) > limit:
-        raise _too_large(int(length), limit)
+    if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
+        refused(request, "too_large")
+        raise _too_large(length if len(length) <= 18 else f"a {len(length)}-digit number of", limit)
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    refused(request, "too_large")
+                    raise _too_large(f"{size}+", limit)
+                chunks.append(chunk)
     except ClientDisconnect:  # the client went away mid-upload: nobody to answer
         log.info("server.client_gone", path=request.url.path, received=size)
         raise ClientGone() from None
+    except TimeoutError:
+        refused(request, "body_timeout")
+        raise RequestError(
+            f"the request body did not arrive within {timeout:g} s ({size} bytes came); send it "
+            "at once (`edge0 serve --body-timeout`)",
+            status=408,
+            code="request_timeout",
+        ) from None
     body = b"".join(chunks)
     if len(body) <= INLINE_PARSE:
         return parse_object(body)
     return await asyncio.to_thread(parse_object, body)
 
 
-def _too_large(size: int, limit: int) -> RequestError:
+def refused(request: Request, reason: str) -> None:
+    """Count a refusal by a limit in the server's metrics."""
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.refusals.labels(reason=reason).inc()
+
+
+def _too_large(size: str, limit: int) -> RequestError:
     return RequestError(
-        f"the request body is {size}+ bytes; this server takes at most {limit} "
+        f"the request body is {size} bytes; this server takes at most {limit} "
         "(`edge0 serve --max-body`)",
         status=413,
+        code="request_too_large",
     )
 
 

@@ -2,8 +2,10 @@
 
 Python's `json` accepts things a server must not pass on: nesting deep enough to
 raise RecursionError, integer literals past Python's digit limit (ValueError),
-`NaN`/`Infinity`, and `\\ud800`-style escapes that decode to lone surrogates, which
-no tokenizer or UTF-8 encoder takes. Each is a RequestError (400) naming the field.
+`NaN`/`Infinity`, `\\ud800`-style escapes that decode to lone surrogates, which
+no tokenizer or UTF-8 encoder takes, and bodies in UTF-16 or UTF-32, which it would
+detect and decode (JSON between systems is UTF-8, RFC 8259). Each is a RequestError
+(400) naming the field.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from typing import Any
 
 from edge0.errors import RequestError
+from edge0.server.field_errors import described
 
 MAX_DEPTH = 64  # nested objects/arrays, the body itself being level 1
 MAX_INT = 1 << 64  # |integer| must stay below: the largest field (`seed`) is a uint64
@@ -24,7 +27,7 @@ def parse_object(body: bytes) -> dict[str, Any]:
     if not body.strip():
         raise RequestError("the request body is empty; send a JSON object")
     try:
-        data = json.loads(body, parse_constant=_constant)
+        data = json.loads(_utf8(body), parse_constant=_constant)
     except RecursionError:
         raise _too_deep("the request body") from None
     except RequestError:
@@ -32,9 +35,26 @@ def parse_object(body: bytes) -> dict[str, Any]:
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
         raise RequestError(f"the request body is not valid JSON: {_short(exc)}") from None
     if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, not {type(data).__name__}")
+        raise RequestError(f"the request body must be a JSON object, not {described(data)}")
     check_value(data)
     return data
+
+
+def _utf8(body: bytes) -> str:
+    """The body as text: UTF-8 (a leading byte-order mark is dropped), nothing else."""
+    if (nul := body.find(b"\x00")) >= 0:  # JSON text has no raw NUL: UTF-16 or UTF-32
+        raise RequestError(
+            f"the request body is not UTF-8 (a NUL byte at offset {nul}: UTF-16 or UTF-32?); "
+            "send JSON as UTF-8"
+        )
+    try:
+        return body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        at = exc.start
+        what = f"byte 0x{body[at]:02x} at offset {at}"
+        if body[at : at + 2] >= b"\xed\xa0" and body[at : at + 2] <= b"\xed\xbf":
+            what = f"an encoded UTF-16 surrogate at offset {at}"  # ED A0..BF: U+D800..DFFF
+        raise RequestError(f"the request body is not UTF-8 ({what}); send JSON as UTF-8") from None
 
 
 def check_value(root: Any) -> None:

@@ -14,7 +14,9 @@ from typing import Any
 import attrs
 
 from edge0.errors import RequestError
-from edge0.server.tool_fields import ToolCall, arguments, openai_tool_calls
+from edge0.server.field_errors import bad as _bad
+from edge0.server.field_errors import json_kind, missing, shown
+from edge0.server.tool_fields import ToolCall, openai_tool_calls
 
 
 @attrs.frozen
@@ -34,14 +36,6 @@ class Message:
         return out
 
 
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__.replace("str", "string")
-
-
-def _bad(name: str, want: str, value: Any) -> RequestError:
-    return RequestError(f"`{name}` must be {want}, not {_kind(value)} {value!r:.60}", param=name)
-
-
 def text_of(value: Any, name: str) -> str:
     """Content that may only be text: a string or a list of text parts."""
     if isinstance(value, str):
@@ -50,9 +44,10 @@ def text_of(value: Any, name: str) -> str:
         parts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else _kind(part)
+                kind = shown(part.get("type")) if isinstance(part, dict) else json_kind(part)
                 raise RequestError(
-                    f"`{name}` has a {kind!r} part; this server reads text only", param=name
+                    f"`{name}[{i}]` is a {kind} part; this server reads text only",
+                    param=f"{name}[{i}]",
                 )
             text = part.get("text")
             if not isinstance(text, str):
@@ -66,7 +61,7 @@ def _raw_list(body: dict[str, Any]) -> list[Any]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise (
-            RequestError("`messages` is required", param="messages")
+            missing("messages")
             if raw is None
             else _bad("messages", "a non-empty list of messages", raw)
         )
@@ -79,7 +74,8 @@ def _role(m: Any, where: str, roles: tuple[str, ...]) -> str:
     role = m.get("role")
     if role not in roles:
         raise RequestError(
-            f"`{where}.role` must be one of {', '.join(roles)}, not {role!r}", param=f"{where}.role"
+            f"`{where}.role` must be one of {', '.join(roles)}, not {shown(role)}",
+            param=f"{where}.role",
         )
     return str(role)
 
@@ -91,6 +87,8 @@ def openai_messages(body: dict[str, Any]) -> list[Message]:
         where = f"messages[{i}]"
         role = _role(m, where, ("system", "developer", "user", "assistant", "tool"))
         content = m.get("content")
+        if content is None and role != "assistant":  # an assistant may send tool_calls only
+            raise _bad(f"{where}.content", "a string or a list of text parts", content)
         text = "" if content is None else text_of(content, f"{where}.content")
         if role == "assistant":
             calls = openai_tool_calls(m.get("tool_calls"), f"{where}.tool_calls")
@@ -113,6 +111,29 @@ def _result_text(value: Any, where: str) -> str:
     raise _bad(where, "a string or text blocks", value)
 
 
+def _tool_use(b: dict[str, Any], at: str) -> ToolCall:
+    """An assistant's `tool_use` block: id, name and an object `input`, all required."""
+    call_id, name, given = b.get("id"), b.get("name"), b.get("input")
+    if not isinstance(call_id, str) or not call_id:
+        raise _bad(f"{at}.id", "a non-empty string", call_id)
+    if not isinstance(name, str) or not name:
+        raise _bad(f"{at}.name", "a tool name", name)
+    if not isinstance(given, dict):
+        raise _bad(f"{at}.input", "an object", given)
+    return ToolCall(call_id, name, given)
+
+
+def _tool_result(b: dict[str, Any], at: str) -> Message:
+    """A user's `tool_result` block as a tool message (`is_error` prefixes `Error:`)."""
+    call_id = b.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise _bad(f"{at}.tool_use_id", "the id of the tool_use it answers", call_id)
+    content = _result_text(b.get("content"), f"{at}.content")
+    if b.get("is_error") is True:
+        content = f"Error: {content}"
+    return Message("tool", content, tool_call_id=call_id)
+
+
 def _anthropic_blocks(role: str, blocks: list[Any], where: str) -> list[Message]:
     """One Anthropic turn: text and tool_use blocks make one message; each tool_result one."""
     text: list[str] = []
@@ -124,22 +145,13 @@ def _anthropic_blocks(role: str, blocks: list[Any], where: str) -> list[Message]
         if kind == "text":
             text.append(text_of([b], at))
         elif kind == "tool_use" and role == "assistant":
-            calls.append(
-                ToolCall(
-                    str(b.get("id") or f"toolu_{j}"),
-                    str(b.get("name")),
-                    arguments(b.get("input", {}), f"{at}.input"),
-                )
-            )
+            calls.append(_tool_use(b, at))
         elif kind == "tool_result" and role == "user":
-            content = _result_text(b.get("content"), f"{at}.content")
-            if b.get("is_error") is True:
-                content = f"Error: {content}"
-            results.append(Message("tool", content, tool_call_id=str(b.get("tool_use_id"))))
+            results.append(_tool_result(b, at))
         else:
-            shown = kind if kind is not None else _kind(b)
+            what = shown(kind) if kind is not None else json_kind(b)
             raise RequestError(
-                f"`{at}` is a {shown!r} block; this server reads text, "
+                f"`{at}` is a {what} block; this server reads text, "
                 "tool_use (assistant) and tool_result (user) blocks",
                 param=at,
             )
@@ -158,6 +170,12 @@ def anthropic_messages(body: dict[str, Any]) -> list[Message]:
     for i, m in enumerate(_raw_list(body)):
         where = f"messages[{i}]"
         role = _role(m, where, ("user", "assistant"))
+        if i == 0 and role != "user":
+            raise RequestError(
+                "`messages[0].role` must be user: a conversation starts with the user's turn "
+                "(put instructions in `system`)",
+                param="messages[0].role",
+            )
         content = m.get("content")
         if isinstance(content, list):
             out.extend(_anthropic_blocks(role, content, where))

@@ -26,11 +26,13 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from edge0.server.backend import Generation
+    from edge0.server.generation import Generation
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"  # the route label of paths no route serves (bounded label values)
+CONNECTION_ROUTE = "connection"  # the route label of answers given before any route was reached
+REFUSALS = ("connections", "header_timeout", "body_timeout", "too_large", "bad_http", "queue_full")
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -64,7 +66,7 @@ class ServerMetrics:
         )
         self.in_flight = Gauge(
             "edge0_requests_in_flight",
-            "Requests generating or queued for the engine.",
+            "Requests generating (holding a place of the engine's batch).",
             registry=reg,
         )
         self.prompt_tokens = Counter(
@@ -96,6 +98,27 @@ class ServerMetrics:
         self.duration = Histogram(
             "edge0_request_seconds", "Request arrival to its end.", buckets=_LATENCY, registry=reg
         )
+        self.refusals = Counter(
+            "edge0_refused",
+            "Requests and connections refused by a limit (docs/server.md, Limits), by reason: "
+            + ", ".join(REFUSALS)
+            + ".",
+            ["reason"],
+            registry=reg,
+        )
+        for reason in REFUSALS:  # every reason shows, at 0 until it happens
+            self.refusals.labels(reason=reason)
+        self.queue_depth = Gauge(
+            "edge0_queue_depth",
+            "Requests (one per choice) admitted and waiting for the engine.",
+            registry=reg,
+        )
+        self.queue_wait = Histogram(
+            "edge0_queue_wait_seconds",
+            "Time an admitted request waited for the engine (0 when a place was free).",
+            buckets=(0.0, *_LATENCY),
+            registry=reg,
+        )
 
         def last(name: str, doc: str) -> Gauge:
             return Gauge(f"edge0_{name}_last", doc + " (last finished request).", registry=reg)
@@ -117,6 +140,11 @@ class ServerMetrics:
         self.responses.labels(route=route, method=method, status=str(status)).inc()
         if status >= 400:
             self.errors.labels(status=str(status)).inc()
+
+    def refused(self, route: str, method: str, status: int, reason: str) -> None:
+        """A refusal answered below the routes (the connection layer): its response and why."""
+        self.response(route, method, status)
+        self.refusals.labels(reason=reason).inc()
 
     def tier_error(self) -> None:
         self.tier_errors.inc()

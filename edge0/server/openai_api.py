@@ -200,7 +200,7 @@ async def _events(
 
 async def _serve(request: Request, chat: bool) -> Response:
     backend = _backend(request)
-    body = await read_json(request, request.app.state.max_body)
+    body = await read_json(request)
     req = schemas.chat_request(body) if chat else schemas.completion_request(body)
     api = "openai.chat" if chat else "openai.completions"
     tok = backend.engine.tokenizer

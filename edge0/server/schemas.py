@@ -12,6 +12,8 @@ from typing import Any
 import attrs
 
 from edge0.errors import RequestError
+from edge0.server.field_errors import bad as _bad
+from edge0.server.field_errors import missing
 from edge0.server.fields import refuse_unserved
 from edge0.server.messages import Message, anthropic_messages, openai_messages
 from edge0.server.tool_fields import ToolUse, anthropic_tool_use, openai_tool_use, response_format
@@ -48,16 +50,6 @@ class TextRequest:
 
 
 # --- field readers ---------------------------------------------------------------------------
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__.replace("str", "string")
-
-
-def _bad(name: str, want: str, value: Any) -> RequestError:
-    return RequestError(
-        f"`{name}` must be {want}, not {_type_name(value)} {value!r:.60}", param=name
-    )
-
-
 def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:
@@ -94,11 +86,7 @@ def _str(body: dict[str, Any], name: str, required: bool = False) -> str:
     if value is None and not required:
         return ""
     if not isinstance(value, str):
-        raise (
-            RequestError(f"`{name}` is required", param=name)
-            if value is None
-            else _bad(name, "a string", value)
-        )
+        raise (missing(name) if value is None else _bad(name, "a string", value))
     return value
 
 
@@ -157,7 +145,7 @@ def completion_request(body: dict[str, Any]) -> TextRequest:
             raise _bad("prompt", "a string or a non-empty list of token ids (one prompt)", prompt)
     elif not isinstance(prompt, str):
         raise (
-            RequestError("`prompt` is required", param="prompt")
+            missing("prompt")
             if prompt is None
             else _bad("prompt", "a string or a list of token ids", prompt)
         )
@@ -199,7 +187,7 @@ def chat_request(body: dict[str, Any]) -> TextRequest:
 def messages_request(body: dict[str, Any]) -> TextRequest:
     """POST /v1/messages (Anthropic): `max_tokens` and `model` are required."""
     if body.get("max_tokens") is None:
-        raise RequestError("`max_tokens` is required", param="max_tokens")
+        raise missing("max_tokens")
     refuse_unserved(body, "anthropic.messages")
     messages = anthropic_messages(body)
     sampling = Sampling(

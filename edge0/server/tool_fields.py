@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 
 from edge0.errors import RequestError
+from edge0.server.field_errors import bad as _bad
+from edge0.server.field_errors import missing, shown
 
 CHOICES = ("auto", "none", "required")
 NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -72,11 +74,9 @@ class ToolUse:
         return []
 
 
-def _bad(name: str, want: str, value: Any) -> RequestError:
-    return RequestError(f"`{name}` must be {want}, not {json.dumps(value)[:60]}", param=name)
-
-
-def _schema(value: Any, name: str) -> dict[str, Any]:
+def _schema(value: Any, name: str, required: bool = False) -> dict[str, Any]:
+    if value is None and required:
+        raise missing(name)
     if value is None:
         return {"type": "object"}
     if not isinstance(value, dict):
@@ -143,9 +143,9 @@ def openai_tool_use(body: dict[str, Any]) -> ToolUse:
 
 def _anthropic_tool(t: Any, where: str) -> Tool:
     if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
-        kind = t.get("type") if isinstance(t, dict) else t
+        kind = shown(t.get("type") if isinstance(t, dict) else t)
         raise RequestError(
-            f"`{where}` is a {kind!r} tool; this server serves custom tools "
+            f"`{where}` is a {kind} tool; this server serves custom tools "
             "(name, description, input_schema) only",
             param=where,
         )
@@ -155,7 +155,7 @@ def _anthropic_tool(t: Any, where: str) -> Tool:
     return Tool(
         _tool_name(t.get("name"), f"{where}.name"),
         desc,
-        _schema(t.get("input_schema"), f"{where}.input_schema"),
+        _schema(t.get("input_schema"), f"{where}.input_schema", required=True),
     )
 
 
@@ -180,7 +180,7 @@ def _checked(use: ToolUse) -> ToolUse:
         raise RequestError(f"`tool_choice` {use.choice} needs `tools`", param="tool_choice")
     if use.choice == "named" and not use.forced():
         raise RequestError(
-            f"`tool_choice` names {use.name!r}, which is not in `tools`", param="tool_choice"
+            f"`tool_choice` names {shown(use.name)}, which is not in `tools`", param="tool_choice"
         )
     return use
 

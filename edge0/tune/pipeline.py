@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from edge0.layout.artifacts import record_artifacts
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterSet
@@ -154,7 +155,8 @@ async def _trace(
 
 def _key(manifest: Manifest, windows: np.ndarray) -> str:
     """What a store's traces depend on: the model's records and the exact windows."""
-    digest = hashlib.sha256(json.dumps(manifest.to_json(), sort_keys=True).encode())
+    records = {k: v for k, v in manifest.to_json().items() if k != "artifacts_crc32"}  # not heads
+    digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode())
     digest.update(np.ascontiguousarray(windows).tobytes())
     return digest.hexdigest()[:24]
 
@@ -168,6 +170,7 @@ def _write_heads(layout: Path, heads: PrerouterSet) -> None:
     for name in FILES["token"]:
         os.replace(tmp / name, layout / name)
     tmp.rmdir()
+    record_artifacts(layout)  # edge0.json's CRC32s of the heads (`edge0 verify`)
 
 
 def _write_validation(
@@ -182,4 +185,5 @@ def _write_validation(
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    record_artifacts(layout)
     assert Validation.read(layout) is not None  # the record reads back as the engine reads it
