@@ -91,6 +91,7 @@ def test_host_variants_match_the_reference(tmp_path: Path) -> None:
     _build("g++", tmp_path / "selftest", X86 if x86 else {}, [])
     out = _check([str(tmp_path / "selftest")])
     assert "portable:" in out
+    assert re.search(r"^portable: \d+ many-row cases, each row's bits as alone", out, re.M)
     if x86:
         assert "avx2:" in out or "avx2" not in _cpu_flags()
         assert re.search(r"^avx2: \d+ int8-input cases", out, re.M) or "avx2" not in _cpu_flags()
@@ -105,6 +106,7 @@ def test_neon_variant_matches_the_reference_under_qemu(tmp_path: Path) -> None:
     out = _check(["qemu-aarch64", str(tmp_path / "selftest")])
     assert "neon:" in out and "portable:" in out
     assert re.search(r"^neon: \d+ int8-input cases, the same bits as portable", out, re.M), out
+    assert re.search(r"^neon: \d+ many-row cases, each row's bits as alone", out, re.M), out
 
 
 def _cpu_flags() -> str:
@@ -158,3 +160,4 @@ def test_avx512_variant_matches_the_reference_over_an_emulation(tmp_path: Path) 
         assert "%ymm" in dump.stdout and "%zmm" not in dump.stdout
     out = _check([str(tmp_path / "selftest"), "--emulated-avx512"])
     assert re.search(r"^avx512: \d+ cases", out, re.M), out
+    assert re.search(r"^avx512: \d+ many-row cases, each row's bits as alone", out, re.M), out

@@ -85,6 +85,8 @@ struct Prepared {
   bool int8 = false;
 };
 
+constexpr int GEMM_MIN_ROWS = 8;  // input rows from which a product runs as the GEMM
+
 void prep(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M,
           Prepared& p) {
   const int cols = q.cols, G = q.cols / q.group;
@@ -112,12 +114,17 @@ void prep(const Kernels& k, const Settings& st, const QMat& q, const float* x, i
                  p.xp.data());
 }
 
-// rows [r0, r1) of `q` against every prepared input row
+// rows [r0, r1) of `q` against every prepared input row: the GEMM from GEMM_MIN_ROWS input
+// rows on (each weight row decoded once, the same bits), the row kernel below
 void run_rows(const Kernels& k, const QMat& q, const Prepared& p, int M, int r0, int r1,
               float* out, int64_t ldo) {
   if (p.int8) {
     const XQ8 x{p.q.data(), p.scale.data(), p.fix.data(), p.xs.data()};
     k.rows_q8(q, x, M, r0, r1, out, ldo);
+  } else if (M >= GEMM_MIN_ROWS && k.gemm != nullptr) {
+    thread_local Inputs dec;  // per thread: a call split over rows runs on several
+    dec.resize(size_t(k.gemm_rows) * q.cols);
+    k.gemm(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo, dec.data());
   } else {
     k.rows(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo);
   }
@@ -166,38 +173,36 @@ Scratch& scratch() {
   return s;
 }
 
-constexpr int ROW_BLOCK = 8;  // input rows of one slot computed together
-
+// every pair of slot `s` at once: from GEMM_MIN_ROWS rows each weight row is decoded once
+// for all of them (a prompt chunk's rows routed to one expert)
 void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up,
               const QStack& down, const float* x, const std::vector<int>& pairs, uint32_t s,
               Act act, float alpha, float limit, float* out) {
   Scratch& sc = scratch();
   const QMat gq = slot_matrix(gate, s), uq = slot_matrix(up, s), dq = slot_matrix(down, s);
   const int d = gq.cols, ff = gq.rows, dout = dq.rows;
-  for (size_t b0 = 0; b0 < pairs.size(); b0 += ROW_BLOCK) {
-    const int M = int(std::min(pairs.size() - b0, size_t(ROW_BLOCK)));
-    sc.x.resize(size_t(M) * d);
-    for (int m = 0; m < M; ++m)
-      std::memcpy(sc.x.data() + int64_t(m) * d, x + int64_t(pairs[b0 + m]) * d, sizeof(float) * d);
-    sc.g.resize(size_t(M) * ff);
-    sc.u.resize(size_t(M) * ff);
-    sc.a.resize(size_t(M) * ff);
-    prep(k, st, gq, sc.x.data(), M, sc.in);
-    run_rows(k, gq, sc.in, M, 0, ff, sc.g.data(), ff);
-    if (uq.bits != gq.bits || uq.group != gq.group || uq.mode != gq.mode)
-      prep(k, st, uq, sc.x.data(), M, sc.in);
-    run_rows(k, uq, sc.in, M, 0, ff, sc.u.data(), ff);
-    add_bias(gate, s, sc.g.data(), M, ff);
-    add_bias(up, s, sc.u.data(), M, ff);
-    activate(act, alpha, limit, sc.g.data(), sc.u.data(), sc.a.data(), int64_t(M) * ff);
-    prep(k, st, dq, sc.a.data(), M, sc.in);
-    sc.y.resize(size_t(M) * dout);
-    run_rows(k, dq, sc.in, M, 0, dout, sc.y.data(), dout);
-    add_bias(down, s, sc.y.data(), M, dout);
-    for (int m = 0; m < M; ++m)
-      std::memcpy(out + int64_t(pairs[b0 + m]) * dout, sc.y.data() + int64_t(m) * dout,
-                  sizeof(float) * dout);
-  }
+  const int M = int(pairs.size());
+  sc.x.resize(size_t(M) * d);
+  for (int m = 0; m < M; ++m)
+    std::memcpy(sc.x.data() + int64_t(m) * d, x + int64_t(pairs[m]) * d, sizeof(float) * d);
+  sc.g.resize(size_t(M) * ff);
+  sc.u.resize(size_t(M) * ff);
+  sc.a.resize(size_t(M) * ff);
+  prep(k, st, gq, sc.x.data(), M, sc.in);
+  run_rows(k, gq, sc.in, M, 0, ff, sc.g.data(), ff);
+  if (uq.bits != gq.bits || uq.group != gq.group || uq.mode != gq.mode)
+    prep(k, st, uq, sc.x.data(), M, sc.in);
+  run_rows(k, uq, sc.in, M, 0, ff, sc.u.data(), ff);
+  add_bias(gate, s, sc.g.data(), M, ff);
+  add_bias(up, s, sc.u.data(), M, ff);
+  activate(act, alpha, limit, sc.g.data(), sc.u.data(), sc.a.data(), int64_t(M) * ff);
+  prep(k, st, dq, sc.a.data(), M, sc.in);
+  sc.y.resize(size_t(M) * dout);
+  run_rows(k, dq, sc.in, M, 0, dout, sc.y.data(), dout);
+  add_bias(down, s, sc.y.data(), M, dout);
+  for (int m = 0; m < M; ++m)
+    std::memcpy(out + int64_t(pairs[m]) * dout, sc.y.data() + int64_t(m) * dout,
+                sizeof(float) * dout);
 }
 
 }  // namespace

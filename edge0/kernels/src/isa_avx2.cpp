@@ -9,9 +9,12 @@ namespace {
 
 struct V {
   static constexpr int W = 8;
+  // the GEMM's register tile (gemm_impl.h): weight rows x input rows, in 16 registers
+  static constexpr int GEMM_R = 2, GEMM_M = 3;
   using f = __m256;
   static f zero() { return _mm256_setzero_ps(); }
   static f load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, f a) { _mm256_storeu_ps(p, a); }
   static f set1(float a) { return _mm256_set1_ps(a); }
   static f fma(f a, f b, f c) { return _mm256_fmadd_ps(a, b, c); }
   static float sum(f a) {
@@ -97,6 +100,7 @@ struct V {
 };
 
 #include "kernel_impl.h"
+#include "gemm_impl.h"
 
 // the code each of fp4x2's 32 output lanes holds: w[0] takes odd words of t0 (codes 4d+2 in
 // lane 0, 4d+3 in lane 1), w[1] its even words (4d, 4d+1), w[2] and w[3] the same plus 16
@@ -106,7 +110,7 @@ constexpr uint8_t FP4_PERM[32] = {2,  6,  10, 14, 3,  7,  11, 15, 0,  4,  8,  12
 }  // namespace
 
 const Kernels* kernels_avx2() {
-  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM, q8_rows<V>()};
+  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM, q8_rows<V>(), &gemm_entry, V::GEMM_R};
   return &k;
 }
 

@@ -9,9 +9,12 @@ namespace {
 
 struct V {
   static constexpr int W = 16;
+  // the GEMM's register tile (gemm_impl.h): weight rows x input rows, in 32 registers
+  static constexpr int GEMM_R = 4, GEMM_M = 3;
   using f = __m512;
   static f zero() { return _mm512_setzero_ps(); }
   static f load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, f a) { _mm512_storeu_ps(p, a); }
   static f set1(float a) { return _mm512_set1_ps(a); }
   static f fma(f a, f b, f c) { return _mm512_fmadd_ps(a, b, c); }
   static float sum(f a) {
@@ -45,11 +48,12 @@ struct V {
 };
 
 #include "kernel_impl.h"
+#include "gemm_impl.h"
 
 }  // namespace
 
 const Kernels* kernels_avx512() {
-  static const Kernels k{"avx512", V::W, &rows_entry, nullptr, q8_rows<V>()};
+  static const Kernels k{"avx512", V::W, &rows_entry, nullptr, q8_rows<V>(), &gemm_entry, V::GEMM_R};
   return &k;
 }
 

@@ -64,6 +64,11 @@ struct Kernels {
   // Per pair of blocks eight lanes, each the exact integer sum of 8 consecutive products
   // (lanes 0-3 the first block), then float32: every variant that has it gives the same bits.
   void (*rows_q8)(const QMat& q, const XQ8& x, int M, int r0, int r1, float* out, int64_t ldo);
+  // the same as `rows` for many input rows (gemm_impl.h), bit for bit: each block of
+  // `gemm_rows` weight rows decoded once into `dec` (gemm_rows x q.cols floats, the caller's)
+  void (*gemm)(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
+               float* out, int64_t ldo, float* dec);
+  int gemm_rows;
 };
 
 // x (M rows of `cols`) -> xp in the layout above, for a table of `lanes` lanes reading

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from edge0.kernels.native import module
+from edge0.kernels.ops import expert_ffn_runs
 from edge0.layout.records import projection_quant
-from edge0.runtime.layers.block import expert_ffn
+from edge0.runtime.layers.block import expert_ffn, ffn_plan
 from edge0.runtime.layers.streams import ResidentExperts
 from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, on_cpu
 
@@ -62,10 +64,11 @@ def dense_expert(
 
 
 def dense_experts_ok(block: StreamingMoE) -> bool:
-    """Whether this layer's experts may run dequantized: affine records on the CPU backend,
-    each projection's fp32 weight within DENSE_MAX_BYTES (a wider one, e.g. experts of
-    4096-5120 x 8192-14336, keeps the int4 kernel: its dequantized copy
-    would be more memory than the plan's prompt chunk holds)."""
+    """Whether this layer's experts may run dequantized: affine records on the CPU backend
+    that the native expert FFN does not run (its GEMM decodes each weight row once for all
+    of an expert's rows: faster), each projection's fp32 weight within DENSE_MAX_BYTES (a
+    wider one, e.g. experts of 4096-5120 x 8192-14336, keeps the int4 kernel: its
+    dequantized copy would be more memory than the plan's prompt chunk holds)."""
     quant = block.stream.quant
     if not (DENSE_EXPERT_ROWS > 0 and on_cpu() and quant.get("mode", "affine") == "affine"):
         return False
@@ -74,7 +77,7 @@ def dense_experts_ok(block: StreamingMoE) -> bool:
         out, packed = views[f"{name}.weight"].shape[-2:]
         if out * packed * (32 // int(projection_quant(quant, name)["bits"])) * 4 > DENSE_MAX_BYTES:
             return False
-    return True
+    return module() is None or not expert_ffn_runs(*ffn_plan(quant, views), block.activation)
 
 
 def group_pairs(
