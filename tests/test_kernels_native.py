@@ -36,6 +36,15 @@ def _isa_flags() -> dict[str, list[str]]:
 X86 = _isa_flags()
 
 
+def _common_flags() -> list[str]:
+    """The flags CMakeLists.txt gives every ISA unit (`-O3 ... ${ARGN}`): the selftest's units
+    are compiled as the extension's are (contraction and optimization change bits)."""
+    cmake = (ROOT / "edge0" / "kernels" / "CMakeLists.txt").read_text()
+    found = re.search(r"edge0_isa_\$\{name\} PRIVATE ([^$]*)\$\{ARGN\}", cmake)
+    assert found, "CMakeLists.txt: edge0_isa's compile options not found"
+    return found.group(1).split()
+
+
 def _build(cxx: str, out: Path, isa: dict[str, list[str]], extra: list[str]) -> None:
     """The ISA units and the rest compile side by side (the units are the slow part)."""
     objs, jobs = [], []
@@ -45,7 +54,7 @@ def _build(cxx: str, out: Path, isa: dict[str, list[str]], extra: list[str]) -> 
             subprocess.Popen(
                 [
                     cxx,
-                    "-O2",
+                    *_common_flags(),
                     "-std=c++20",
                     f"-I{SRC}",
                     "-c",

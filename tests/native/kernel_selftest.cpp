@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "compute.h"
+#include "pool.h"
 
 using namespace edge0k;
 
@@ -151,6 +152,7 @@ bool gemm_bits_case(const Kernels& k, std::mt19937& rng, int rows, int cols, int
 
 int main(int argc, char** argv) {
   const bool emulated = argc > 1 && std::strcmp(argv[1], "--emulated-avx512") == 0;
+  Pool::get().reserve(2);  // the cases with two threads run on a worker too
   const char* names[] = {"avx512", "avx2", "neon", "portable"};
   std::mt19937 rng(7);
   int checked = 0;
@@ -192,14 +194,16 @@ int main(int argc, char** argv) {
     if (!(worst <= 1e-5)) return 1;
     ++checked;
     // many input rows: the same bits as each row alone (11 weight rows: whole register
-    // tiles and a rest; 13 and 20 input rows: whole tiles of 2, 3 or 4 and rests)
+    // tiles and a rest; 13 and 20 input rows: whole tiles of 2, 3 or 4 and rests; 3 and 13
+    // groups: the bias terms' tail alone, and their eight partial sums with a tail)
     int gemm_cases = 0;
     for (int bits : {4, 8})
       for (int group : {32, 64, 128})
         for (DType sdt : {DType::F32, DType::BF16})
           for (int M : {13, 20}) {
             const int threads = M == 20 ? 2 : 1;
-            if (!gemm_bits_case(*k, rng, 11, group * 3, bits, group, Mode::Affine, sdt, M, threads))
+            const int cols = group * (M == 13 ? 3 : 13);
+            if (!gemm_bits_case(*k, rng, 11, cols, bits, group, Mode::Affine, sdt, M, threads))
               return 1;
             ++gemm_cases;
           }

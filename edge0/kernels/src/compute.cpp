@@ -122,15 +122,21 @@ void run_rows(const Kernels& k, const QMat& q, const Prepared& p, int M, int r0,
     const XQ8 x{p.q.data(), p.scale.data(), p.fix.data(), p.xs.data()};
     k.rows_q8(q, x, M, r0, r1, out, ldo);
   } else if (M >= GEMM_MIN_ROWS && k.gemm != nullptr) {
-    thread_local Inputs dec;  // per thread: a call split over rows runs on several
-    dec.resize(size_t(k.gemm_rows) * q.cols);
-    k.gemm(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo, dec.data());
+    thread_local Inputs scratch;  // per thread: a call split over rows runs on several
+    scratch.resize(size_t(gemm_scratch(k.gemm_rows, q.cols, q.group, M)));
+    k.gemm(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo, scratch.data());
   } else {
     k.rows(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo);
   }
 }
 
 int64_t matrix_bytes(const QMat& q) { return int64_t(q.rows) * q.cols * q.bits / 8; }
+
+// whether a call reading `bytes` of weights for `macs` multiply-adds is worth two threads or
+// more: enough bytes to stream (decode) or enough products (a prompt chunk's GEMM)
+bool worth_threads(const Settings& st, int64_t bytes, int64_t macs) {
+  return bytes >= st.min_bytes_per_thread * 2 || macs >= st.min_macs_per_thread * 2;
+}
 
 QMat slot_matrix(const QStack& st, uint32_t s) {
   QMat q = st.m;
@@ -210,19 +216,22 @@ void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QS
 void qmm(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M, float* out) {
   Prepared& in = scratch().in;  // reused per thread: no allocation per call
   prep(k, st, q, x, M, in);
-  const int64_t bytes = matrix_bytes(q);
   int tasks = st.threads;
-  if (bytes < st.min_bytes_per_thread * 2 || q.rows < 8 * tasks) tasks = 1;
+  if (!worth_threads(st, matrix_bytes(q), int64_t(q.rows) * q.cols * M) || q.rows < 8 * tasks)
+    tasks = 1;
   if (tasks <= 1) {
     run_rows(k, q, in, M, 0, q.rows, out, q.rows);
     return;
   }
   // row ranges in multiples of 4 (the kernel's row block)
   const int per = ((q.rows + tasks - 1) / tasks + 3) / 4 * 4;
-  Pool::get().run(tasks, [&](int t) {
-    const int r0 = t * per, r1 = std::min(q.rows, r0 + per);
-    if (r0 < r1) run_rows(k, q, in, M, r0, r1, out, q.rows);
-  });
+  Pool::get().run(
+      tasks,
+      [&](int t) {
+        const int r0 = t * per, r1 = std::min(q.rows, r0 + per);
+        if (r0 < r1) run_rows(k, q, in, M, r0, r1, out, q.rows);
+      },
+      tasks);
 }
 
 void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up,
@@ -235,8 +244,10 @@ void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const 
   for (auto& [s, pairs] : by_slot) work.emplace_back(s, &pairs);
   const int64_t per_slot =
       matrix_bytes(gate.m) + matrix_bytes(up.m) + matrix_bytes(down.m);
+  const int64_t macs =
+      (int64_t(gate.m.rows) * gate.m.cols * 2 + int64_t(down.m.rows) * down.m.cols) * n;
   const bool spread = st.threads > 1 && work.size() > 1 &&
-                      per_slot * int64_t(work.size()) >= st.min_bytes_per_thread * 2;
+                      worth_threads(st, per_slot * int64_t(work.size()), macs);
   auto task = [&](int i) {
     one_slot(k, st, gate, up, down, x, *work[i].second, work[i].first, act, alpha, limit, out);
   };
@@ -244,7 +255,7 @@ void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const 
     for (size_t i = 0; i < work.size(); ++i) task(int(i));
     return;
   }
-  Pool::get().run(int(work.size()), task);
+  Pool::get().run(int(work.size()), task, st.threads);
 }
 
 }  // namespace edge0k

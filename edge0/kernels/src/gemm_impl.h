@@ -42,70 +42,133 @@ void decode_rows(const QMat& q, int r, int R, float* dst) {
   }
 }
 
+// The bias terms of weight row `row` (affine) for input rows [0, M): bias_dots' operations
+// in its order, with the input rows in the inner loop (a vector of them at a time) instead
+// of one call per tile; `xst` holds x's group sums transposed (G x M)
+// for input rows [0, M) of an `xst` whose rows are `ldx` apart
+template <DType D>
+void bias_terms(const QMat& q, int row, const float* xst, int64_t ldx, int G, int M, float* dot) {
+  constexpr int B = 16;
+  const int64_t bb = int64_t(row) * q.b_row;
+  for (int m0 = 0; m0 < M; m0 += B) {
+    const int n = M - m0 < B ? M - m0 : B;
+    float part[8][B] = {};
+    float tail[B] = {};
+    int g = 0;
+    for (; g + 8 <= G; g += 8)
+      for (int j = 0; j < 8; ++j) {
+        const float b = scalar_of<D>(q.biases, bb + g + j);
+        const float* xs = xst + int64_t(g + j) * ldx + m0;
+        for (int m = 0; m < n; ++m) part[j][m] = part[j][m] + b * xs[m];
+      }
+    for (int t = g; t < G; ++t) {
+      const float b = scalar_of<D>(q.biases, bb + t);
+      const float* xs = xst + int64_t(t) * ldx + m0;
+      for (int m = 0; m < n; ++m) tail[m] = tail[m] + b * xs[m];
+    }
+    if (G < 8) {  // every part is +0, and so is their sum: the same bits as below
+      for (int m = 0; m < n; ++m) dot[m0 + m] = 0.0f + tail[m];
+      continue;
+    }
+    for (int m = 0; m < n; ++m) {
+      const float s0 = (part[0][m] + part[4][m]) + (part[2][m] + part[6][m]);
+      const float s1 = (part[1][m] + part[5][m]) + (part[3][m] + part[7][m]);
+      dot[m0 + m] = (s0 + s1) + tail[m];
+    }
+  }
+}
+
 // R decoded weight rows (`dec`, from weight row `r`) against MT input rows of `in`:
-// out[m * ldo + r + i], as tile<K, D, R, MT, GS> computes it
-template <Kind K, DType D, int R, int MT, int GS>
-void gemm_tile(const QMat& q, const float* dec, const InF& in, int r, float* out, int64_t ldo) {
+// out[m * ldo + r + i] = the lanes' sum + bt[i * ldb + m], as tile<K, D, R, MT, GS>
+// computes it (`bt`: the bias terms, from bias_terms)
+template <DType D, int R, int MT, int GS>
+void gemm_tile(const QMat& q, const float* dec, const float* xp, const float* bt, int64_t ldb,
+               int r, float* out, int64_t ldo) {
   const int64_t cols = q.cols;
   const int G = q.cols / GS;
-  typename V::f acc[R][MT];
-  float bsum[R][MT];
-  for (int i = 0; i < R; ++i)
-    for (int m = 0; m < MT; ++m) {
-      acc[i][m] = V::zero();
-      bsum[i][m] = 0.0f;
-    }
+  typename V::f acc[R * MT];
+  for (int i = 0; i < R * MT; ++i) acc[i] = V::zero();
   for (int g = 0; g < G; ++g) {
-    typename V::f ga[R][MT];
-    for (int i = 0; i < R; ++i)
-      for (int m = 0; m < MT; ++m) ga[i][m] = V::zero();
+    typename V::f ga[R * MT];
+    for (int i = 0; i < R * MT; ++i) ga[i] = V::zero();
     const int64_t e0 = int64_t(g) * GS;
     for (int c = 0; c < GS; c += V::W) {
       typename V::f w[R];
       for (int i = 0; i < R; ++i) w[i] = V::load(dec + i * cols + e0 + c);
       for (int m = 0; m < MT; ++m) {
-        const typename V::f x = V::load(in.xp + m * cols + e0 + c);
-        for (int i = 0; i < R; ++i) ga[i][m] = V::fma(w[i], x, ga[i][m]);
+        const typename V::f x = V::load(xp + m * cols + e0 + c);
+        for (int i = 0; i < R; ++i) ga[i * MT + m] = V::fma(w[i], x, ga[i * MT + m]);
       }
     }
     for (int i = 0; i < R; ++i) {
       const typename V::f sv = V::set1(scalar_of<D>(q.scales, int64_t(r + i) * q.s_row + g));
-      for (int m = 0; m < MT; ++m) acc[i][m] = V::fma(ga[i][m], sv, acc[i][m]);
+      for (int m = 0; m < MT; ++m) acc[i * MT + m] = V::fma(ga[i * MT + m], sv, acc[i * MT + m]);
     }
   }
-  if constexpr (K != FP4) {
-    if (q.biases != nullptr)
-      for (int i = 0; i < R; ++i) bias_dots<D, MT, false>(q, r + i, in.xs, G, bsum[i]);
-  }
+  float sum[R * MT];
+  V::template sums<R * MT>(acc, sum);
   for (int i = 0; i < R; ++i)
-    for (int m = 0; m < MT; ++m) out[m * ldo + r + i] = V::sum(acc[i][m]) + bsum[i][m];
+    for (int m = 0; m < MT; ++m)
+      out[m * ldo + r + i] = sum[i * MT + m] + (bt != nullptr ? bt[i * ldb + m] : 0.0f);
 }
 
-// R decoded weight rows against every input row: GEMM_M at a time, then the rest
-template <Kind K, DType D, int R, int GS>
-void gemm_block(const QMat& q, const float* dec, const InF& in, int M, int r, float* out,
-                int64_t ldo) {
+// R decoded weight rows against every input row: GEMM_M at a time, then a tile of the rest
+template <DType D, int R, int GS>
+void gemm_block(const QMat& q, const float* dec, const float* xp, const float* bt, int M, int r,
+                float* out, int64_t ldo) {
   constexpr int MT = V::GEMM_M;
+  const int64_t cols = q.cols;
+  auto at = [&](int m0) { return bt != nullptr ? bt + m0 : nullptr; };
   int m0 = 0;
   for (; m0 + MT <= M; m0 += MT)
-    gemm_tile<K, D, R, MT, GS>(q, dec, in.from(m0, q), r, out + m0 * ldo, ldo);
-  for (; m0 < M; ++m0) gemm_tile<K, D, R, 1, GS>(q, dec, in.from(m0, q), r, out + m0 * ldo, ldo);
+    gemm_tile<D, R, MT, GS>(q, dec, xp + m0 * cols, at(m0), M, r, out + m0 * ldo, ldo);
+  if (M - m0 >= 2) {
+    gemm_tile<D, R, 2, GS>(q, dec, xp + m0 * cols, at(m0), M, r, out + m0 * ldo, ldo);
+    m0 += 2;
+  }
+  if (M - m0 == 1) gemm_tile<D, R, 1, GS>(q, dec, xp + m0 * cols, at(m0), M, r, out + m0 * ldo, ldo);
 }
 
+// `scratch` (kernel.h, gemm_scratch): GEMM_R decoded rows, their bias terms, x's group sums
+// transposed. The input rows go in chunks of about 256 KiB of x, which stay in the L2
+// cache while every block of weight rows meets them (each block decoded once a chunk).
 template <Kind K, DType D, int GS>
 void gemm_gs(const QMat& q, const InF& in, int M, int r0, int r1, float* out, int64_t ldo,
-             float* dec) {
+             float* scratch) {
   constexpr int R = V::GEMM_R;
-  int r = r0;
-  for (; r + R <= r1; r += R) {
-    for (int i = R; i < 2 * R && r + i < r1; ++i)  // the next block's bytes, while this one runs
-      for (int64_t b = 0; b < q.w_row; b += 64) V::prefetch(q.w + int64_t(r + i) * q.w_row + b);
-    decode_rows<K, GS>(q, r, R, dec);
-    gemm_block<K, D, R, GS>(q, dec, in, M, r, out, ldo);
-  }
-  for (; r < r1; ++r) {
-    decode_rows<K, GS>(q, r, 1, dec);
-    gemm_block<K, D, 1, GS>(q, dec, in, M, r, out, ldo);
+  constexpr int64_t CHUNK_BYTES = 256 * 1024;
+  const int G = q.cols / GS;
+  const int64_t cols = q.cols;
+  float* dec = scratch;
+  float* bt = dec + int64_t(R) * q.cols;
+  float* xst = bt + int64_t(R) * M;
+  const bool biased = K != FP4 && q.biases != nullptr;
+  if (biased)
+    for (int m = 0; m < M; ++m)
+      for (int g = 0; g < G; ++g) xst[int64_t(g) * M + m] = in.xs[int64_t(m) * G + g];
+  int chunk = int(CHUNK_BYTES / (cols * 4)) / V::GEMM_M * V::GEMM_M;
+  chunk = chunk < 4 * V::GEMM_M ? 4 * V::GEMM_M : chunk;
+  for (int mc = 0; mc < M; mc += chunk) {
+    const int mn = M - mc < chunk ? M - mc : chunk;
+    const float* xp = in.xp + mc * cols;
+    float* o = out + mc * ldo;
+    auto block = [&](int r, int n) {
+      decode_rows<K, GS>(q, r, n, dec);
+      if (biased)
+        for (int i = 0; i < n; ++i)
+          bias_terms<D>(q, r + i, xst + mc, M, G, mn, bt + int64_t(i) * mn);
+    };
+    int r = r0;
+    for (; r + R <= r1; r += R) {
+      for (int i = R; i < 2 * R && r + i < r1; ++i)  // the next block's bytes, while this one runs
+        for (int64_t b = 0; b < q.w_row; b += 64) V::prefetch(q.w + int64_t(r + i) * q.w_row + b);
+      block(r, R);
+      gemm_block<D, R, GS>(q, dec, xp, biased ? bt : nullptr, mn, r, o, ldo);
+    }
+    for (; r < r1; ++r) {
+      block(r, 1);
+      gemm_block<D, 1, GS>(q, dec, xp, biased ? bt : nullptr, mn, r, o, ldo);
+    }
   }
 }
 
@@ -129,17 +192,17 @@ void gemm_affine(const QMat& q, const InF& in, int M, int r0, int r1, float* out
   gemm_kind<A4, D>(q, in, M, r0, r1, out, ldo, dec);
 }
 
-// the table's `gemm` (kernel.h): `dec` holds V::GEMM_R x q.cols floats
+// the table's `gemm` (kernel.h)
 void gemm_entry(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
-                float* out, int64_t ldo, float* dec) {
+                float* out, int64_t ldo, float* scratch) {
   const InF in{xp, xs};
-  if (q.mode == Mode::Mxfp4) return gemm_gs<FP4, DType::U8, 32>(q, in, M, r0, r1, out, ldo, dec);
+  if (q.mode == Mode::Mxfp4) return gemm_gs<FP4, DType::U8, 32>(q, in, M, r0, r1, out, ldo, scratch);
   switch (q.sdt) {
     case DType::BF16:
-      return gemm_affine<DType::BF16>(q, in, M, r0, r1, out, ldo, dec);
+      return gemm_affine<DType::BF16>(q, in, M, r0, r1, out, ldo, scratch);
     case DType::F16:
-      return gemm_affine<DType::F16>(q, in, M, r0, r1, out, ldo, dec);
+      return gemm_affine<DType::F16>(q, in, M, r0, r1, out, ldo, scratch);
     default:
-      return gemm_affine<DType::F32>(q, in, M, r0, r1, out, ldo, dec);
+      return gemm_affine<DType::F32>(q, in, M, r0, r1, out, ldo, scratch);
   }
 }

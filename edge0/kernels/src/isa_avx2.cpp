@@ -10,7 +10,7 @@ namespace {
 struct V {
   static constexpr int W = 8;
   // the GEMM's register tile (gemm_impl.h): weight rows x input rows, in 16 registers
-  static constexpr int GEMM_R = 2, GEMM_M = 3;
+  static constexpr int GEMM_R = 3, GEMM_M = 2;
   using f = __m256;
   static f zero() { return _mm256_setzero_ps(); }
   static f load(const float* p) { return _mm256_loadu_ps(p); }
@@ -21,6 +21,26 @@ struct V {
     const __m128 q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+  }
+  // out[j] = sum(a[j]), j < N, each in sum's own order (lane i + i+4, then 0 + 2 and 1 + 3,
+  // then the two), eight sums a pass: fewer shuffles than N sums
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j0 = 0; j0 < N; j0 += 8) {
+      auto in = [&](int j) { return a[j0 + j < N ? j0 + j : j0]; };  // lanes past N: unused
+      f q[4], d[2];
+      for (int p = 0; p < 4; ++p)  // [a(2p) lanes i + i+4 | a(2p+1) lanes i + i+4]
+        q[p] = _mm256_add_ps(_mm256_permute2f128_ps(in(2 * p), in(2 * p + 1), 0x20),
+                             _mm256_permute2f128_ps(in(2 * p), in(2 * p + 1), 0x31));
+      for (int t = 0; t < 2; ++t)  // block b: 0 + 2, 1 + 3 of a(4t + b), then of a(4t + 2 + b)
+        d[t] = _mm256_add_ps(_mm256_shuffle_ps(q[2 * t], q[2 * t + 1], 0x44),
+                             _mm256_shuffle_ps(q[2 * t], q[2 * t + 1], 0xEE));
+      // block b, lane c: the sum of a(2c + b)
+      const f s = _mm256_add_ps(_mm256_shuffle_ps(d[0], d[1], 0x88), _mm256_shuffle_ps(d[0], d[1], 0xDD));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, s);
+      for (int j = 0; j < 8 && j0 + j < N; ++j) out[j0 + j] = lanes[4 * (j % 2) + j / 2];
+    }
   }
   static __m256i widen(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));

@@ -25,6 +25,10 @@ struct V {
     const float32x2_t h = vadd_f32(vget_low_f32(a), vget_high_f32(a));
     return vget_lane_f32(h, 0) + vget_lane_f32(h, 1);
   }
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j = 0; j < N; ++j) out[j] = sum(a[j]);
+  }
   static uint32x4_t widen(const uint8_t* p) {
     uint32_t word;
     __builtin_memcpy(&word, p, 4);

@@ -42,6 +42,10 @@ struct V {
     const float s1 = (a.v[1] + a.v[5]) + (a.v[3] + a.v[7]);
     return s0 + s1;
   }
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j = 0; j < N; ++j) out[j] = sum(a[j]);
+  }
   static void nibbles(const uint8_t* p, f& lo, f& hi) {
     for (int i = 0; i < W; ++i) {
       lo.v[i] = float(p[i] & 15);

@@ -32,6 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from edge0.kernels.native import prompt_threads
 from edge0.runtime.compute.runner import greedy
 from edge0.runtime.prefill.ahead import check_overlap, next_union
 from edge0.runtime.prefill.chunk_moe import chunk_experts
@@ -213,15 +214,16 @@ def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
-        with (
-            last_position_only(runner.model),
-            dense_linears(runner.model),
-            bounded_recurrence(runner.model),
-        ):
-            logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
-        nxt = runner.sampler(logits)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        mx.eval(nxt)  # the chunk's fence
+        with prompt_threads():  # the layers' evaluations and the chunk's fence
+            with (
+                last_position_only(runner.model),
+                dense_linears(runner.model),
+                bounded_recurrence(runner.model),
+            ):
+                logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, V)
+            nxt = runner.sampler(logits)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            mx.eval(nxt)  # the chunk's fence
     finally:
         steps.chunk = None
     t2, c2 = time.perf_counter(), time.thread_time()
