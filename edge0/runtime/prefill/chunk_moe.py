@@ -183,6 +183,7 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
             slot_of = {e: e for e in group}
         else:
             if j > 0:
+                st.check()  # a cancelled request stops between two groups
                 st.substep()  # group j-1 is evaluated: its slots may be rewritten from here on
             if j + 1 < len(groups):
                 st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
