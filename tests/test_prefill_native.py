@@ -89,3 +89,17 @@ def test_without_the_native_kernels_a_chunk_still_dequantizes(
     got = asyncio.run(_tokens(store, len(PROMPT)))
     assert len(got) == 6 and seen["dense"] > 0
     assert np.all(np.array(got) >= 0)
+
+
+def test_the_demo_continues_a_prompt_alike_chunked_and_one_token() -> None:
+    """The demo model, a 207-token prompt: chunked (the GEMM, native attention over the
+    chunk) and one token per step give the same greedy continuation."""
+    from edge0.bench.worker import encode_prompts
+    from edge0.model.demo import default_model_path
+
+    async def go(chunk: int) -> list[int]:
+        async with Engine.open(default_model_path(), prefill_chunk=chunk, tiers="pread") as eng:
+            ids = encode_prompts(eng.tokenizer, 1, 207)[0]
+            return [t async for t in eng.tokens(ids, max_tokens=12, stop=False)]
+
+    assert asyncio.run(go(256)) == asyncio.run(go(1))
