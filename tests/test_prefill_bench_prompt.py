@@ -21,9 +21,18 @@ def test_variants_and_their_refusals() -> None:
         "mlx chunk=64",
         "mlx chunk=1",
     ]
-    for kernels, chunks, why in (("cuda", "64", "--kernels"), ("native", "0", "at least 1")):
+    assert [v.name for v in prompt.parse_variants("native", "8", "1,2")] == [
+        "native chunk=8 threads=1",
+        "native chunk=8 threads=2",
+    ]
+    for kernels, chunks, threads, why in (
+        ("cuda", "64", "", "--kernels"),
+        ("native", "0", "", "at least 1"),
+        ("native", "8", "0", "within 1..64"),
+        ("native", "8", "two", "--threads"),
+    ):
         with pytest.raises(ValueError, match=why):
-            prompt.parse_variants(kernels, chunks)
+            prompt.parse_variants(kernels, chunks, threads)
 
 
 def test_ratios_pair_chunked_with_one_token_and_native_with_mlx() -> None:

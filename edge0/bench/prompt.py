@@ -1,11 +1,12 @@
 """`edge0 bench prefill`: prompt tok/s, time to first token and bytes read per prompt token.
 
-Variants are (kernels, prefill chunk) pairs: the native kernels or MLX's own ops
+Variants are (kernels, prefill chunk[, threads]): the native kernels or MLX's own ops
 (`EDGE0_NATIVE_KERNELS=0`, set before MLX loads: each run is its own process,
 `python -m edge0.bench.prompt JOB.json RESULT.json`), a prompt chunk or one token
-per step. Rounds interleave every variant; each run opens an engine, warms it up
-with a short request, then times `prompts` prompts of `prompt_len` tokens, each
-followed by `tokens` greedy tokens (the continuation, compared across variants).
+per step, and `EDGE0_PROMPT_THREADS`. Rounds interleave every variant; each run opens
+an engine, warms it up with a short request, then times `prompts` prompts of
+`prompt_len` tokens, each followed by `tokens` greedy tokens (the continuation,
+compared across variants).
 llama.cpp runs beside them when `llama-cpp-python` is installed and a GGUF is given.
 """
 
@@ -31,10 +32,12 @@ KERNELS = ("native", "mlx")
 class Variant:
     kernels: str  # native | mlx
     chunk: int  # prompt tokens per forward (1: one token per step)
+    threads: int | None = None  # EDGE0_PROMPT_THREADS; None: the engine's default
 
     @property
     def name(self) -> str:
-        return f"{self.kernels} chunk={self.chunk}"
+        t = "" if self.threads is None else f" threads={self.threads}"
+        return f"{self.kernels} chunk={self.chunk}{t}"
 
 
 @attrs.frozen
@@ -46,11 +49,11 @@ class Job:
     tokens: int
     tiers: str
     mode: str | None
-    threads: int | None  # EDGE0_PROMPT_THREADS; None: the engine's default
 
 
-def parse_variants(kernels: str, chunks: str) -> list[Variant]:
-    """ "native,mlx" x "256,1" -> the variants, refusing unknown kernels or bad chunks."""
+def parse_variants(kernels: str, chunks: str, threads: str = "") -> list[Variant]:
+    """ "native,mlx" x "256,1" (x "1,2" threads) -> the variants, refusing unknown kernels,
+    bad chunks or thread counts."""
     ks = [k.strip() for k in kernels.split(",") if k.strip()]
     bad = [k for k in ks if k not in KERNELS]
     if not ks or bad:
@@ -61,7 +64,13 @@ def parse_variants(kernels: str, chunks: str) -> list[Variant]:
         raise ValueError(f"--chunks takes integers like 256,1, not {chunks!r}") from None
     if not cs or any(c < 1 for c in cs):
         raise ValueError(f"--chunks values must be at least 1, got {chunks!r}")
-    return [Variant(k, c) for k in ks for c in cs]
+    try:
+        ts: list[int | None] = [int(t) for t in threads.split(",") if t.strip()] or [None]
+    except ValueError:
+        raise ValueError(f"--threads takes integers like 1,2, not {threads!r}") from None
+    if any(t is not None and not 1 <= t <= 64 for t in ts):
+        raise ValueError(f"--threads values must be within 1..64, got {threads!r}")
+    return [Variant(k, c, t) for k in ks for c in cs for t in ts]
 
 
 async def _measure(job: Job) -> dict[str, Any]:
@@ -107,8 +116,8 @@ def run_one(job: Job, timeout: float) -> dict[str, Any]:
     """One variant's run in a process of its own (the kernel choice is made at import)."""
     env = dict(os.environ)
     env["EDGE0_NATIVE_KERNELS"] = "1" if job.variant.kernels == "native" else "0"
-    if job.threads is not None:
-        env["EDGE0_PROMPT_THREADS"] = str(job.threads)
+    if job.variant.threads is not None:
+        env["EDGE0_PROMPT_THREADS"] = str(job.variant.threads)
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "job.json", Path(tmp) / "result.json"
         src.write_text(json.dumps(attrs.asdict(job)))
@@ -173,14 +182,17 @@ def summarise(variants: list[Variant], rounds: list[dict[str, dict[str, Any]]]) 
 
 
 def _pairs(variants: list[Variant]) -> list[tuple[Variant, Variant]]:
-    """Chunked over one-token with the same kernels; native over MLX's at the same chunk."""
+    """Chunked over one-token, native over MLX's, N threads over one: all else the same."""
     names = {v.name for v in variants}
     out = []
     for v in variants:
-        if v.chunk > 1 and Variant(v.kernels, 1).name in names:
-            out.append((v, Variant(v.kernels, 1)))
-        if v.kernels == "native" and Variant("mlx", v.chunk).name in names:
-            out.append((v, Variant("mlx", v.chunk)))
+        for w in (
+            attrs.evolve(v, chunk=1) if v.chunk > 1 else None,  # chunked / one-token
+            attrs.evolve(v, kernels="mlx") if v.kernels == "native" else None,  # ours / MLX's
+            attrs.evolve(v, threads=1) if (v.threads or 1) > 1 else None,  # N threads / 1
+        ):
+            if w is not None and w.name in names:
+                out.append((v, w))
     return out
 
 

@@ -35,9 +35,8 @@ import click
 @click.option("--mode", default=None, help="Engine mode [default: the layout's].")
 @click.option(
     "--threads",
-    default=None,
-    type=click.IntRange(1, 64),
-    help="EDGE0_PROMPT_THREADS for every run [default: the engine's].",
+    default="",
+    help="EDGE0_PROMPT_THREADS values to compare, e.g. 1,2 [default: the engine's].",
 )
 @click.option(
     "--gguf",
@@ -57,18 +56,18 @@ def command(
     chunks: str,
     tiers: str,
     mode: str | None,
-    threads: int | None,
+    threads: str,
     gguf: Path | None,
     timeout: float,
     json_out: Path | None,
 ) -> None:
-    """Prompt processing of MODEL (default: the demo model): each (kernels, chunk) variant in
-    its own process, rounds interleaved; prompt tok/s, time to first token, MiB read per
+    """Prompt processing of MODEL (default: the demo model): each (kernels, chunk, threads)
+    variant in its own process, rounds interleaved; prompt tok/s, time to first token, MiB read per
     prompt token and the greedy continuation, with ratios per round."""
     from edge0.bench import prompt as bench
 
     try:
-        variants = bench.parse_variants(kernels, chunks)
+        variants = bench.parse_variants(kernels, chunks, threads)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     m = None if model is None else str(model)
@@ -76,7 +75,7 @@ def command(
     for i in range(rounds):
         got = {}
         for v in variants:
-            job = bench.Job(m, v, prompt_len, prompts, tokens, tiers, mode, threads)
+            job = bench.Job(m, v, prompt_len, prompts, tokens, tiers, mode)
             got[v.name] = bench.run_one(job, timeout)
             err = got[v.name].get("error")
             said = f"failed: {err}" if err else "done"
