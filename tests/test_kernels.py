@@ -64,8 +64,13 @@ def rel_err(got: mx.array, ref: mx.array) -> float:
 def test_the_native_path_is_active_here() -> None:
     """CI builds the extension: a silent fallback would hide every test below."""
     mod = _native()
-    assert native.status() == f"kernels: native {mod.isa()}, {mod.threads()} thread" + (
-        "s" if mod.threads() != 1 else ""
+    with native.prompt_threads() as prompt:
+        assert prompt >= 1
+    assert (
+        native.status()
+        == f"kernels: native {mod.isa()}, {mod.threads()} thread"
+        + ("s" if mod.threads() != 1 else "")
+        + f" (prompts {prompt})"
     )
 
 
@@ -263,6 +268,7 @@ def test_bad_settings_fall_back_with_the_reason(monkeypatch: pytest.MonkeyPatch)
         ("EDGE0_KERNEL_THREADS", "two", "is not a whole number"),
         ("EDGE0_KERNEL_THREADS", "0", "outside 1..64"),
         ("EDGE0_KERNEL_ISA", "sse9", "not built or not supported"),
+        ("EDGE0_PROMPT_THREADS", "all", "is not a whole number"),
     ):
         monkeypatch.setenv(var, value)
         native.reset()

@@ -36,6 +36,15 @@ def _isa_flags() -> dict[str, list[str]]:
 X86 = _isa_flags()
 
 
+def _common_flags() -> list[str]:
+    """The flags CMakeLists.txt gives every ISA unit (`-O3 ... ${ARGN}`): the selftest's units
+    are compiled as the extension's are (contraction and optimization change bits)."""
+    cmake = (ROOT / "edge0" / "kernels" / "CMakeLists.txt").read_text()
+    found = re.search(r"edge0_isa_\$\{name\} PRIVATE ([^$]*)\$\{ARGN\}", cmake)
+    assert found, "CMakeLists.txt: edge0_isa's compile options not found"
+    return found.group(1).split()
+
+
 def _build(cxx: str, out: Path, isa: dict[str, list[str]], extra: list[str]) -> None:
     """The ISA units and the rest compile side by side (the units are the slow part)."""
     objs, jobs = [], []
@@ -45,7 +54,7 @@ def _build(cxx: str, out: Path, isa: dict[str, list[str]], extra: list[str]) -> 
             subprocess.Popen(
                 [
                     cxx,
-                    "-O2",
+                    *_common_flags(),
                     "-std=c++20",
                     f"-I{SRC}",
                     "-c",
@@ -91,6 +100,7 @@ def test_host_variants_match_the_reference(tmp_path: Path) -> None:
     _build("g++", tmp_path / "selftest", X86 if x86 else {}, [])
     out = _check([str(tmp_path / "selftest")])
     assert "portable:" in out
+    assert re.search(r"^portable: \d+ many-row cases, each row's bits as alone", out, re.M)
     if x86:
         assert "avx2:" in out or "avx2" not in _cpu_flags()
         assert re.search(r"^avx2: \d+ int8-input cases", out, re.M) or "avx2" not in _cpu_flags()
@@ -105,6 +115,7 @@ def test_neon_variant_matches_the_reference_under_qemu(tmp_path: Path) -> None:
     out = _check(["qemu-aarch64", str(tmp_path / "selftest")])
     assert "neon:" in out and "portable:" in out
     assert re.search(r"^neon: \d+ int8-input cases, the same bits as portable", out, re.M), out
+    assert re.search(r"^neon: \d+ many-row cases, each row's bits as alone", out, re.M), out
 
 
 def _cpu_flags() -> str:
@@ -158,3 +169,4 @@ def test_avx512_variant_matches_the_reference_over_an_emulation(tmp_path: Path) 
         assert "%ymm" in dump.stdout and "%zmm" not in dump.stdout
     out = _check([str(tmp_path / "selftest"), "--emulated-avx512"])
     assert re.search(r"^avx512: \d+ cases", out, re.M), out
+    assert re.search(r"^avx512: \d+ many-row cases, each row's bits as alone", out, re.M), out

@@ -265,11 +265,12 @@ def test_chunked_prefill_every_family(
 
 @pytest.mark.parametrize("family", MODEL_TYPES + OTHER_FAMILIES)
 def test_dequantized_chunk_equals_one_token(
-    stores: dict[str, Path], family: str, monkeypatch: pytest.MonkeyPatch
+    stores: dict[str, Path], family: str, monkeypatch: pytest.MonkeyPatch, mlx_only: None
 ) -> None:
-    """Every resident linear and every expert of a chunk dequantized (thresholds at one row),
-    the recurrent layers in pieces of 3 with their projections over the whole chunk: the
-    logits and greedy tokens still equal one-token prefill's (which keeps the int4 kernels)."""
+    """Without the native kernels, every resident linear and every expert of a chunk
+    dequantized (thresholds at one row), the recurrent layers in pieces of 3 with their
+    projections over the whole chunk: the logits and greedy tokens still equal one-token
+    prefill's (which keeps the int4 kernels)."""
     from edge0.runtime.prefill import chunk_moe
     from edge0.runtime.prefill import dense as prefill_dense
     from edge0.runtime.prefill import memory as prefill_memory
@@ -300,7 +301,7 @@ def test_dequantized_chunk_equals_one_token(
     np.testing.assert_allclose(got["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
 
 
-def test_dense_chunk_linear_matches_the_int4_kernel() -> None:
+def test_dense_chunk_linear_matches_the_int4_kernel(mlx_only: None) -> None:
     """Many rows: dequantized weight and one matmul (fp32 summation order only); few rows: the
     int4 kernel itself. `dense_linears` swaps quantized linears in and restores them."""
     import mlx.nn as nn
@@ -321,7 +322,7 @@ def test_dense_chunk_linear_matches_the_int4_kernel() -> None:
         assert n == 0 and outer.layers[0] is q
 
 
-def test_wide_experts_keep_the_int4_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wide_experts_keep_the_int4_kernel(monkeypatch: pytest.MonkeyPatch, mlx_only: None) -> None:
     """An expert whose projection would dequantize to more than DENSE_MAX_BYTES of fp32 (a
     Llama-4 Scout expert: 5120 x 8192, 160 MiB each) runs in gather_qmm; narrow ones, and
     per-projection bits (an 8-bit down_proj packs 4 values a word), are measured as such."""

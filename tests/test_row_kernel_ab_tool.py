@@ -108,7 +108,10 @@ def _older_unit(tool: Any, tmp_path: Path) -> str | None:
     )
     here = ROOT / "edge0" / "kernels"
     for i, commit in enumerate(log.stdout.split()):
-        tree = tool._tree_at(f"{commit}^", tmp_path / f"t{i}") / "edge0" / "kernels"
+        try:
+            tree = tool._tree_at(f"{commit}^", tmp_path / f"t{i}") / "edge0" / "kernels"
+        except click.ClickException:  # the commit that made edge0/kernels: no parent tree
+            continue
         same_h = (tree / "src" / "kernel.h").read_text() == (here / "src" / "kernel.h").read_text()
         if same_h and tool.source_digest(tree, "portable") != tool.source_digest(here, "portable"):
             return f"{commit}^"

@@ -82,12 +82,13 @@ def _register() -> None:
     main.add_command(train.command)
     main.add_command(eval_cmd.command)
 
-    from edge0.cli import bench, bench_batch, bench_kernels, bench_run
+    from edge0.cli import bench, bench_batch, bench_kernels, bench_prefill, bench_run
 
     main.add_command(bench.command)
     bench_run.register(bench.command)
     bench.command.add_command(bench_batch.command)
     bench.command.add_command(bench_kernels.command)
+    bench.command.add_command(bench_prefill.command)
 
 
 _register()

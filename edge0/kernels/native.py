@@ -1,7 +1,9 @@
 """Loading the native extension once, its settings from the environment, and its status line.
 
 - `EDGE0_NATIVE_KERNELS=0`: never use the native kernels (MLX's own ops run).
-- `EDGE0_KERNEL_THREADS=N`: threads per kernel call (default `DEFAULT_THREADS`).
+- `EDGE0_KERNEL_THREADS=N`: threads per kernel call of a decode step (default `DEFAULT_THREADS`).
+- `EDGE0_PROMPT_THREADS=N`: threads per kernel call over a prompt chunk (`prompt_threads`;
+  default: the CPUs this process may run on, at most `PROMPT_THREADS_MAX`).
 - `EDGE0_KERNEL_ISA=avx512|avx2|neon|portable`: force one row-kernel variant.
 - `EDGE0_INT8_ACTIVATIONS=1`: opt-in, not exact: x quantized to int8 per block of 32 for
   the 4-bit matrices (docs/kernels.md: its cost in KL against the teacher). Where the row
@@ -10,7 +12,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from types import ModuleType
 
 import mlx.core as mx
@@ -19,6 +23,7 @@ import structlog
 log = structlog.get_logger("edge0.kernels")
 
 DEFAULT_THREADS = 1  # docs/benchmarks/kernels.md: 1 vs 2 threads with the readers running
+PROMPT_THREADS_MAX = 4  # docs/benchmarks/prefill.md: 1 vs 2 threads over a prompt chunk
 
 _state: dict[str, object] = {}
 
@@ -34,14 +39,21 @@ def _load() -> tuple[ModuleType | None, str]:
     isa = os.environ.get("EDGE0_KERNEL_ISA", "").strip()
     if isa and not _native.use_isa(isa):
         return None, f"EDGE0_KERNEL_ISA={isa} is not built or not supported by this CPU"
-    threads = os.environ.get("EDGE0_KERNEL_THREADS", "").strip()
-    try:
-        n = int(threads) if threads else DEFAULT_THREADS
-    except ValueError:
-        return None, f"EDGE0_KERNEL_THREADS={threads!r} is not a whole number"
-    if not 1 <= n <= 64:
-        return None, f"EDGE0_KERNEL_THREADS={n} is outside 1..64"
-    _native.set_threads(n)
+    counts = []
+    for var, default in (
+        ("EDGE0_KERNEL_THREADS", DEFAULT_THREADS),
+        ("EDGE0_PROMPT_THREADS", min(PROMPT_THREADS_MAX, len(os.sched_getaffinity(0)))),
+    ):
+        threads = os.environ.get(var, "").strip()
+        try:
+            n = int(threads) if threads else default
+        except ValueError:
+            return None, f"{var}={threads!r} is not a whole number"
+        if not 1 <= n <= 64:
+            return None, f"{var}={n} is outside 1..64"
+        counts.append(n)
+    _native.set_threads(counts[0])
+    _state["prompt_threads"] = counts[1]
     _native.set_int8_inputs(int8_asked())
     return _native, ""
 
@@ -87,6 +99,24 @@ def module() -> ModuleType | None:
     return got if isinstance(got, ModuleType) else None
 
 
+@contextlib.contextmanager
+def prompt_threads() -> Iterator[int]:
+    """Meanwhile, a kernel call may split over `EDGE0_PROMPT_THREADS` threads: a prompt chunk
+    is compute-bound and no decode step runs beside it (they share the compute thread).
+    Yields the count; the decode steps' count comes back after."""
+    mod = module()
+    n = int(_state.get("prompt_threads", 1))  # type: ignore[call-overload]
+    if mod is None or n == mod.threads():
+        yield 1 if mod is None else n
+        return
+    before = mod.threads()
+    mod.set_threads(n)
+    try:
+        yield n
+    finally:
+        mod.set_threads(before)
+
+
 def on_cpu() -> bool:
     """Whether graphs built now run on the CPU (the only place the native kernels run)."""
     return bool(mx.default_device() == mx.cpu)
@@ -99,8 +129,8 @@ def status() -> str:
         return f"kernels: MLX's own ({mx.default_device()} device)"
     if mod is None:
         return f"kernels: MLX's own ops ({_state['why']})"
-    n = mod.threads()
-    line = f"kernels: native {mod.isa()}, {n} thread{'s' if n != 1 else ''}"
+    n, p = mod.threads(), _state.get("prompt_threads", 1)
+    line = f"kernels: native {mod.isa()}, {n} thread{'s' if n != 1 else ''} (prompts {p})"
     if mod.int8_inputs():
         return line + ", int8 activations (EDGE0_INT8_ACTIVATIONS)"
     asked, refused = _int8_setting()

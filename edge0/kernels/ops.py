@@ -4,8 +4,9 @@ RoPE, attention.
 Each runs the native kernel when it can (extension loaded, CPU device, float32 input, a
 quantization it knows) and MLX's own op otherwise; the caller never knows which ran.
 RMSNorm and RoPE give MLX's CPU result bit for bit, in one graph node instead of 11 and 29;
-attention over a few queries is one node instead of about 12, and a row of a left-padded
-batch gets exactly its result alone (hidden keys are skipped, not weighted by zero).
+attention (a decode step's queries or a prompt chunk's) is one node instead of about 12,
+and a row of a left-padded batch gets exactly its result alone (hidden keys are skipped,
+not weighted by zero).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from edge0.kernels.native import module, on_cpu
 GROUPS = (32, 64, 128)
 
 
-def _supported(bits: int, group_size: int, mode: str, scales: mx.array) -> bool:
+def supported(bits: int, group_size: int, mode: str, scales: mx.array) -> bool:
+    """Whether the native kernels know this quantization (affine 4/8-bit with float scales,
+    groups of 32, 64 or 128; MXFP4)."""
     if mode == "affine":
         return bits in (4, 8) and group_size in GROUPS and scales.dtype != mx.uint8
     return mode == "mxfp4" and bits == 4 and group_size == 32
@@ -42,7 +45,7 @@ def qmm(
         and x.dtype == mx.float32
         and w.ndim == 2
         and x.size > 0
-        and _supported(bits, group_size, mode, scales)
+        and supported(bits, group_size, mode, scales)
         and on_cpu()
     ):
         out: mx.array = mod.qmm(x, w, scales, biases, group_size, bits, mode)
@@ -72,19 +75,24 @@ def expert_ffn(
     """The gated FFN of rows `h` (..., 1, d) with the expert slots `idx` (...) in one native
     op: (broadcast of the leading shapes, 1, d_out). None when only MLX's ops can run it."""
     mod = module()
-    act = activation_kind(activation)
-    if mod is None or act is None or h.dtype != mx.float32 or not on_cpu():
-        return None
-    projs = (gate, up, down)
-    if not all(_supported(p[5], p[4], p[6], p[1]) and p[0].ndim == 3 for p in projs):
+    if mod is None or h.dtype != mx.float32 or not expert_ffn_runs(up, gate, down, activation):
         return None
     d = h.shape[-1]
     lead = tuple(mx.broadcast_shapes(tuple(h.shape[:-2]), tuple(idx.shape)))
     x = mx.broadcast_to(h.reshape(*h.shape[:-2], d), (*lead, d)).reshape(-1, d)
     rows = mx.broadcast_to(idx, lead).reshape(-1).astype(mx.uint32)
-    arrays, meta = _operands(projs)
+    act = activation_kind(activation)
+    assert act is not None  # expert_ffn_runs checked it
+    arrays, meta = _operands((gate, up, down))
     out: mx.array = mod.expert_ffn(x, rows, arrays, meta, *act)
     return out.reshape(*lead, 1, out.shape[-1])
+
+
+def expert_ffn_runs(up: Proj, gate: Proj, down: Proj, activation: Any) -> bool:
+    """Whether `expert_ffn` runs these projections natively (for float32 rows)."""
+    if module() is None or activation_kind(activation) is None or not on_cpu():
+        return False
+    return all(supported(p[5], p[4], p[6], p[1]) and p[0].ndim == 3 for p in (gate, up, down))
 
 
 def _operands(projs: tuple[Proj, Proj, Proj]) -> tuple[list[mx.array | None], list[int]]:
@@ -115,7 +123,7 @@ def moe(
     if mod is None or act is None or logits.dtype != mx.float32:
         return None
     projs = (gate, up, down)
-    if not all(_supported(p[5], p[4], p[6], p[1]) and p[0].ndim == 3 for p in projs):
+    if not all(supported(p[5], p[4], p[6], p[1]) and p[0].ndim == 3 for p in projs):
         return None
     arrays, meta = _operands(projs)
     d = x.shape[-1]
@@ -164,9 +172,6 @@ def rope(
     )
 
 
-SDPA_MAX_QUERIES = 8  # decode and batched decode; prompts keep MLX's BLAS matmuls
-
-
 def sdpa(
     q: mx.array,
     k: mx.array,
@@ -176,12 +181,12 @@ def sdpa(
     mask: mx.array | str | None,
     sinks: mx.array | None = None,
 ) -> mx.array | None:
-    """`mx.fast.scaled_dot_product_attention` for up to `SDPA_MAX_QUERIES` queries with no
-    mask, the causal one or a boolean one (a batch's left padding, a window), and optional
-    per-head attention sinks (gpt-oss), in one native node; None where MLX's op must run
-    (an additive mask among others)."""
+    """`mx.fast.scaled_dot_product_attention` with no mask, the causal one or a boolean one
+    (a batch's left padding, a window), and optional per-head attention sinks (gpt-oss), in
+    one native node, for a decode step's queries or a prompt chunk's; None where MLX's op
+    must run (an additive mask among others)."""
     mod = _native_float(q)
-    if mod is None or q.ndim != 4 or q.shape[2] > SDPA_MAX_QUERIES:
+    if mod is None or q.ndim != 4:
         return None
     if k.dtype != mx.float32 or v.dtype != mx.float32 or k.ndim != 4 or v.ndim != 4:
         return None

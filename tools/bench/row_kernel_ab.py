@@ -85,6 +85,7 @@ def _compile(kernels: Path, isa: str, entry: str, out: Path, opt: int) -> Path:
         "g++",
         f"-O{opt}",
         "-fno-math-errno",
+        "-ffp-contract=off",  # as CMakeLists.txt builds every unit
         "-std=c++20",
         f"-I{kernels / 'src'}",
         *flags,

@@ -85,6 +85,8 @@ struct Prepared {
   bool int8 = false;
 };
 
+constexpr int GEMM_MIN_ROWS = 8;  // input rows from which a product runs as the GEMM
+
 void prep(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M,
           Prepared& p) {
   const int cols = q.cols, G = q.cols / q.group;
@@ -112,18 +114,29 @@ void prep(const Kernels& k, const Settings& st, const QMat& q, const float* x, i
                  p.xp.data());
 }
 
-// rows [r0, r1) of `q` against every prepared input row
+// rows [r0, r1) of `q` against every prepared input row: the GEMM from GEMM_MIN_ROWS input
+// rows on (each weight row decoded once, the same bits), the row kernel below
 void run_rows(const Kernels& k, const QMat& q, const Prepared& p, int M, int r0, int r1,
               float* out, int64_t ldo) {
   if (p.int8) {
     const XQ8 x{p.q.data(), p.scale.data(), p.fix.data(), p.xs.data()};
     k.rows_q8(q, x, M, r0, r1, out, ldo);
+  } else if (M >= GEMM_MIN_ROWS && k.gemm != nullptr) {
+    thread_local Inputs scratch;  // per thread: a call split over rows runs on several
+    scratch.resize(size_t(gemm_scratch(k.gemm_rows, q.cols, q.group, M)));
+    k.gemm(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo, scratch.data());
   } else {
     k.rows(q, p.xp.data(), p.xs.data(), M, r0, r1, out, ldo);
   }
 }
 
 int64_t matrix_bytes(const QMat& q) { return int64_t(q.rows) * q.cols * q.bits / 8; }
+
+// whether a call reading `bytes` of weights for `macs` multiply-adds is worth two threads or
+// more: enough bytes to stream (decode) or enough products (a prompt chunk's GEMM)
+bool worth_threads(const Settings& st, int64_t bytes, int64_t macs) {
+  return bytes >= st.min_bytes_per_thread * 2 || macs >= st.min_macs_per_thread * 2;
+}
 
 QMat slot_matrix(const QStack& st, uint32_t s) {
   QMat q = st.m;
@@ -166,38 +179,36 @@ Scratch& scratch() {
   return s;
 }
 
-constexpr int ROW_BLOCK = 8;  // input rows of one slot computed together
-
+// every pair of slot `s` at once: from GEMM_MIN_ROWS rows each weight row is decoded once
+// for all of them (a prompt chunk's rows routed to one expert)
 void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up,
               const QStack& down, const float* x, const std::vector<int>& pairs, uint32_t s,
               Act act, float alpha, float limit, float* out) {
   Scratch& sc = scratch();
   const QMat gq = slot_matrix(gate, s), uq = slot_matrix(up, s), dq = slot_matrix(down, s);
   const int d = gq.cols, ff = gq.rows, dout = dq.rows;
-  for (size_t b0 = 0; b0 < pairs.size(); b0 += ROW_BLOCK) {
-    const int M = int(std::min(pairs.size() - b0, size_t(ROW_BLOCK)));
-    sc.x.resize(size_t(M) * d);
-    for (int m = 0; m < M; ++m)
-      std::memcpy(sc.x.data() + int64_t(m) * d, x + int64_t(pairs[b0 + m]) * d, sizeof(float) * d);
-    sc.g.resize(size_t(M) * ff);
-    sc.u.resize(size_t(M) * ff);
-    sc.a.resize(size_t(M) * ff);
-    prep(k, st, gq, sc.x.data(), M, sc.in);
-    run_rows(k, gq, sc.in, M, 0, ff, sc.g.data(), ff);
-    if (uq.bits != gq.bits || uq.group != gq.group || uq.mode != gq.mode)
-      prep(k, st, uq, sc.x.data(), M, sc.in);
-    run_rows(k, uq, sc.in, M, 0, ff, sc.u.data(), ff);
-    add_bias(gate, s, sc.g.data(), M, ff);
-    add_bias(up, s, sc.u.data(), M, ff);
-    activate(act, alpha, limit, sc.g.data(), sc.u.data(), sc.a.data(), int64_t(M) * ff);
-    prep(k, st, dq, sc.a.data(), M, sc.in);
-    sc.y.resize(size_t(M) * dout);
-    run_rows(k, dq, sc.in, M, 0, dout, sc.y.data(), dout);
-    add_bias(down, s, sc.y.data(), M, dout);
-    for (int m = 0; m < M; ++m)
-      std::memcpy(out + int64_t(pairs[b0 + m]) * dout, sc.y.data() + int64_t(m) * dout,
-                  sizeof(float) * dout);
-  }
+  const int M = int(pairs.size());
+  sc.x.resize(size_t(M) * d);
+  for (int m = 0; m < M; ++m)
+    std::memcpy(sc.x.data() + int64_t(m) * d, x + int64_t(pairs[m]) * d, sizeof(float) * d);
+  sc.g.resize(size_t(M) * ff);
+  sc.u.resize(size_t(M) * ff);
+  sc.a.resize(size_t(M) * ff);
+  prep(k, st, gq, sc.x.data(), M, sc.in);
+  run_rows(k, gq, sc.in, M, 0, ff, sc.g.data(), ff);
+  if (uq.bits != gq.bits || uq.group != gq.group || uq.mode != gq.mode)
+    prep(k, st, uq, sc.x.data(), M, sc.in);
+  run_rows(k, uq, sc.in, M, 0, ff, sc.u.data(), ff);
+  add_bias(gate, s, sc.g.data(), M, ff);
+  add_bias(up, s, sc.u.data(), M, ff);
+  activate(act, alpha, limit, sc.g.data(), sc.u.data(), sc.a.data(), int64_t(M) * ff);
+  prep(k, st, dq, sc.a.data(), M, sc.in);
+  sc.y.resize(size_t(M) * dout);
+  run_rows(k, dq, sc.in, M, 0, dout, sc.y.data(), dout);
+  add_bias(down, s, sc.y.data(), M, dout);
+  for (int m = 0; m < M; ++m)
+    std::memcpy(out + int64_t(pairs[m]) * dout, sc.y.data() + int64_t(m) * dout,
+                sizeof(float) * dout);
 }
 
 }  // namespace
@@ -205,19 +216,22 @@ void one_slot(const Kernels& k, const Settings& st, const QStack& gate, const QS
 void qmm(const Kernels& k, const Settings& st, const QMat& q, const float* x, int M, float* out) {
   Prepared& in = scratch().in;  // reused per thread: no allocation per call
   prep(k, st, q, x, M, in);
-  const int64_t bytes = matrix_bytes(q);
   int tasks = st.threads;
-  if (bytes < st.min_bytes_per_thread * 2 || q.rows < 8 * tasks) tasks = 1;
+  if (!worth_threads(st, matrix_bytes(q), int64_t(q.rows) * q.cols * M) || q.rows < 8 * tasks)
+    tasks = 1;
   if (tasks <= 1) {
     run_rows(k, q, in, M, 0, q.rows, out, q.rows);
     return;
   }
   // row ranges in multiples of 4 (the kernel's row block)
   const int per = ((q.rows + tasks - 1) / tasks + 3) / 4 * 4;
-  Pool::get().run(tasks, [&](int t) {
-    const int r0 = t * per, r1 = std::min(q.rows, r0 + per);
-    if (r0 < r1) run_rows(k, q, in, M, r0, r1, out, q.rows);
-  });
+  Pool::get().run(
+      tasks,
+      [&](int t) {
+        const int r0 = t * per, r1 = std::min(q.rows, r0 + per);
+        if (r0 < r1) run_rows(k, q, in, M, r0, r1, out, q.rows);
+      },
+      tasks);
 }
 
 void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const QStack& up,
@@ -230,8 +244,10 @@ void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const 
   for (auto& [s, pairs] : by_slot) work.emplace_back(s, &pairs);
   const int64_t per_slot =
       matrix_bytes(gate.m) + matrix_bytes(up.m) + matrix_bytes(down.m);
+  const int64_t macs =
+      (int64_t(gate.m.rows) * gate.m.cols * 2 + int64_t(down.m.rows) * down.m.cols) * n;
   const bool spread = st.threads > 1 && work.size() > 1 &&
-                      per_slot * int64_t(work.size()) >= st.min_bytes_per_thread * 2;
+                      worth_threads(st, per_slot * int64_t(work.size()), macs);
   auto task = [&](int i) {
     one_slot(k, st, gate, up, down, x, *work[i].second, work[i].first, act, alpha, limit, out);
   };
@@ -239,7 +255,7 @@ void expert_ffn(const Kernels& k, const Settings& st, const QStack& gate, const 
     for (size_t i = 0; i < work.size(); ++i) task(int(i));
     return;
   }
-  Pool::get().run(int(work.size()), task);
+  Pool::get().run(int(work.size()), task, st.threads);
 }
 
 }  // namespace edge0k

@@ -26,7 +26,8 @@ struct Settings {
   int threads = 1;
   // x quantized to int8 for 4-bit matrices where the table has rows_q8 (opt-in: not exact)
   bool int8_inputs = false;
-  int64_t min_bytes_per_thread = 256 * 1024;  // smaller calls stay on one thread
+  int64_t min_bytes_per_thread = 256 * 1024;  // smaller calls stay on one thread ...
+  int64_t min_macs_per_thread = 1 << 20;  // ... unless they have this many products a thread
 };
 
 // out (M, rows) = x (M, cols) @ W^T

@@ -9,15 +9,38 @@ namespace {
 
 struct V {
   static constexpr int W = 8;
+  // the GEMM's register tile (gemm_impl.h): weight rows x input rows, in 16 registers
+  static constexpr int GEMM_R = 3, GEMM_M = 2;
   using f = __m256;
   static f zero() { return _mm256_setzero_ps(); }
   static f load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, f a) { _mm256_storeu_ps(p, a); }
   static f set1(float a) { return _mm256_set1_ps(a); }
   static f fma(f a, f b, f c) { return _mm256_fmadd_ps(a, b, c); }
   static float sum(f a) {
     const __m128 q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+  }
+  // out[j] = sum(a[j]), j < N, each in sum's own order (lane i + i+4, then 0 + 2 and 1 + 3,
+  // then the two), eight sums a pass: fewer shuffles than N sums
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j0 = 0; j0 < N; j0 += 8) {
+      auto in = [&](int j) { return a[j0 + j < N ? j0 + j : j0]; };  // lanes past N: unused
+      f q[4], d[2];
+      for (int p = 0; p < 4; ++p)  // [a(2p) lanes i + i+4 | a(2p+1) lanes i + i+4]
+        q[p] = _mm256_add_ps(_mm256_permute2f128_ps(in(2 * p), in(2 * p + 1), 0x20),
+                             _mm256_permute2f128_ps(in(2 * p), in(2 * p + 1), 0x31));
+      for (int t = 0; t < 2; ++t)  // block b: 0 + 2, 1 + 3 of a(4t + b), then of a(4t + 2 + b)
+        d[t] = _mm256_add_ps(_mm256_shuffle_ps(q[2 * t], q[2 * t + 1], 0x44),
+                             _mm256_shuffle_ps(q[2 * t], q[2 * t + 1], 0xEE));
+      // block b, lane c: the sum of a(2c + b)
+      const f s = _mm256_add_ps(_mm256_shuffle_ps(d[0], d[1], 0x88), _mm256_shuffle_ps(d[0], d[1], 0xDD));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, s);
+      for (int j = 0; j < 8 && j0 + j < N; ++j) out[j0 + j] = lanes[4 * (j % 2) + j / 2];
+    }
   }
   static __m256i widen(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -97,6 +120,7 @@ struct V {
 };
 
 #include "kernel_impl.h"
+#include "gemm_impl.h"
 
 // the code each of fp4x2's 32 output lanes holds: w[0] takes odd words of t0 (codes 4d+2 in
 // lane 0, 4d+3 in lane 1), w[1] its even words (4d, 4d+1), w[2] and w[3] the same plus 16
@@ -106,7 +130,7 @@ constexpr uint8_t FP4_PERM[32] = {2,  6,  10, 14, 3,  7,  11, 15, 0,  4,  8,  12
 }  // namespace
 
 const Kernels* kernels_avx2() {
-  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM, q8_rows<V>()};
+  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM, q8_rows<V>(), &gemm_entry, V::GEMM_R};
   return &k;
 }
 

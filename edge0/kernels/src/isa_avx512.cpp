@@ -9,9 +9,12 @@ namespace {
 
 struct V {
   static constexpr int W = 16;
+  // the GEMM's register tile (gemm_impl.h): weight rows x input rows, in 32 registers
+  static constexpr int GEMM_R = 4, GEMM_M = 4;
   using f = __m512;
   static f zero() { return _mm512_setzero_ps(); }
   static f load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, f a) { _mm512_storeu_ps(p, a); }
   static f set1(float a) { return _mm512_set1_ps(a); }
   static f fma(f a, f b, f c) { return _mm512_fmadd_ps(a, b, c); }
   static float sum(f a) {
@@ -20,6 +23,29 @@ struct V {
     const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+  }
+  // out[j] = sum(a[j]), j < N, each in sum's own order (lane i + i+8, then i + i+4, then
+  // 0 + 2 and 1 + 3, then the two), sixteen sums a pass: fewer shuffles than N sums
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j0 = 0; j0 < N; j0 += 16) {
+      auto in = [&](int j) { return a[j0 + j < N ? j0 + j : j0]; };  // lanes past N: unused
+      f h[8], q[4], d[2];
+      for (int p = 0; p < 8; ++p)  // [a(2p) lanes i + i+8 | a(2p+1) lanes i + i+8]
+        h[p] = _mm512_add_ps(_mm512_shuffle_f32x4(in(2 * p), in(2 * p + 1), 0x44),
+                             _mm512_shuffle_f32x4(in(2 * p), in(2 * p + 1), 0xEE));
+      for (int t = 0; t < 4; ++t)  // block b: a(4t + b) lanes i + i+4
+        q[t] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * t], h[2 * t + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * t], h[2 * t + 1], 0xDD));
+      for (int u = 0; u < 2; ++u)  // block b: 0 + 2, 1 + 3 of a(8u + b), then of a(8u + 4 + b)
+        d[u] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * u], q[2 * u + 1], 0x44),
+                             _mm512_shuffle_ps(q[2 * u], q[2 * u + 1], 0xEE));
+      // block b, lane c: the sum of a(4c + b)
+      const f s = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, s);
+      for (int j = 0; j < 16 && j0 + j < N; ++j) out[j0 + j] = lanes[4 * (j % 4) + j / 4];
+    }
   }
   static __m512i widen(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -45,11 +71,12 @@ struct V {
 };
 
 #include "kernel_impl.h"
+#include "gemm_impl.h"
 
 }  // namespace
 
 const Kernels* kernels_avx512() {
-  static const Kernels k{"avx512", V::W, &rows_entry, nullptr, q8_rows<V>()};
+  static const Kernels k{"avx512", V::W, &rows_entry, nullptr, q8_rows<V>(), &gemm_entry, V::GEMM_R};
   return &k;
 }
 

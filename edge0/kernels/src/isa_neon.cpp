@@ -13,14 +13,21 @@ constexpr uint8_t FP4_HALF_HIGH[16] = {0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44,
 
 struct V {
   static constexpr int W = 4;
+  // the GEMM's register tile (gemm_impl.h): weight rows x input rows, in 32 registers
+  static constexpr int GEMM_R = 4, GEMM_M = 3;
   using f = float32x4_t;
   static f zero() { return vdupq_n_f32(0.0f); }
   static f load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, f a) { vst1q_f32(p, a); }
   static f set1(float a) { return vdupq_n_f32(a); }
   static f fma(f a, f b, f c) { return vfmaq_f32(c, a, b); }
   static float sum(f a) {
     const float32x2_t h = vadd_f32(vget_low_f32(a), vget_high_f32(a));
     return vget_lane_f32(h, 0) + vget_lane_f32(h, 1);
+  }
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j = 0; j < N; ++j) out[j] = sum(a[j]);
   }
   static uint32x4_t widen(const uint8_t* p) {
     uint32_t word;
@@ -119,11 +126,12 @@ struct V {
 };
 
 #include "kernel_impl.h"
+#include "gemm_impl.h"
 
 }  // namespace
 
 const Kernels* kernels_neon() {
-  static const Kernels k{"neon", V::W, &rows_entry, nullptr, q8_rows<V>()};
+  static const Kernels k{"neon", V::W, &rows_entry, nullptr, q8_rows<V>(), &gemm_entry, V::GEMM_R};
   return &k;
 }
 

@@ -10,6 +10,7 @@ constexpr float FP4_VALUES[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f
 
 struct V {
   static constexpr int W = 8;
+  static constexpr int GEMM_R = 2, GEMM_M = 2;  // the GEMM's tile (gemm_impl.h)
   struct f {
     float v[8];
   };
@@ -22,6 +23,9 @@ struct V {
     f r;
     for (int i = 0; i < W; ++i) r.v[i] = p[i];
     return r;
+  }
+  static void store(float* p, f a) {
+    for (int i = 0; i < W; ++i) p[i] = a.v[i];
   }
   static f set1(float a) {
     f r;
@@ -37,6 +41,10 @@ struct V {
     const float s0 = (a.v[0] + a.v[4]) + (a.v[2] + a.v[6]);
     const float s1 = (a.v[1] + a.v[5]) + (a.v[3] + a.v[7]);
     return s0 + s1;
+  }
+  template <int N>
+  static void sums(const f* a, float* out) {
+    for (int j = 0; j < N; ++j) out[j] = sum(a[j]);
   }
   static void nibbles(const uint8_t* p, f& lo, f& hi) {
     for (int i = 0; i < W; ++i) {
@@ -112,11 +120,12 @@ struct V {
 };
 
 #include "kernel_impl.h"
+#include "gemm_impl.h"
 
 }  // namespace
 
 const Kernels* kernels_portable() {
-  static const Kernels k{"portable", V::W, &rows_entry, nullptr, q8_rows<V>()};
+  static const Kernels k{"portable", V::W, &rows_entry, nullptr, q8_rows<V>(), &gemm_entry, V::GEMM_R};
   return &k;
 }
 

@@ -64,7 +64,18 @@ struct Kernels {
   // Per pair of blocks eight lanes, each the exact integer sum of 8 consecutive products
   // (lanes 0-3 the first block), then float32: every variant that has it gives the same bits.
   void (*rows_q8)(const QMat& q, const XQ8& x, int M, int r0, int r1, float* out, int64_t ldo);
+  // the same as `rows` for many input rows (gemm_impl.h), bit for bit: each block of
+  // `gemm_rows` weight rows decoded once into the caller's `scratch` (gemm_scratch floats)
+  void (*gemm)(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
+               float* out, int64_t ldo, float* scratch);
+  int gemm_rows;
 };
+
+// floats of scratch one `gemm` call needs: its decoded weight rows, their bias terms for
+// every input row, and x's group sums transposed
+constexpr int64_t gemm_scratch(int gemm_rows, int cols, int group, int M) {
+  return int64_t(gemm_rows) * cols + int64_t(gemm_rows + cols / group) * M;
+}
 
 // x (M rows of `cols`) -> xp in the layout above, for a table of `lanes` lanes reading
 // `bits`-bit codes; `fp4_perm`: the table's, for an MXFP4 matrix, else nullptr

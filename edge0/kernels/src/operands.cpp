@@ -102,7 +102,7 @@ int threads() { return g_settings.threads; }
 
 void set_threads(int n) {
   g_settings.threads = n < 1 ? 1 : n;
-  edge0k::Pool::get().set_threads(g_settings.threads);
+  edge0k::Pool::get().reserve(g_settings.threads);  // workers are kept: switching is cheap
 }
 
 bool has_int8_inputs() { return g_kernels->rows_q8 != nullptr; }

@@ -21,24 +21,21 @@ void Pool::stop_workers() {
   stopping_ = false;
 }
 
-void Pool::set_threads(int n) {
+void Pool::reserve(int n) {
   std::lock_guard<std::mutex> call(call_mu_);
-  n = n < 1 ? 1 : n;
-  if (n == threads_) return;
-  stop_workers();
-  threads_ = n;
-  for (int i = 1; i < n; ++i) workers_.emplace_back(&Pool::worker, this, i);
+  for (; threads_ < n; ++threads_) workers_.emplace_back(&Pool::worker, this, threads_);
 }
 
 void Pool::take(const std::function<void(int)>& fn, int n) {
   for (int i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) fn(i);
 }
 
-void Pool::worker(int) {
+void Pool::worker(int id) {
   unsigned long seen = 0;
   for (;;) {
     const std::function<void(int)>* job;
     int n;
+    bool mine;
     {
       std::unique_lock<std::mutex> lock(mu_);
       start_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
@@ -46,8 +43,9 @@ void Pool::worker(int) {
       seen = generation_;
       job = job_;
       n = n_;
+      mine = id < limit_;
     }
-    take(*job, n);
+    if (mine) take(*job, n);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--busy_ == 0) done_cv_.notify_one();
@@ -55,10 +53,10 @@ void Pool::worker(int) {
   }
 }
 
-void Pool::run(int n, const std::function<void(int)>& fn) {
+void Pool::run(int n, const std::function<void(int)>& fn, int threads) {
   if (n <= 0) return;
   std::lock_guard<std::mutex> call(call_mu_);
-  if (threads_ <= 1 || n == 1) {
+  if (threads_ <= 1 || threads <= 1 || n == 1) {
     for (int i = 0; i < n; ++i) fn(i);
     return;
   }
@@ -66,6 +64,7 @@ void Pool::run(int n, const std::function<void(int)>& fn) {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     n_ = n;
+    limit_ = threads;
     next_.store(0);
     busy_ = static_cast<int>(workers_.size());
     ++generation_;

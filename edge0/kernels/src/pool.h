@@ -17,10 +17,11 @@ namespace edge0k {
 class Pool {
  public:
   static Pool& get();
-  // run fn(0..n-1), spread over up to `threads()` threads; returns when all are done
-  void run(int n, const std::function<void(int)>& fn);
+  // run fn(0..n-1), spread over up to `threads` threads (the caller and threads - 1 workers);
+  // returns when all are done
+  void run(int n, const std::function<void(int)>& fn, int threads);
   int threads() const { return threads_; }
-  void set_threads(int n);  // 1 runs everything on the calling thread
+  void reserve(int n);  // at least n - 1 workers (never fewer than before: no thread churn)
   ~Pool();
 
  private:
@@ -35,11 +36,12 @@ class Pool {
   std::vector<std::thread> workers_;
   const std::function<void(int)>* job_ = nullptr;
   int n_ = 0;
+  int limit_ = 1;  // workers with an id below it take tasks of the current job
   std::atomic<int> next_{0};
   int busy_ = 0;  // workers still inside the current job
   unsigned long generation_ = 0;
   bool stopping_ = false;
-  int threads_ = 1;
+  int threads_ = 1;  // the caller and its workers
 };
 
 }  // namespace edge0k

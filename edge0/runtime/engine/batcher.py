@@ -46,6 +46,7 @@ from edge0.runtime.engine.solo import (
 )
 from edge0.runtime.engine.summary import RunStats
 from edge0.runtime.io.scheduler import ReadStats
+from edge0.runtime.prefill.chunks import PromptCancelled
 
 if TYPE_CHECKING:
     from edge0.runtime.engine.api import Engine
@@ -160,10 +161,18 @@ class Batcher:
                 if lo > 0 and not await self._between_pieces(row, req):
                     break  # cancelled while its prompt ran
                 n0, b0 = len(ctx.records), self._bytes()
-                a.tok = await compute.run(partial(prefill_piece, runner, req.ids, lo, hi, decode))
+                a.tok = await compute.run(
+                    partial(prefill_piece, runner, req.ids, lo, hi, decode, lambda: req.cancelled)
+                )
                 a.records += ctx.records[n0:]  # the prompt's steps (not the others' between)
                 prompt_bytes, fed = prompt_bytes + self._bytes() - b0, hi
                 self.solo = row
+        except PromptCancelled:  # inside a piece: finish_reason stays "cancelled"
+            self.solo = None
+            if not self.active:  # nobody uses its queued prefetches
+                await compute.run(runner.finish)
+            await self._end(a, None)
+            return
         except Exception as exc:  # noqa: BLE001 - this request's error, not the engine's
             stats.finish_reason = "error"
             self.solo = None

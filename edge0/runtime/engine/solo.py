@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -21,7 +22,7 @@ from edge0.runtime.compute.steps import StepRecord
 from edge0.runtime.engine.requests import Request
 from edge0.runtime.engine.summary import RunStats, diff_reads, fill
 from edge0.runtime.io.scheduler import ReadStats
-from edge0.runtime.prefill.chunks import chunked_prefill
+from edge0.runtime.prefill.chunks import PromptCancelled, chunked_prefill
 from edge0.stats import peak_mlx_bytes, peak_rss_bytes
 
 if TYPE_CHECKING:
@@ -35,14 +36,20 @@ def chunk(runner: Any) -> int:
     return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
 
 
-def prefill(runner: Runner, ids: list[int], decode: bool) -> int:
+def prefill(
+    runner: Runner, ids: list[int], decode: bool, cancelled: Callable[[], bool] | None = None
+) -> int:
     """Feed the prompt; only its last step draws (so a seed's first draw is the first token)
-    and, when a decode step follows (`decode`), prefetches."""
+    and, when a decode step follows (`decode`), prefetches. `cancelled` (the request's flag)
+    is read between steps and inside chunks: True raises PromptCancelled."""
     if chunk(runner) > 1 and len(ids) > 1:  # chunked: only the last chunk draws
-        return chunked_prefill(runner, ids, chunk(runner), decode)
+        return chunked_prefill(runner, ids, chunk(runner), decode, cancelled)
     sampler, runner.sampler = runner.sampler, greedy
     try:
-        runner.prefill(ids[:-1], decode=False)
+        for tok in ids[:-1]:  # Runner.prefill's steps, the flag read between two
+            if cancelled is not None and cancelled():
+                raise PromptCancelled
+            runner.feed(tok, prefill=True, prefetch=False)
     finally:
         runner.sampler = sampler
     return runner.feed(ids[-1], prefill=True, prefetch=decode)
@@ -59,15 +66,22 @@ def pieces(runner: Any, n: int, join_chunk: int | None) -> list[tuple[int, int]]
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def prefill_piece(runner: Runner, ids: list[int], start: int, end: int, decode: bool) -> int:
+def prefill_piece(
+    runner: Runner,
+    ids: list[int],
+    start: int,
+    end: int,
+    decode: bool,
+    cancelled: Callable[[], bool] | None = None,
+) -> int:
     """Feed `ids[start:end]`: the last piece as `prefill` (it draws and may prefetch), the
     others greedily and without prefetching (prompt steps follow them)."""
     if end == len(ids):
-        return prefill(runner, ids[start:], decode)
+        return prefill(runner, ids[start:], decode, cancelled)
     sampler, runner.sampler = runner.sampler, greedy
     try:
         if chunk(runner) > 1 and end - start > 1:  # the same forwards as a solo run's
-            return chunked_prefill(runner, ids[start:end], chunk(runner), False)
+            return chunked_prefill(runner, ids[start:end], chunk(runner), False, cancelled)
         return runner.prefill(ids[start:end], decode=False)
     finally:
         runner.sampler = sampler
@@ -110,7 +124,12 @@ async def run_request(engine: Engine, req: Request) -> None:
     io_at_decode: float | None = None
     bytes_at_decode: int | None = None
     try:
-        tok = await compute.run(lambda: prefill(runner, req.ids, req.max_tokens > 1))
+        try:
+            tok = await compute.run(
+                lambda: prefill(runner, req.ids, req.max_tokens > 1, lambda: req.cancelled)
+            )
+        except PromptCancelled:
+            return  # stopped inside its prompt: finish_reason stays "cancelled"
         t1 = time.perf_counter()
         stats.prefill_s = t1 - t0
         if sched is not None and reads0 is not None:

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from edge0.kernels.native import module
+from edge0.kernels.ops import expert_ffn_runs
 from edge0.layout.records import projection_quant
-from edge0.runtime.layers.block import expert_ffn
+from edge0.runtime.layers.block import expert_ffn, ffn_plan
 from edge0.runtime.layers.streams import ResidentExperts
 from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, on_cpu
 
@@ -62,10 +64,11 @@ def dense_expert(
 
 
 def dense_experts_ok(block: StreamingMoE) -> bool:
-    """Whether this layer's experts may run dequantized: affine records on the CPU backend,
-    each projection's fp32 weight within DENSE_MAX_BYTES (a wider one, e.g. experts of
-    4096-5120 x 8192-14336, keeps the int4 kernel: its dequantized copy
-    would be more memory than the plan's prompt chunk holds)."""
+    """Whether this layer's experts may run dequantized: affine records on the CPU backend
+    that the native expert FFN does not run (its GEMM decodes each weight row once for all
+    of an expert's rows: faster), each projection's fp32 weight within DENSE_MAX_BYTES (a
+    wider one, e.g. experts of 4096-5120 x 8192-14336, keeps the int4 kernel: its
+    dequantized copy would be more memory than the plan's prompt chunk holds)."""
     quant = block.stream.quant
     if not (DENSE_EXPERT_ROWS > 0 and on_cpu() and quant.get("mode", "affine") == "affine"):
         return False
@@ -74,7 +77,7 @@ def dense_experts_ok(block: StreamingMoE) -> bool:
         out, packed = views[f"{name}.weight"].shape[-2:]
         if out * packed * (32 // int(projection_quant(quant, name)["bits"])) * 4 > DENSE_MAX_BYTES:
             return False
-    return True
+    return module() is None or not expert_ffn_runs(*ffn_plan(quant, views), block.activation)
 
 
 def group_pairs(
@@ -84,8 +87,11 @@ def group_pairs(
     `slot_ids`) and the pair order they come in: an expert with DENSE_EXPERT_ROWS rows or more
     runs dequantized (affine records), the others in one sorted gather_qmm."""
     views = block.stream.views
+    if not dense_experts_ok(block):  # the native expert op, or every expert few-rowed
+        h = x2[mx.array(rows)][:, None, :]  # (P, 1, d)
+        return pairs, run_pairs(block, views, h, mx.array(slot_ids)).squeeze(1)
     slots, counts = np.unique(slot_ids, return_counts=True)
-    dense = slots[counts >= DENSE_EXPERT_ROWS] if dense_experts_ok(block) else slots[:0]
+    dense = slots[counts >= DENSE_EXPERT_ROWS]
     few = ~np.isin(slot_ids, dense)
     parts, outs = [], []
     if few.any():
@@ -98,6 +104,18 @@ def group_pairs(
         parts.append(pairs[sel])
     out = mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
     return np.concatenate(parts), out
+
+
+def slot_pairs(
+    slot_of: dict[int, int], by_expert: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs routed to the experts of `slot_of` (expert -> its slot), sorted by slot (the
+    sorted indices gather_qmm wants; one slot's pairs in token order), and their slots.
+    `by_expert`: every pair index sorted by expert; expert e's are [starts[e], starts[e+1])."""
+    placed = sorted((s, e) for e, s in slot_of.items())
+    parts = [by_expert[starts[e] : starts[e + 1]] for _, e in placed]
+    slots = np.repeat(np.asarray([s for s, _ in placed], np.uint32), [len(p) for p in parts])
+    return np.concatenate(parts), slots
 
 
 def stage_order(
@@ -156,6 +174,8 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
         early = st.ahead.pop(layer, None)
         union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer), early)
         groups = [union[i : i + g] for i in range(0, len(union), g)]
+    by_expert = np.argsort(flat, kind="stable")  # pair indices by expert, in token order
+    starts = np.concatenate(([0], np.cumsum(np.bincount(flat))))
     pair_parts: list[np.ndarray] = []
     out_parts: list[mx.array] = []
     for j, group in enumerate(groups):
@@ -163,16 +183,15 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
             slot_of = {e: e for e in group}
         else:
             if j > 0:
+                st.check()  # a cancelled request stops between two groups
                 st.substep()  # group j-1 is evaluated: its slots may be rewritten from here on
             if j + 1 < len(groups):
                 st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
             slot_of = dict(zip(group, st.acquire(layer, group), strict=True))
             if j + 1 == len(groups):
                 read_ahead(block, g)  # the next layer's first group, into the other half
-        pairs = np.nonzero(np.isin(flat, np.asarray(group)))[0]
-        slot_ids = np.asarray([slot_of[int(e)] for e in flat[pairs]], dtype=np.uint32)
-        order = np.argsort(slot_ids, kind="stable")  # sorted indices for gather_qmm
-        pairs, out = group_pairs(block, x2, pairs[order] // k, pairs[order], slot_ids[order])
+        pairs, slot_ids = slot_pairs(slot_of, by_expert, starts)
+        pairs, out = group_pairs(block, x2, pairs // k, pairs, slot_ids)
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval(out)  # before the next sub-step: nothing pending may read these slots
         steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -32,6 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from edge0.kernels.native import prompt_threads
 from edge0.runtime.compute.runner import greedy
 from edge0.runtime.prefill.ahead import check_overlap, next_union
 from edge0.runtime.prefill.chunk_moe import chunk_experts
@@ -50,17 +51,29 @@ OVERLAP = "router"  # read the next layer's predicted first group early: "router
 COVER = 2
 
 
+class PromptCancelled(Exception):
+    """The request was cancelled while its prompt ran (its consumer went away): the prompt
+    stopped at the next layer, expert group or recurrent piece, not at the chunk's end."""
+
+
 @attrs.define
 class ChunkState:
     """One chunk in flight: its first position and the predictions for the first decode step."""
 
     steps: Steps
     start: int  # request position of the chunk's first token
+    cancelled: Callable[[], bool] | None = None  # the request's cancel flag, read on the way
     pending: dict[int, tuple[LayerStream, list[int]]] = attrs.field(factory=dict)  # by target
     next_token: int = -1  # sampled after the chunk's last token
     following: dict[int, StreamingMoE] = attrs.field(factory=dict)  # layer -> next streamed block
     predicted: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> its predicted union
     ahead: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> experts read early
+
+    def check(self) -> None:
+        """Raise PromptCancelled if the request was cancelled (called between layers, expert
+        groups and recurrent pieces: a long chunk stops within one of them)."""
+        if self.cancelled is not None and self.cancelled():
+            raise PromptCancelled
 
     def substep(self) -> None:
         """Start the next scheduler sub-step (every graph so far is evaluated)."""
@@ -97,13 +110,15 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     stream, fam = block.stream, block.family
     steps, head = stream.steps, stream.head
     t = x.shape[1]
+    st = steps.chunk
+    assert st is not None
+    st.check()
     scores = fam.scores(block, x)  # (1, T, E)
     inds, w = fam.select(block, scores, stream.top_k)  # (1, T, K) each
     last = inds[:, -1:, :]  # (1, 1, K): the executed set of the chunk's last token
     prev_mx = inds[:, -2:-1, :] if t > 1 else stream.prev_inds
     graph = head.graph(x[:, -1:, :], last, prev_mx, stream.top_k) if head is not None else None
-    st, nxt = steps.chunk, None
-    assert st is not None
+    nxt = None
     following = st.following.get(stream.layer)
     if following is not None and t * stream.top_k < COVER * scores.shape[-1]:
         following = None  # a short chunk: its union covers little of a layer
@@ -201,27 +216,31 @@ def last_position_only(model: nn.Module) -> Iterator[None]:
         inner.norm = norm
 
 
-def run_chunk(runner: Runner, tokens: list[int]) -> ChunkState:
-    """One forward over `tokens` (len > 1): the KV cache and every layer's state advance."""
+def run_chunk(
+    runner: Runner, tokens: list[int], cancelled: Callable[[], bool] | None = None
+) -> ChunkState:
+    """One forward over `tokens` (len > 1): the KV cache and every layer's state advance.
+    `cancelled`: read on the way; True raises PromptCancelled (the request is then dropped)."""
     steps = runner.steps
     t0, c0 = time.perf_counter(), time.thread_time()
     steps.begin_step(prefill=True, prefetch=False)  # one record, one fence for the chunk
-    st = ChunkState(steps, steps.pos)
+    st = ChunkState(steps, steps.pos, cancelled)
     check_overlap(OVERLAP)
     if OVERLAP != "none" and steps.scheduler is not None:
         st.following = next_blocks(runner.model, steps)
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
     steps.chunk = st
     try:
-        with (
-            last_position_only(runner.model),
-            dense_linears(runner.model),
-            bounded_recurrence(runner.model),
-        ):
-            logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, vocab)
-        nxt = runner.sampler(logits)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        mx.eval(nxt)  # the chunk's fence
+        with prompt_threads():  # the layers' evaluations and the chunk's fence
+            with (
+                last_position_only(runner.model),
+                dense_linears(runner.model),
+                bounded_recurrence(runner.model, check=st.check),
+            ):
+                logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, V)
+            nxt = runner.sampler(logits)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            mx.eval(nxt)  # the chunk's fence
     finally:
         steps.chunk = None
     t2, c2 = time.perf_counter(), time.thread_time()
@@ -241,24 +260,34 @@ def prefill(runner: Runner, tokens: list[int], decode: bool = True) -> int:
     return runner.prefill(tokens, decode)
 
 
-def chunked_prefill(runner: Runner, tokens: list[int], chunk: int, decode: bool = True) -> int:
+def chunked_prefill(
+    runner: Runner,
+    tokens: list[int],
+    chunk: int,
+    decode: bool = True,
+    cancelled: Callable[[], bool] | None = None,
+) -> int:
     """Feed the prompt `chunk` tokens per forward; return the token sampled after it.
 
     Only the last forward draws with the request's sampler (the others take the
     greedy argmax, which nobody uses), so a seeded sampler's first draw is the
     first generated token, as in one-token prefill. The last token's predictions
     are planned and prefetched only when a decode step follows (`decode`).
+    `cancelled` (the request's flag) is read between chunks and inside each one
+    (ChunkState.check): when it turns True, PromptCancelled is raised.
     """
     sampler = runner.sampler
     nxt, last = -1, None
     try:
         for start in range(0, len(tokens), chunk):
+            if cancelled is not None and cancelled():
+                raise PromptCancelled
             piece = tokens[start : start + chunk]
             runner.sampler = sampler if start + chunk >= len(tokens) else greedy
             if len(piece) == 1:  # the one-token step plans the next step itself
                 nxt, last = runner.feed(piece[0], prefill=True, prefetch=decode), None
             else:
-                last = run_chunk(runner, piece)
+                last = run_chunk(runner, piece, cancelled)
                 nxt = last.next_token
     finally:
         runner.sampler = sampler

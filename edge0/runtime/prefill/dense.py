@@ -1,13 +1,15 @@
-"""Resident int4 linears over a prompt chunk: one dequantize and one fp32 matmul, not per-row int4.
+"""Resident int4 linears over a prompt chunk without the native kernels: one dequantize, one matmul.
 
-On the CPU backend MLX's `quantized_matmul` unpacks the whole weight again for
-every input row: 16 rows of the 35B shape's 8192 x 2048 `in_proj_qkv` take
-~270 ms and 512 rows 12-18 s, while dequantizing the weight once (~95 ms) and
-one fp32 matmul take ~110 / ~340 ms with OpenBLAS preloaded (measured; ~4 s
-with the wheel's reference BLAS, still 3x). Decode and the chunk's last-row
-output head keep the int4 kernel (`DENSE_ROWS`); the dequantized fp32 weight
-lives only while its matmul runs (`dense_weight_bytes` is what the plan counts).
-docs/benchmarks/prefill.md has the measurements.
+Where the native kernels run a linear (edge0.kernels: its GEMM decodes each weight
+row once for all of a chunk's rows) nothing is swapped. Elsewhere MLX's CPU
+`quantized_matmul` unpacks the whole weight again for every input row: 16 rows
+of the 35B shape's 8192 x 2048 `in_proj_qkv` take ~270 ms and 512 rows 12-18 s,
+while dequantizing the weight once (~95 ms) and one fp32 matmul take ~110 /
+~340 ms with OpenBLAS preloaded (measured; ~4 s with the wheel's reference
+BLAS, still 3x). Decode and the chunk's last-row output head keep the int4
+kernel (`DENSE_ROWS`); the dequantized fp32 weight lives only while its matmul
+runs (`dense_weight_bytes` is what the plan counts). docs/benchmarks/prefill.md
+has the measurements.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Any, TypeGuard
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from edge0.kernels.native import module
+from edge0.kernels.ops import supported
 
 DENSE_ROWS = 32  # input rows from which a chunk's linear dequantizes (below: the int4 kernel)
 DENSE_MAX_BYTES = 64 << 20  # a linear whose fp32 weight is larger keeps the int4 kernel
@@ -55,8 +60,11 @@ def on_cpu() -> bool:
 
 
 def _dense_ok(m: Any) -> TypeGuard[nn.QuantizedLinear]:
-    """An affine-quantized linear whose fp32 weight fits DENSE_MAX_BYTES."""
+    """An affine-quantized linear whose fp32 weight fits DENSE_MAX_BYTES and that the native
+    kernels do not run (they are faster than the dequantized matmul at every row count)."""
     if not isinstance(m, nn.QuantizedLinear) or getattr(m, "mode", "affine") != "affine":
+        return False
+    if module() is not None and supported(m.bits, m.group_size, m.mode, m["scales"]):
         return False
     out, packed = m["weight"].shape[-2:]
     return bool(out * packed * (32 // m.bits) * 4 <= DENSE_MAX_BYTES)

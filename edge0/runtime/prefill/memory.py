@@ -13,7 +13,7 @@ token either way: the pieces compute the same values (tests/test_prefill_memory.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -93,10 +93,13 @@ class _Pieces(nn.Module):
     values), so a dense chunk linear (prefill.dense) dequantizes each weight once a chunk.
     """
 
-    def __init__(self, inner: nn.Module, size: int) -> None:
+    def __init__(
+        self, inner: nn.Module, size: int, check: Callable[[], None] | None = None
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.size = size
+        self.check = check  # called before each piece (a cancelled prompt stops there)
 
     def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
         n, inner = x.shape[1], self.inner
@@ -116,6 +119,8 @@ class _Pieces(nn.Module):
             if "out_proj" in kept:
                 inner.out_proj = _Deferred()
             for a in range(0, n, self.size):
+                if self.check is not None:
+                    self.check()
                 for v in stand.values():
                     v.at = (a, min(n, a + self.size))
                 piece_mask = None if mask is None else mask[:, a : a + self.size]
@@ -130,8 +135,11 @@ class _Pieces(nn.Module):
 
 
 @contextlib.contextmanager
-def bounded_recurrence(model: nn.Module, size: int | None = None) -> Iterator[None]:
-    """Run every decoder layer's `linear_attn` `size` (SUB_TOKENS) tokens at a time meanwhile.
+def bounded_recurrence(
+    model: nn.Module, size: int | None = None, check: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Run every decoder layer's `linear_attn` `size` (SUB_TOKENS) tokens at a time meanwhile,
+    calling `check` before each piece.
 
     `size` 0 leaves the layers as they are (the unbounded path, for measurements).
     """
@@ -143,7 +151,7 @@ def bounded_recurrence(model: nn.Module, size: int | None = None) -> Iterator[No
         if isinstance(getattr(layer, LINEAR_ATTN, None), nn.Module)
     ]
     for layer, inner in swapped:
-        setattr(layer, LINEAR_ATTN, _Pieces(inner, size))
+        setattr(layer, LINEAR_ATTN, _Pieces(inner, size, check))
     try:
         yield
     finally:
