@@ -45,6 +45,22 @@ def _fp(**kw: int) -> Footprint:
     return Footprint(**{**base, **kw})
 
 
+def test_the_pool_and_the_cache_stop_at_the_store() -> None:
+    """No more slots than streamed records, no RAM cache above the store; the plan says what
+    it left unspent (the demo at 3 GiB planned 37,858 slots for 256 records)."""
+    fp = _fp(experts=6)  # 10 layers x 6 experts: 60 records of 1 MiB, slots of 2 MiB
+    fixed = 100 + 10 + 4 * 12 * 2 + 10 + 20 + 80
+    align = 4096
+    slots = plan((fixed + 30) * _MIB + align, fp)  # 15 more slots would pass 60 records
+    assert slots.n_slots == 60 and slots.extra_slots == 12
+    assert "6 MiB left unspent: the 60 streamed records (60 MiB) all fit" in slots.line()
+    cache = plan((fixed + 300) * _MIB + align, fp)
+    assert cache.cache == 60 * _MIB and "240 MiB left unspent" in cache.line()
+    given = plan((fixed + 300) * _MIB + align, fp, cache=64 * _MIB)
+    assert given.n_slots == 60 and given.cache == 64 * _MIB
+    assert plan((fixed + 30) * _MIB + align, _fp()).n_slots == 48 + 15  # unknown: no cap
+
+
 def test_a_remainder_smaller_than_one_step_buys_slots_a_larger_one_is_the_ram_cache() -> None:
     fp = _fp()
     fixed = 100 + 10 + 4 * 12 * 2 + 10 + 20 + 80  # MiB; the pool: K x (L + 2) slots of 2 MiB
@@ -90,7 +106,8 @@ def test_engine_keeps_the_given_ram_size_under_a_budget(store: Path) -> None:
     assert kept.cache == 3 * _MIB and size == 3 * _MIB
     assert kept.extra_slots > 0 and "keeps its 3 MiB from --tiers" in kept.line()
     chosen, size = asyncio.run(main("ram>pread"))
-    assert chosen.cache == size and chosen.cache > 3 * _MIB  # the plan's choice
+    # the plan's choice: the whole (tiny) store fits in the cache, and the rest is unspent
+    assert chosen.cache == size and 0 < chosen.cache < 3 * _MIB and "unspent" in chosen.line()
 
 
 def test_ram_stage_of_the_spec_is_sized_added_or_dropped() -> None:

@@ -82,6 +82,7 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
         baseline,
         *chunk,
         load if kept else 0,
+        manifest.n_experts,
     )
 
 

@@ -63,6 +63,17 @@ class Footprint:
     chunk_fixed: int = 0  # a prompt chunk's memory whatever its length (prefill.memory)
     chunk_token: int = 0  # ... and per chunk token
     load: int = 0  # the transient of loading resident experts (load_bytes)
+    experts: int = 0  # experts a streamed layer has (0: unknown, nothing is capped)
+
+    @property
+    def max_slots(self) -> int | None:
+        """More slots than the streamed records could never all be used (None: no cap)."""
+        return self.layers * self.experts if self.experts else None
+
+    @property
+    def store(self) -> int | None:
+        """The bytes of every streamed record: a RAM cache above it holds nothing more."""
+        return self.layers * self.experts * self.record if self.experts else None
 
     @property
     def min_slots(self) -> int:
@@ -143,14 +154,16 @@ def plan(
     if not fp.layers:
         choice = "nothing is streamed: the rest is unused"
     elif left < step:
-        extra = left // fp.slot
+        extra = _capped(fp, n_min, left // fp.slot)
         choice = (
             f"the {left / _MIB:.0f} MiB left buy {extra} more slots (a RAM cache smaller than "
             f"one step's reads, {step / _MIB:.0f} MiB, would almost never hit)"
         )
+        choice += _unspent(fp, left - extra * fp.slot)
     else:
-        cache = left
-        choice = f"the {left / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
+        cache = left if fp.store is None else min(left, fp.store)
+        choice = f"the {cache / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
+        choice += _unspent(fp, left - cache)
     n = n_min + extra
     return MemoryPlan(
         total,
@@ -189,11 +202,12 @@ def _with_cache(
             f"give ram:{max(left, 0) // _MIB}MiB or less, write `ram` without a size to let the "
             "plan choose, or raise the budget"
         )
-    extra = (left - cache) // fp.slot
+    extra = _capped(fp, n_min, (left - cache) // fp.slot)
     choice = (
         f"the RAM cache keeps its {cache / _MIB:.0f} MiB from --tiers; the "
         f"{(left - cache) / _MIB:.0f} MiB left buy {extra} more slots"
     )
+    choice += _unspent(fp, left - cache - extra * fp.slot)
     n = n_min + extra
     return MemoryPlan(
         total,
@@ -210,6 +224,22 @@ def _with_cache(
         prompt,
         tokens,
         fp.load,
+    )
+
+
+def _capped(fp: Footprint, n_min: int, extra: int) -> int:
+    """`extra` slots, fewer where the pool would pass the number of streamed records."""
+    cap = fp.max_slots
+    return extra if cap is None else max(0, min(extra, cap - n_min))
+
+
+def _unspent(fp: Footprint, spare: int) -> str:
+    """What the plan says of budget it could not use (the store is smaller than it)."""
+    if spare < _MIB or fp.store is None:
+        return ""
+    return (
+        f"; {spare / _MIB:.0f} MiB left unspent: the {fp.layers * fp.experts} streamed records "
+        f"({fp.store / _MIB:.0f} MiB) all fit"
     )
 
 
