@@ -39,6 +39,7 @@ from edge0.tune.validate import agreement, decode_logits, head_recall
 log = get_logger(__name__)
 CHARS_PER_TOKEN = 6  # text asked of the corpus per token wanted (generous: code runs ~3.5-4)
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+TRAIN_BATCH = 512  # rows a step, every head
 
 
 @attrs.frozen
@@ -73,8 +74,16 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     train, held = (s.trace_set("student-int4 (streamed)", str(layout)) for s in stores)
     k = opts.top_k or init.config.top_k
     untrained = head_recall(init, held, k, opts.seed)["recall"]  # init is trained in place
+    rows = int(train.meta.windows * 0.9) * (train.meta.seq_len - 1)  # 10% held out of them
+    epoch = max(1, rows // TRAIN_BATCH)
     cfg = HeadTrainConfig(
-        k=k, max_steps=opts.max_steps, max_minutes=opts.max_minutes, seed=opts.seed
+        k=k,
+        max_steps=opts.max_steps,
+        max_minutes=opts.max_minutes,
+        seed=opts.seed,
+        batch=TRAIN_BATCH,
+        eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
+        patience=4,
     )
     trained, summary = train_heads(train, init, cfg, progress=progress is not None)
     summary["traces"]["corpus"] = text.source
