@@ -112,20 +112,6 @@ def test_computed_values_match_transformers(tmp_path: Path, name: str) -> None:
     assert [int(t) for t in chain] == golden["decode_ids"].tolist()
 
 
-def test_yarn_truncate_false_differs_from_mlx_lms_rounding() -> None:
-    """The gpt-oss variant's rope would be off without the unrounded correction range."""
-    from mlx_lm.models.rope_utils import YarnRoPE
-
-    from edge0.families.gpt_oss import RELEASED_ROPE
-    from edge0.model.rope import yarn_periods
-
-    rounded = YarnRoPE(
-        16, base=150000.0, scaling_factor=32.0, original_max_position_embeddings=4096
-    )
-    ours = np.array(yarn_periods(16, 150000.0, RELEASED_ROPE))
-    assert np.abs(ours - np.array(rounded._freqs)).max() > 1e-3
-
-
 def test_tables_cover_every_family() -> None:
     for model_type in MODEL_TYPES:
         assert table(model_type)
@@ -160,10 +146,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"num_key_value_heads": 3}, "num_key_value_heads=3 is invalid"),
         ({"hidden_size": 0}, "hidden_size=0 is invalid"),
         ({"num_experts_per_tok": "2"}, "transformers' qwen3_moe config class refuses it"),
-        (
-            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
-            'rope_parameters.rope_type="linear"',
-        ),
+        ({"hidden_act": "prelu"}, 'hidden_act="prelu" is invalid: qwen3_moe\'s hidden_act'),
     ],
 )
 def test_layout_config_values_fail_verify_and_run_alike(

@@ -112,8 +112,9 @@ def test_the_plan_refuses_a_budget_that_only_the_steady_state_fits() -> None:
 
 
 def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
-    """mlx-lm grows one layer's cache at a time: working memory holds that layer's KV once
-    (a config without `layer_types` has every layer attending; sliding layers do not count)."""
+    """mlx-lm grows one layer's cache at a time: working memory holds the largest layer's KV
+    once (a config without `layer_types` has every layer attending over the whole context;
+    a sliding layer's cache holds its window and one growth step)."""
     mixtral = {
         "model_type": "mixtral",
         "hidden_size": 4096,
@@ -133,15 +134,15 @@ def test_working_memory_adds_one_attention_layers_kv_cache() -> None:
         "num_attention_heads": 64,
         "num_key_value_heads": 8,
         "head_dim": 64,
+        "sliding_window": 128,
         "layer_types": ["sliding_attention", "full_attention"] * 12,
     }
+    per_token = 2 * 8 * 64 * 4
     assert attention_layers(gpt_oss) == 12
-    assert kv_bytes(gpt_oss, 256) == 2 * 12 * 8 * 64 * 256 * 4
+    assert kv_bytes(gpt_oss, 256) == 24 * per_token * 256
+    assert kv_bytes(gpt_oss, 4096) == 12 * per_token * (4096 + 128 + 256)  # windows bound
     assert working_bytes(gpt_oss, 256) - working_bytes(gpt_oss, 1) == 0  # one growth step
-    assert (
-        working_bytes(gpt_oss, 4096) - working_bytes(gpt_oss, 256)
-        == (kv_bytes(gpt_oss, 4096) - kv_bytes(gpt_oss, 256)) // 12
-    )
+    assert working_bytes(gpt_oss, 4096) - working_bytes(gpt_oss, 256) == per_token * (4096 - 256)
 
 
 def test_a_pool_past_mlx_int32_dimensions_is_two_dimensional_with_the_same_views(

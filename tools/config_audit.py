@@ -24,13 +24,15 @@ VERDICT = {COMPUTED: "computed", EDGE0: "Edge0 reads it", IRRELEVANT: "irrelevan
 
 def verdict(rule: Rule | Rope) -> str:
     if isinstance(rule, Rope):
-        keys = sorted(set().union(*(ROPE_KEYS[t] for t in rule.types if t in ROPE_KEYS)))
-        part = ", partial_rotary_factor" if rule.partial else ""
-        fixed = "".join(f", {k} {json.dumps(v)} only" for k, v in rule.extra.items())
-        subs = ", ".join(["rope_theta", *keys]) + part + fixed
+        keys = sorted(set().union(*(ROPE_KEYS[t] for t in rule.types)) - {"partial_rotary_factor"})
+        share = (
+            "partial_rotary_factor (the rotated share)"
+            if rule.partial
+            else "partial_rotary_factor 1 with a scaled rope (a plain one ignores it)"
+        )
         return (
-            f"computed for rope_type {', '.join(rule.types)} (reads {subs}); other types "
-            "and unread sub-keys refused"
+            f"computed for rope_type {', '.join(rule.types)}: rope_theta, {', '.join(keys)}; "
+            f"{share}; sub-keys transformers does not read change nothing"
         )
     if rule.accepts is not None and rule.does == COMPUTED:
         return f"computed; refused unless {rule.accepted}"

@@ -9,6 +9,7 @@ values) get golden logits of their own. Usage:
 
     .venv/bin/python tools/family_fixtures.py [MODEL_TYPE ...]
     .venv/bin/python tools/family_fixtures.py --report   # deltas vs golden, no torch
+    .venv/bin/python tools/family_fixtures.py --rope     # tests/test_rope.py's references
 """
 
 from __future__ import annotations
@@ -58,9 +59,19 @@ def _checkpoint(name: str, tmp: Path) -> Path:
 @click.command()
 @click.argument("model_types", nargs=-1)
 @click.option("--report", "only_report", is_flag=True, help="Only compare against golden files.")
-def main(model_types: tuple[str, ...], only_report: bool) -> None:
+@click.option("--rope", is_flag=True, help="Write tests/fixtures/rope_golden.json (torch).")
+def main(model_types: tuple[str, ...], only_report: bool, rope: bool) -> None:
     if only_report:
         report(model_types)
+        return
+    if rope:  # transformers' frequencies for tests/test_rope.py's cases
+        import importlib
+        import json
+        import sys
+
+        sys.path.insert(0, str(ROOT / "tests"))
+        table = importlib.import_module("test_rope").golden_table()
+        (FIXTURES / "rope_golden.json").write_text(json.dumps(table, indent=1) + "\n")
         return
     golden = golden_tool()
     for model_type in model_types or (*CONFIGS, *FORMS, *VARIANTS):

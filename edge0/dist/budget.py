@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 
 from edge0.errors import ConfigError
-from edge0.families.base import FULL, LINEAR
+from edge0.families.base import LINEAR
 from edge0.layout.manifest import Manifest
 from edge0.layout.safetensors_io import MX_DTYPES, read_header
 from edge0.options.engine import EngineOptions
@@ -28,8 +28,8 @@ from edge0.runtime.plan.memory import (
     Footprint,
     MemoryPlan,
     layer_kinds,
-    layer_kv_bytes,
     layer_state_bytes,
+    layers_kv_bytes,
     plan,
 )
 from edge0.runtime.setup.prepare import kept_layers
@@ -131,7 +131,6 @@ def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: i
             for i in owners:
                 heads[i] = fp.heads // len(owners)
     kinds = layer_kinds(manifest.config)
-    per_kv = layer_kv_bytes(manifest.config, opts.context)
     per_state = layer_state_bytes(manifest.config)
     streamed = tuple(opts.mode != "resident" and i in moe and i not in kept for i in range(n))
     tied = bool(text.get("tie_word_embeddings", manifest.config.get("tie_word_embeddings")))
@@ -140,7 +139,7 @@ def layer_bytes(path: Path, manifest: Manifest, opts: EngineOptions, baseline: i
         tuple(resident),
         tuple(experts),
         tuple(heads),
-        tuple(per_kv if k == FULL else 0 for k in kinds),
+        tuple(layers_kv_bytes(manifest.config, opts.context)),
         tuple(per_state if k == LINEAR else 0 for k in kinds),
         streamed,
         embed,

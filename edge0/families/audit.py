@@ -104,43 +104,40 @@ def top_k_in_range(value: Any, config: dict[str, Any]) -> bool:
     return positive(value, config) and (n is None or value <= n)
 
 
-# sub-keys mlx-lm's rope classes read, per rope_type (beside rope_type and rope_theta)
+# sub-keys transformers reads, per rope_type (beside rope_type and rope_theta): Edge0 computes
+# every one (edge0.model.rope, checked against transformers' ROPE_INIT_FUNCTIONS)
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale")
 ROPE_KEYS: dict[str, frozenset[str]] = {
     "default": frozenset(),
     "linear": frozenset({"factor"}),
     "dynamic": frozenset({"factor"}),
+    "yarn": frozenset({*YARN_KEYS, "mscale_all_dim", "attention_factor", "truncate"}),
     "llama3": frozenset(
         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
     ),
-    "yarn": frozenset(
+    "longrope": frozenset(
         {
             "factor",
             "original_max_position_embeddings",
-            "beta_fast",
-            "beta_slow",
-            "mscale",
-            "mscale_all_dim",
-            "truncate",
+            "short_factor",
+            "long_factor",
+            "attention_factor",
         }
     ),
+    "proportional": frozenset({"factor", "partial_rotary_factor"}),
 }
-# sub-keys transformers reads that mlx-lm's rope classes do not: harmless at these values
-ROPE_NEUTRAL: dict[str, Any] = {
-    "truncate": True,
-    "attention_factor": None,
-    "partial_rotary_factor": 1.0,
-}
+ROPE_TYPES = tuple(ROPE_KEYS)
 
 
 @attrs.frozen
 class Rope:
-    """`rope_parameters`: the rope types mlx-lm's class builds for this family, sub-key checks."""
+    """`rope_parameters`: every rope type transformers computes is computed (edge0.model.rope);
+    a rotated share (`partial_rotary_factor`) where the family's attention rotates a share."""
 
-    types: tuple[str, ...]
     why: str
-    partial: bool = False  # the family's class reads partial_rotary_factor
-    extra: dict[str, Any] = attrs.field(factory=dict)  # sub-key -> the only value computed
+    partial: bool = False  # the family's attention rotates a share of each head
     ignored: dict[str, str] = attrs.field(factory=dict)  # sub-key -> why it changes nothing
+    types: tuple[str, ...] = ROPE_TYPES
 
     def check(self, rope: Any, config: dict[str, Any], model_type: str) -> None:
         rope = rope if isinstance(rope, dict) else {}
@@ -153,30 +150,25 @@ class Rope:
                 self.why,
                 "rope_type " + " or ".join(map(shown, self.types)),
             )
-        read = ROPE_KEYS.get(kind, frozenset()) | {"rope_type", "type", "rope_theta"}
-        if self.partial:
-            read = read | {"partial_rotary_factor"}
-        for key, value in rope.items():
-            if key in self.extra and value != self.extra[key]:
-                why = f"mlx-lm's {model_type} computes {key}={shown(self.extra[key])} only"
-                raise refusal(
-                    f"rope_parameters.{key}",
-                    value,
-                    model_type,
-                    why,
-                    f"{key} {shown(self.extra[key])}",
-                )
-            if key in read or key in self.extra or key in self.ignored:
-                continue
-            if key in ROPE_NEUTRAL and value == ROPE_NEUTRAL[key]:
-                continue
-            if key == "original_max_position_embeddings" and value == config.get(
-                "max_position_embeddings"
-            ):
-                continue  # what mlx-lm's dynamic / default rope assume
-            why = f"mlx-lm's {kind} rope for {model_type} does not read {key}"
-            accepted = f"{key} {shown(ROPE_NEUTRAL[key])}" if key in ROPE_NEUTRAL else f"no {key}"
-            raise refusal(f"rope_parameters.{key}", value, model_type, why, accepted)
+        share = rope.get("partial_rotary_factor", 1.0)
+        if not self.partial and share != 1.0 and kind not in ("default", "proportional"):
+            why = (
+                f"transformers' {model_type} rotates whole heads: its {kind} rope over a share of "
+                "each head fails in its attention"
+            )
+            raise refusal("rope_parameters.partial_rotary_factor", share, model_type, why, "1.0")
+        if kind == "longrope":
+            head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+            pairs = int(int(head) * (float(share) if self.partial else 1.0)) // 2
+            for key in ("short_factor", "long_factor"):
+                if len(rope.get(key) or []) != pairs:
+                    why = (
+                        f"transformers' longrope takes one {key} per rotated pair ({pairs} here) "
+                        "and fails in its attention otherwise"
+                    )
+                    raise refusal(
+                        f"rope_parameters.{key}", rope.get(key), model_type, why, f"{pairs} values"
+                    )
 
 
 Fields = dict[str, Rule | Rope]  # a family's audit rows: config field -> what Edge0 does
@@ -185,5 +177,7 @@ Fields = dict[str, Rule | Rope]  # a family's audit rows: config field -> what E
 SHAPE = "mlx-lm builds the layer sizes from it; the weights' shapes are checked against it"
 EXPERTS = "routed experts per sparse layer (the expert records)"
 TIED_OK = "the lm_head is the embedding (golden-tested tied)"
-HALVES = "transformers rotates halves, never pairs (mlx-lm's own key)"
-ROPES = ("default", "linear", "dynamic", "yarn", "llama3")  # mlx-lm's initialize_rope, tested
+HALVES = "not transformers' (it rotates halves, never pairs); Edge0 tells mlx-lm false"
+ROPE_WHY = "each rope_type as transformers' ROPE_INIT_FUNCTIONS computes it (edge0/model/rope.py)"
+ROPE = Rope(ROPE_WHY)
+ROPE_PARTIAL = Rope(ROPE_WHY, partial=True)  # the family's attention rotates a share of each head

@@ -22,12 +22,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.families.audit import Fields
+from edge0.model import rope
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-FULL, LINEAR = "full_attention", "linear_attention"  # transformers' layer_types values
+# transformers' layer_types values
+FULL, LINEAR, SLIDING = "full_attention", "linear_attention", "sliding_attention"
 # fixture data a family module declares for its own model_type (read from the class itself,
 # never inherited: a subclass is another model_type with fixtures of its own)
-FIXTURE_DATA = ("flagships", "probes", "variant", "refusals", "forms")
+FIXTURE_DATA = ("flagships", "probes", "variants", "refusals", "forms")
 # a checkpoint written in another form: (weights, config, safetensors metadata "format")
 Written = tuple[dict[str, mx.array], dict[str, Any], str]
 # a derived checkpoint form: (weights, normalised config) -> the checkpoint in that form
@@ -62,6 +64,10 @@ class Family:
     fields: ClassVar[Fields] = {}
     # mlx-lm's class reads a scaled rope from `rope_scaling` (normalize_config fills it in)
     rope_scaling_key: ClassVar[bool] = True
+    # the gated MLPs and experts take `hidden_act` (edge0.model.activations)
+    hidden_act: ClassVar[bool] = True
+    # mlx-lm's attention reads `rope_scaling` beyond its rope (DeepSeek: YaRN's softmax scale)
+    rope_in_attention: ClassVar[bool] = False
 
     # -- batched decode ------------------------------------------------------------------
     # the family's attention takes a batch cache's per-row offsets and left-padding mask
@@ -85,8 +91,9 @@ class Family:
     expert_mode: ClassVar[str] = "affine"
     # config audit probes: name suffix -> config changes (beside the rope probes)
     probes: ClassVar[dict[str, dict[str, Any]]] = {}
-    # computed non-default values, committed as the `<name>-variant` fixture with golden logits
-    variant: ClassVar[dict[str, Any]] = {}
+    # computed non-default values: suffix -> config changes, each committed as the fixture
+    # `<name>-<suffix>` with golden logits and run in every mode (tests/test_fidelity.py)
+    variants: ClassVar[dict[str, dict[str, Any]]] = {}
     # refused values: (config changes, the start of the one-line refusal)
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = []
     # derived checkpoint forms with golden logits of their own: fixture name -> Form, made
@@ -154,8 +161,25 @@ class Family:
         """The MLX quantization of an HF `quantization_config` whose experts are read packed."""
         return None
 
+    def mlx_config(self, tc: dict[str, Any]) -> dict[str, Any]:
+        """The (text) config mlx-lm's class is built from: a scaled rope said as a plain one
+        (edge0.model.rope installs transformers' after the build), unless the attention
+        itself reads it; families add what mlx-lm's class needs to build what `adapt` fixes."""
+        return tc if self.rope_in_attention else rope.plain(tc)
+
+    def ties(self, config: dict[str, Any]) -> bool:
+        """Whether the output head is the embedding (transformers reads the text config's
+        `tie_word_embeddings`; a wrapper family may read its own)."""
+        text = config.get("text_config")
+        return bool((text if isinstance(text, dict) else config).get("tie_word_embeddings"))
+
+    def interleaved_rope(self, tc: dict[str, Any]) -> bool | None:
+        """Whether the rope rotates interleaved pairs (None: as mlx-lm's class does)."""
+        return None
+
     def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
-        """Fix the built mlx-lm model where it computes other than transformers (in place)."""
+        """Fix the built mlx-lm model where it computes other than transformers (in place);
+        a scaled rope is installed after (edge0.model.rope.install)."""
 
     def prepare_hf(self, weights: dict[str, mx.array], tc: dict[str, Any]) -> dict[str, mx.array]:
         """HF tensors -> what the mlx-lm module's `sanitize` expects (default: as they are)."""
@@ -216,6 +240,12 @@ class Family:
             return [str(t) for t in types]
         return [FULL] * int(tc["num_hidden_layers"])
 
+    def windows(self, tc: dict[str, Any]) -> list[int | None]:
+        """Each layer's sliding window: the most tokens its KV cache holds (None: the whole
+        context); by default transformers' `layer_types` (sliding_attention: sliding_window)."""
+        window = tc.get("sliding_window")
+        return [window if k == SLIDING else None for k in self.layer_kinds(tc)]
+
     def kv_token_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
         """Keys and values one token adds to a full-attention layer's cache."""
         heads = int(tc.get("num_key_value_heads") or tc.get("num_attention_heads") or 1)
@@ -246,22 +276,6 @@ class Family:
                     setattr(owner, attr, k)
 
 
-class LogitsTopK(Family):
-    """Top-k of the router logits (mlx-lm's op order), softmax over the k (gpt-oss, Granite)."""
-
-    routing = "top-k of logits, softmax over the k"
-
-    def scores(self, block: nn.Module, x: mx.array) -> mx.array:
-        return self.router_logits(block, x)
-
-    def select(self, block: nn.Module, scores: mx.array, k: int) -> tuple[mx.array, mx.array]:
-        inds = mx.argpartition(scores, kth=-k, axis=-1)[..., -k:]  # mlx-lm's order
-        return inds, self.weights(block, scores, inds)
-
-    def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
-        return mx.softmax(mx.take_along_axis(scores, inds, axis=-1), axis=-1, precise=True)
-
-
 def router_at(block: nn.Module, path: str) -> nn.Module:
     """The module at dotted `path` inside `block` (KeyError when a step is missing)."""
     module = block
@@ -270,25 +284,3 @@ def router_at(block: nn.Module, path: str) -> nn.Module:
             raise KeyError(path)
         module = module[step]
     return module
-
-
-def sigmoid_gated_shared(block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
-    """y + sigmoid(shared_expert_gate(x)) * shared_expert(x) (Qwen2-MoE, Qwen3-Next/3.5)."""
-    if "shared_expert" in block:
-        return y + mx.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
-    return y
-
-
-def every_layer_sparse_unless(tc: dict[str, Any]) -> list[int]:
-    """Qwen rule: sparse unless in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0."""
-    only = set(tc.get("mlp_only_layers") or [])
-    step = int(tc.get("decoder_sparse_step") or 1)
-    n = int(tc["num_hidden_layers"])
-    return [i for i in range(n) if i not in only and (i + 1) % step == 0]
-
-
-def dense_first_then_sparse(tc: dict[str, Any]) -> list[int]:
-    """DeepSeek rule: dense below first_k_dense_replace, then sparse every moe_layer_freq."""
-    first = int(tc.get("first_k_dense_replace") or 0)
-    freq = int(tc.get("moe_layer_freq") or 1)
-    return [i for i in range(int(tc["num_hidden_layers"])) if i >= first and i % freq == 0]

@@ -15,6 +15,7 @@ from edge0.families.audit import (
     positive,
     top_k_in_range,
 )
+from edge0.model.activations import ACTIVATIONS
 
 OUTPUTS = "an output switch of transformers' forward (what it returns), not its arithmetic"
 TRAINING = "used only in training (transformers applies it in train mode or to a loss)"
@@ -78,7 +79,13 @@ COMMON: Fields = {
         "from 1 to the routed expert count",
         "the block's top-k, which `--top-k` may lower at run time",
     ),
-    "hidden_act": only("silu", why="mlx-lm's SwiGLU blocks hard-code SiLU"),
+    "hidden_act": checked(
+        lambda v, _: v in ACTIVATIONS,
+        "an activation without weights of its own ({})".format(", ".join(sorted(ACTIVATIONS))),
+        "the gated MLPs' and experts' activation as transformers' ACT2FN computes it "
+        "(edge0/model/activations.py; golden-tested gelu); prelu and xielu carry weights of "
+        "their own that Edge0's MLPs do not hold",
+    ),
 }
 
 # multimodal wrappers (text model under text_config): the top-level fields
@@ -106,7 +113,10 @@ WRAPPER: Fields = {
     },
     "text_config": edge0("the language model, audited field by field below"),
     "vision_config": irrelevant("the vision tower: Edge0 runs the text model only"),
-    "tie_word_embeddings": only(False, why="mlx-lm's class always has its own lm_head"),
+    "tie_word_embeddings": edge0(
+        "ties the head to the embedding in a family that reads it here (transformers' rule: "
+        "Qwen3.5 does, Llama-4 reads text_config's)"
+    ),
     **{
         k: irrelevant("an image/video placeholder token: Edge0 runs text only")
         for k in (

@@ -14,14 +14,14 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.errors import ModelLoadError
 from edge0.families import tiny
-from edge0.families.audit import SHAPE, Fields, Rope, computed, edge0, irrelevant, only
-from edge0.families.base import Family, dense_first_then_sparse
-from edge0.families.probes import YARN
+from edge0.families.audit import ROPE, SHAPE, TIED_OK, Fields, computed, edge0, irrelevant
+from edge0.families.base import PROJECTIONS, Family
+from edge0.families.probes import LINEAR
+from edge0.families.shared import dense_first_then_sparse
+from edge0.model import attention
 
 ROUTING = "the family's router takes it (golden-tested in the family fixture)"
-TIED = "mlx-lm's {} always has its own lm_head"
 # multi-head latent attention and the DeepSeek router: the rows deepseek_v3 shares
 MLA: Fields = {
     "kv_lora_rank": computed(SHAPE + " (latent attention)"),
@@ -40,10 +40,9 @@ MLA: Fields = {
     "n_group": computed(ROUTING),
     "topk_group": computed(ROUTING),
     "first_k_dense_replace": edge0("the first k layers are dense (golden-tested at 1)"),
-    "moe_layer_freq": only(
-        None,
-        1,
-        why="transformers makes every layer from first_k_dense_replace sparse (mlx-lm's key)",
+    "moe_layer_freq": edge0(
+        "transformers ignores it (every layer from first_k_dense_replace is sparse); Edge0 "
+        "tells mlx-lm 1"
     ),
 }
 _YARN_V2 = {
@@ -117,19 +116,15 @@ class DeepseekV2(Family):
     expert_keys = ("n_routed_experts",)
     routing = "softmax, (group-limited) greedy top-k, scaled"
     shared = "ungated (n_shared_experts)"
+    rope_in_attention = True  # YaRN's mscale_all_dim scales its softmax too
 
     fields: ClassVar[Fields] = {
         **MLA,
-        "rope_parameters": Rope(
-            ("default", "yarn"),
-            "mlx-lm's deepseek_v2 builds its own YaRN rope only "
-            "(default = YaRN with factor 1, exactly)",
-            extra={"truncate": True},
-        ),
+        "rope_parameters": ROPE,
         "topk_method": computed("greedy or group_limited_greedy (golden-tested both)"),
-        "norm_topk_prob": edge0("mlx-lm never renormalises: refused when true with top-k > 1"),
-        "mlp_bias": only(False, why="mlx-lm's deepseek_v2 MLPs have no biases"),
-        "tie_word_embeddings": only(False, why=TIED.format("deepseek_v2")),
+        "norm_topk_prob": irrelevant("transformers' deepseek_v2 never renormalises (nor mlx-lm's)"),
+        "mlp_bias": computed("biases of the dense and shared-expert MLPs (golden-tested)"),
+        "tie_word_embeddings": computed(TIED_OK),
     }
 
     flagships: ClassVar[dict[str, Any]] = {"deepseek-v2-lite": _deepseek_v2_lite}
@@ -142,26 +137,23 @@ class DeepseekV2(Family):
         "tied": {"tie_word_embeddings": True},
         "gelu": {"hidden_act": "gelu"},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "topk_method": "greedy",
-        "q_lora_rank": 32,
-        "attention_bias": True,
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "topk_method": "greedy",
+            "q_lora_rank": 32,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "tie_word_embeddings": True,
+        },
+        "rope": {"rope_parameters": dict(LINEAR), "hidden_act": "gelu"},
     }
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"mlp_bias": True}, "mlp_bias=true: mlx-lm's deepseek_v2 MLPs have no"),
-        ({"rope_parameters": dict(YARN, truncate=False)}, "rope_parameters.truncate=false"),
-    ]
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
-        if tc.get("norm_topk_prob") and int(tc.get("num_experts_per_tok") or 1) > 1:
-            raise ModelLoadError(
-                "deepseek_v2 with norm_topk_prob=true: mlx-lm's deepseek_v2 never renormalises "
-                "the top-k weights, so it would not compute this model"
-            )
+        tc["moe_layer_freq"] = 1  # transformers makes every layer from first_k_dense_replace sparse
         if not tc.get("rope_scaling"):  # mlx-lm builds YaRN always; factor 1 is plain RoPE
             theta = (tc.get("rope_parameters") or {}).get("rope_theta", tc.get("rope_theta"))
             yarn = {
@@ -173,8 +165,24 @@ class DeepseekV2(Family):
             tc["rope_scaling"] = tc["rope_parameters"] = yarn  # the same, said as YaRN
         return tc
 
+    def interleaved_rope(self, tc: dict[str, Any]) -> bool | None:
+        return True  # transformers' deepseek_v2 rotates complex pairs
+
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
         return dense_first_then_sparse(tc)
+
+    def kv_token_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """mlx-lm's deepseek_v2 caches each head's keys (nope and rope parts) and values."""
+        per_head = tc["qk_nope_head_dim"] + tc["qk_rope_head_dim"] + tc["v_head_dim"]
+        return int(tc["num_attention_heads"]) * int(per_head) * itemsize
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """Biases on the dense and shared-expert MLPs (`mlp_bias`), which mlx-lm's lack."""
+        if tc.get("mlp_bias"):
+            for layer in model.layers:
+                mlp = layer.mlp
+                for owner in [mlp["shared_experts"]] if "shared_experts" in mlp else [mlp]:
+                    attention.projections(owner, dict.fromkeys(PROJECTIONS, True))
 
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         out: mx.array = x @ block.gate.weight.T

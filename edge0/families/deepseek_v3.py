@@ -9,18 +9,19 @@ routed_scaling_factor. Shared experts are added ungated. The first
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.families import tiny
-from edge0.families.audit import Fields, Rope, computed, edge0, irrelevant, only
-from edge0.families.base import Family, dense_first_then_sparse
-from edge0.families.deepseek_v2 import MLA, TIED
+from edge0.families.audit import ROPE, TIED_OK, Fields, computed, edge0, irrelevant
+from edge0.families.base import Family
+from edge0.families.deepseek_v2 import MLA
 from edge0.families.probes import LLAMA3, YARN
+from edge0.families.shared import dense_first_then_sparse
 
-ALL_ROPES = ("default", "linear", "dynamic", "yarn", "llama3")
 MTP = "multi-token-prediction layers: transformers does not run them, Edge0 drops them"
 # the DeepSeek-V3 router's rows (glm4_moe shares them)
 V3_ROUTER: Fields = {
@@ -125,14 +126,17 @@ class DeepseekV3(Family):
     expert_keys = ("n_routed_experts",)
     routing = "sigmoid + correction bias, group-limited top-k, renormalised, scaled"
     shared = "ungated (n_shared_experts)"
+    rope_in_attention = True  # YaRN's mscale_all_dim scales its softmax too
 
     fields: ClassVar[Fields] = {
         **MLA,
         **V3_ROUTER,
-        "rope_parameters": Rope(ALL_ROPES, "mlx-lm's deepseek_v3 builds these rope types only"),
-        "rope_interleave": only(True, why="mlx-lm's deepseek_v3 rotates interleaved pairs only"),
+        "rope_parameters": ROPE,
+        "rope_interleave": computed(
+            "rotate interleaved pairs (true) or halves (golden-tested both)"
+        ),
         "num_nextn_predict_layers": irrelevant(MTP),
-        "tie_word_embeddings": only(False, why=TIED.format("deepseek_v3")),
+        "tie_word_embeddings": computed(TIED_OK),
     }
 
     flagships: ClassVar[dict[str, Any]] = {"moonlight-16b-a3b": _moonlight_16b_a3b}
@@ -144,17 +148,25 @@ class DeepseekV3(Family):
         "no_norm_topk": {"norm_topk_prob": False},
         "tied": {"tie_word_embeddings": True},
         "gelu": {"hidden_act": "gelu"},
+        "top1_norm": {"num_experts_per_tok": 1, "norm_topk_prob": True},
+        "yarn_mscale_only": {"rope_parameters": dict(YARN, mscale=0.707)},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "rope_parameters": dict(LLAMA3),
-        "q_lora_rank": None,
-        "attention_bias": True,
-        "norm_topk_prob": False,
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "rope_parameters": dict(LLAMA3),
+            "q_lora_rank": None,
+            "attention_bias": True,
+            "norm_topk_prob": False,
+            "rope_interleave": False,
+            "tie_word_embeddings": True,
+        },
+        # top-1 renormalised to 1, YaRN's mscale without mscale_all_dim (transformers: ignored)
+        "top1": {
+            "num_experts_per_tok": 1,
+            "norm_topk_prob": True,
+            "rope_parameters": dict(YARN, mscale=0.707),
+        },
     }
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"rope_interleave": False}, "rope_interleave=false: mlx-lm's deepseek_v3"),
-        ({"moe_layer_freq": 2}, "moe_layer_freq=2: transformers makes every layer"),
-    ]
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
@@ -162,10 +174,30 @@ class DeepseekV3(Family):
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         # transformers always routes noaux_tc over sigmoids whatever these (mlx-lm's) keys say
         tc["topk_method"], tc["scoring_func"] = "noaux_tc", "sigmoid"
+        tc["moe_layer_freq"] = 1  # transformers makes every layer from first_k_dense_replace sparse
         return tc
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
         return dense_first_then_sparse(tc)
+
+    def kv_token_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        """mlx-lm's deepseek_v3 caches the latent (kv_lora_rank) and the rotated key part,
+        once for all heads."""
+        return (int(tc["kv_lora_rank"]) + int(tc["qk_rope_head_dim"])) * itemsize
+
+    def interleaved_rope(self, tc: dict[str, Any]) -> bool | None:
+        return bool(tc.get("rope_interleave", True))  # mlx-lm: interleaved always
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """A plain rope over halves (`rope_interleave: false`), which mlx-lm never builds, and
+        a single expert's weight renormalised (to 1) with norm_topk_prob, as transformers
+        does and mlx-lm's gate skips."""
+        for i, layer in enumerate(model.layers):
+            if not self.interleaved_rope(tc) and "rope" in layer.self_attn:
+                layer.self_attn.rope.traditional = False
+            if i in self.sparse_layers(tc) and tc.get("norm_topk_prob"):
+                gate: nn.Module = layer.mlp.gate
+                gate.__class__ = _one_renormalised_class(type(gate))
 
     def router_logits(self, block: nn.Module, x: mx.array) -> mx.array:
         out: mx.array = x @ block.gate.weight.T
@@ -187,12 +219,14 @@ class DeepseekV3(Family):
             g.routed_scaling_factor,
             g.norm_topk_prob,
         )
+        if k == 1 and g.norm_topk_prob:  # renormalised: the weight is 1 (mlx-lm skips it)
+            w = mx.full(w.shape, g.routed_scaling_factor, dtype=w.dtype)
         return inds, w
 
     def weights(self, block: nn.Module, scores: mx.array, inds: mx.array) -> mx.array:
         g = block.gate
         w = mx.take_along_axis(mx.sigmoid(scores.astype(mx.float32)), inds, axis=-1)
-        if inds.shape[-1] > 1 and g.norm_topk_prob:
+        if g.norm_topk_prob:
             w = w / w.sum(axis=-1, keepdims=True)
         return w * g.routed_scaling_factor
 
@@ -212,3 +246,23 @@ class KimiK2(DeepseekV3):
 
     tiny = staticmethod(_kimi_tiny)
     flagships: ClassVar[dict[str, Any]] = {"kimi-k2": _kimi_k2}
+    probes: ClassVar[dict[str, dict[str, Any]]] = {
+        "rope_yarn": {"rope_parameters": dict(YARN, mscale=1.0, mscale_all_dim=1.0)},
+    }
+    # Kimi-K2's own rope (YaRN with both mscales), on its one-group router
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "yarn": {"rope_parameters": dict(YARN, mscale=1.0, mscale_all_dim=1.0)},
+    }
+
+
+@functools.cache
+def _one_renormalised_class(cls: type) -> type:
+    """mlx-lm's DeepSeek-V3 / GLM-4.5 gate renormalising a single expert's weight (to 1)."""
+
+    def __call__(self: Any, x: mx.array) -> tuple[mx.array, mx.array]:
+        inds, w = cls.__call__(self, x)
+        if self.top_k == 1 and self.norm_topk_prob:
+            w = mx.full(w.shape, self.routed_scaling_factor, dtype=w.dtype)
+        return inds, w
+
+    return type(f"Renormalised{cls.__name__}", (cls,), {"__call__": __call__})

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from edge0.families import tiny
-from edge0.families.audit import Fields, Rope, computed, irrelevant, only
-from edge0.families.deepseek_v2 import MLA, TIED
+from edge0.families.audit import ROPE_PARTIAL, TIED_OK, Fields, computed, irrelevant
+from edge0.families.base import Family
+from edge0.families.deepseek_v2 import MLA
 from edge0.families.deepseek_v3 import MTP, V3_ROUTER, DeepseekV3
-from edge0.families.probes import YARN
+from edge0.families.probes import YARN, longrope
 
 MOE_ROWS = (
     "moe_intermediate_size",
@@ -76,18 +77,17 @@ def _glm45_air(layers: int = 46) -> Any:
 class Glm4Moe(DeepseekV3):
     name = "glm4_moe"
     model_types: ClassVar[dict[str, str]] = {"glm4_moe": "glm4_moe"}
+    rope_in_attention = False
 
     fields: ClassVar[Fields] = {
         **{k: MLA[k] for k in MOE_ROWS},
         **V3_ROUTER,
-        "rope_parameters": Rope(
-            ("default",), "mlx-lm's glm4_moe builds a plain partial RoPE", partial=True
-        ),
+        "rope_parameters": ROPE_PARTIAL,
         "attention_bias": computed("q/k/v biases (golden-tested)"),
         "use_qk_norm": computed("RMSNorm of q and k per head (golden-tested)"),
         "head_dim": computed("mlx-lm takes it (transformers: hidden_size // heads when absent)"),
         "num_nextn_predict_layers": irrelevant(MTP),
-        "tie_word_embeddings": only(False, why=TIED.format("glm4_moe")),
+        "tie_word_embeddings": computed(TIED_OK),
     }
 
     flagships: ClassVar[dict[str, Any]] = {
@@ -103,17 +103,24 @@ class Glm4Moe(DeepseekV3):
         "no_norm_topk": {"norm_topk_prob": False},
         "tied": {"tie_word_embeddings": True},
         "gelu": {"hidden_act": "gelu"},
+        "top1_norm": {"num_experts_per_tok": 1, "norm_topk_prob": True},
+        "rope-longrope": {"rope_parameters": longrope(pairs=4, partial_rotary_factor=0.5)},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "attention_bias": True,
-        "use_qk_norm": True,
-        "norm_topk_prob": False,
-        "rope_parameters": dict(FULL_ROTARY),
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "attention_bias": True,
+            "use_qk_norm": True,
+            "norm_topk_prob": False,
+            "rope_parameters": dict(FULL_ROTARY),
+            "tie_word_embeddings": True,
+            "hidden_act": "gelu",
+        },
+        "yarn": {
+            "rope_parameters": {**YARN, "partial_rotary_factor": 0.5},
+            "num_experts_per_tok": 1,
+            "norm_topk_prob": True,
+        },
     }
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"rope_parameters": dict(YARN)}, 'rope_parameters.rope_type="yarn"'),
-        ({"tie_word_embeddings": True}, "tie_word_embeddings=true: mlx-lm's glm4_moe"),
-    ]
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
@@ -125,6 +132,12 @@ class Glm4Moe(DeepseekV3):
         tc.setdefault("attention_bias", False)
         tc.setdefault("partial_rotary_factor", 0.5)
         return super().normalize(tc)
+
+    def kv_token_bytes(self, tc: dict[str, Any], itemsize: int) -> int:
+        return Family.kv_token_bytes(self, tc, itemsize)  # standard attention, not DeepSeek's MLA
+
+    def interleaved_rope(self, tc: dict[str, Any]) -> bool | None:
+        return None  # GLM rotates halves (transformers and mlx-lm alike)
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
         first = int(tc.get("first_k_dense_replace") or 0)

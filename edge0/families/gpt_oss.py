@@ -20,26 +20,28 @@ import re
 from typing import Any, ClassVar
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
+from mlx_lm.models.activations import SwigluOAI
 
-from edge0.errors import ModelLoadError
 from edge0.families import tiny
 from edge0.families.audit import (
     EXPERTS,
+    ROPE,
     SHAPE,
+    TIED_OK,
     Fields,
-    Rope,
     computed,
     edge0,
     irrelevant,
-    only,
-    where,
 )
-from edge0.families.base import Form, LogitsTopK, Written
-from edge0.families.probes import DYNAMIC, YARN
+from edge0.families.base import FULL, SLIDING, Form, Written
+from edge0.families.probes import YARN
+from edge0.families.shared import LogitsTopK
+from edge0.model import attention
 
 MXFP4 = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
-# mlx-lm's SwigluOAI uses these constants whatever the config says
+# mlx-lm's gpt_oss builds its SwigluOAI with these whatever the config says
 ALPHA, LIMIT = 1.702, 7.0
 _EXPERTS = re.compile(
     r"^(?P<pre>.*layers\.(?P<layer>\d+)\.mlp\.experts)\."
@@ -137,25 +139,19 @@ class GptOss(LogitsTopK):
     switch_attr = "experts"
     router_attr = "router"
     routing = "top-k of biased logits, softmax over the k"
+    hidden_act = False  # its experts' clamped SwiGLU has its own constants
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
-        "rope_parameters": Rope(
-            ("default", "linear", "yarn", "llama3"),
-            "mlx-lm's gpt_oss builds these rope types (dynamic fails inside mlx-lm)",
-        ),
-        "attention_bias": only(True, why="mlx-lm's gpt_oss attention always has biases"),
+        "rope_parameters": ROPE,
+        "attention_bias": computed("q/k/v/o biases, on or off (golden-tested off)"),
         "head_dim": computed(SHAPE),
         "sliding_window": computed("the window of sliding_attention layers (fixture: 4)"),
-        "layer_types": where(
-            lambda v, _: v is None or "sliding_attention" in v,
-            "a pattern with sliding_attention layers",
-            "mlx-lm's gpt_oss builds its masks for sliding and full layers both",
-        ),
-        "swiglu_alpha": only(1.702, why="mlx-lm's SwigluOAI hard-codes alpha 1.702"),
-        "swiglu_limit": only(7.0, why="mlx-lm's SwigluOAI hard-codes limit 7.0"),
+        "layer_types": computed("sliding or full attention per layer, any pattern (golden-tested)"),
+        "swiglu_alpha": computed("the clamped SwiGLU's sigmoid slope (native kernel included)"),
+        "swiglu_limit": computed("the clamped SwiGLU's clamp (golden-tested at 5)"),
         "hidden_act": irrelevant("transformers' gpt-oss experts use their own clamped SwiGLU"),
-        "tie_word_embeddings": only(False, why="mlx-lm's gpt_oss always has its own lm_head"),
+        "tie_word_embeddings": computed(TIED_OK),
     }
 
     flagships: ClassVar[dict[str, Any]] = {
@@ -169,12 +165,21 @@ class GptOss(LogitsTopK):
         "rope_default": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
         "tied": {"tie_word_embeddings": True},
         "all_full": {"layer_types": ["full_attention"] * 4},
+        "all_sliding": {"layer_types": ["sliding_attention"] * 4},
+        "swiglu_limit": {"swiglu_limit": 5.0},
+        "swiglu_alpha": {"swiglu_alpha": 1.0},
+        "yarn_attention_factor": {"rope_parameters": dict(RELEASED_ROPE, attention_factor=1.3)},
     }
-    variant: ClassVar[dict[str, Any]] = {"rope_parameters": dict(RELEASED_ROPE)}
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"attention_bias": False}, "attention_bias=false: mlx-lm's gpt_oss"),
-        ({"rope_parameters": dict(DYNAMIC)}, 'rope_parameters.rope_type="dynamic"'),
-    ]
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {"rope_parameters": dict(RELEASED_ROPE)},
+        "sliding": {
+            "rope_parameters": dict(RELEASED_ROPE, attention_factor=1.3),
+            "attention_bias": False,
+            "swiglu_limit": 5.0,
+            "swiglu_alpha": 1.5,
+            "layer_types": ["sliding_attention"] * 4,
+        },
+    }
     forms: ClassVar[dict[str, Form]] = {"gpt_oss_mxfp4": _hub_mxfp4}
 
     def tiny(self, vocab: int) -> Any:
@@ -183,14 +188,26 @@ class GptOss(LogitsTopK):
     def mlx_lm_form(self, weights: dict[str, mx.array], config: dict[str, Any]) -> Written:
         return _mlx_names(weights, config)
 
-    def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
-        alpha, limit = tc.get("swiglu_alpha", ALPHA), tc.get("swiglu_limit", LIMIT)
-        if (alpha, limit) != (ALPHA, LIMIT):
-            raise ModelLoadError(
-                f"gpt_oss with swiglu_alpha={alpha}, swiglu_limit={limit}: mlx-lm's gpt_oss "
-                f"computes alpha={ALPHA}, limit={LIMIT} only, so it would not compute this model"
-            )
+    def mlx_config(self, tc: dict[str, Any]) -> dict[str, Any]:
+        """mlx-lm's gpt_oss needs a sliding and a full layer to build (it indexes one of each
+        for its masks): one of a single kind is built mixed, `adapt` restores it."""
+        tc = super().mlx_config(tc)
+        kinds = tc.get("layer_types") or []
+        if len(kinds) > 1 and len(set(kinds)) == 1:
+            tc = {**tc, "layer_types": [SLIDING, FULL, *kinds[2:]]}
         return tc
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """The config's layer kinds, attention biases and clamped SwiGLU, where mlx-lm's class
+        hard-codes them."""
+        if tc.get("layer_types"):
+            model.model.layer_types = list(tc["layer_types"])
+        alpha, limit = float(tc.get("swiglu_alpha", ALPHA)), float(tc.get("swiglu_limit", LIMIT))
+        for layer in model.layers:
+            if not tc.get("attention_bias", True):
+                attention.projections(layer.self_attn, dict.fromkeys(attention.PROJECTIONS, False))
+            if (alpha, limit) != (ALPHA, LIMIT):
+                layer.mlp.experts.activation = SwigluOAI(alpha, limit)
 
     def hf_quantization(self, hf_quant: dict[str, Any]) -> dict[str, Any] | None:
         """The MLX quantization of an HF `quantization_config` whose experts stay packed."""

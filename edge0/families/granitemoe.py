@@ -19,17 +19,16 @@ import numpy as np
 from edge0.families import tiny
 from edge0.families.audit import (
     EXPERTS,
-    ROPES,
+    ROPE,
     TIED_OK,
     Fields,
-    Rope,
     computed,
     derived_head_dim,
     edge0,
     where,
 )
-from edge0.families.base import LogitsTopK
 from edge0.families.probes import LLAMA3
+from edge0.families.shared import LogitsTopK
 
 _FUSED = re.compile(
     r"^.*layers\.(?P<layer>\d+)\.block_sparse_moe\.(?P<kind>input_linear|output_linear)\.weight$"
@@ -87,15 +86,13 @@ class GraniteMoe(LogitsTopK):
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
-        "rope_parameters": Rope(
-            ROPES,
-            "mlx-lm's granitemoe builds these rope types (longrope differs from transformers')",
-        ),
+        "rope_parameters": ROPE,
         "attention_bias": computed("q/k/v/o biases (golden-tested)"),
         "head_dim": where(
             derived_head_dim,
             "hidden_size // num_attention_heads",
-            "mlx-lm's granitemoe takes hidden_size // heads",
+            "transformers' granitemoe sizes its heads hidden_size // heads and its rope by "
+            "head_dim: another head_dim fails in its attention",
         ),
         "embedding_multiplier": computed(GRANITE),
         "attention_multiplier": computed(GRANITE),
@@ -110,14 +107,16 @@ class GraniteMoe(LogitsTopK):
         "tied": {"tie_word_embeddings": True},
         "gelu": {"hidden_act": "gelu"},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "attention_bias": True,
-        "tie_word_embeddings": True,
-        "rope_parameters": dict(LLAMA3),
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "attention_bias": True,
+            "tie_word_embeddings": True,
+            "rope_parameters": dict(LLAMA3),
+            "hidden_act": "gelu",
+        },
     }
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"hidden_act": "gelu"}, 'hidden_act="gelu"'),
-        ({"head_dim": 32}, "head_dim=32: mlx-lm's granitemoe takes hidden_size"),
+        ({"head_dim": 32}, "head_dim=32: transformers' granitemoe sizes its heads"),
     ]
 
     def tiny(self, vocab: int) -> Any:

@@ -23,19 +23,10 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.errors import ConfigError, ModelLoadError
-from edge0.families import tiny
-from edge0.families.audit import (
-    EXPERTS,
-    ROPES,
-    SHAPE,
-    Fields,
-    Rope,
-    computed,
-    edge0,
-    only,
-)
+from edge0.families.audit import EXPERTS, ROPE, SHAPE, TIED_OK, Fields, computed, edge0
 from edge0.families.base import Family
-from edge0.families.probes import LONGROPE, YARN
+from edge0.families.llama4_shapes import ROPE_SCOUT, flagship, tiny_config
+from edge0.families.probes import YARN
 
 _FUSED = re.compile(
     r"^.*layers\.(?P<layer>\d+)\.feed_forward\.experts\.(?P<kind>gate_up_proj|down_proj)$"
@@ -44,105 +35,6 @@ NOPE_INTERVAL = 4  # mlx-lm's llama4 hard-codes NoPE + global attention on every
 QK_EPS = 1e-6  # mlx-lm's llama4 q/k norm eps, whatever rms_norm_eps says
 
 LAYOUT = "mlx-lm's llama4 hard-codes the pattern: checked by the family (one line)"
-
-
-def _tiny(vocab: int) -> Any:
-    """Scout's text model, 4 layers: MoE every 2nd layer, NoPE every 4th; chunks of 4 tokens
-    and a temperature floor of 4 so the prompt crosses both; a tiny vision tower."""
-    from transformers import Llama4Config
-
-    rope = {
-        "rope_type": "llama3",
-        "rope_theta": 500000.0,
-        "factor": 16.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
-    text = dict(
-        **tiny.common(vocab, num_hidden_layers=4, rms_norm_eps=1e-5),
-        intermediate_size=tiny.FF,
-        intermediate_size_mlp=2 * tiny.FF,
-        num_key_value_heads=tiny.KV,
-        head_dim=tiny.HEAD_DIM,
-        num_local_experts=8,
-        num_experts_per_tok=1,
-        interleave_moe_layer_step=2,
-        attention_chunk_size=4,
-        floor_scale=4,
-        attn_scale=0.1,
-        use_qk_norm=True,
-        rope_parameters=rope,
-    )
-    vision = dict(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        vision_output_dim=32,
-        image_size=28,
-        patch_size=14,
-        projector_input_dim=32,
-        projector_output_dim=32,
-    )
-    return Llama4Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
-
-
-def _flagship(
-    experts: int, step: int, qk_norm: bool, rope: dict[str, Any], layers: int = 48
-) -> Any:
-    """Llama-4 Scout (16 experts, every layer MoE) / Maverick (128, every 2nd): text part."""
-    from transformers import Llama4Config
-
-    text = dict(
-        vocab_size=202048,
-        hidden_size=5120,
-        intermediate_size=8192,
-        intermediate_size_mlp=16384,
-        num_hidden_layers=layers,
-        num_attention_heads=40,
-        num_key_value_heads=8,
-        head_dim=128,
-        num_local_experts=experts,
-        num_experts_per_tok=1,
-        interleave_moe_layer_step=step,
-        use_qk_norm=qk_norm,
-        attention_chunk_size=8192,
-        attn_temperature_tuning=True,
-        floor_scale=8192,
-        attn_scale=0.1,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=10485760,
-        rope_parameters=rope,
-        tie_word_embeddings=False,
-        bos_token_id=200000,
-        eos_token_id=[200001, 200007, 200008],
-        pad_token_id=200018,
-    )
-    vision = dict(
-        hidden_size=1408,
-        num_hidden_layers=34,
-        num_attention_heads=16,
-        intermediate_size=5632,
-        image_size=336,
-        patch_size=14,
-        vision_output_dim=4096,
-        projector_input_dim=4096,
-        projector_output_dim=4096,
-    )
-    return Llama4Config(
-        text_config=text, vision_config=vision, tie_word_embeddings=False, dtype="bfloat16"
-    )
-
-
-_ROPE_SCOUT = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 16.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 1.0,
-    "original_max_position_embeddings": 8192,
-}
 
 
 class Llama4(Family):
@@ -158,9 +50,7 @@ class Llama4(Family):
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
-        "rope_parameters": Rope(
-            ROPES, "mlx-lm's llama4 builds these rope types (longrope differs from transformers')"
-        ),
+        "rope_parameters": ROPE,
         "attention_bias": computed("q/k/v/o biases (golden-tested)"),
         "head_dim": computed(SHAPE),
         "intermediate_size_mlp": computed(SHAPE + " (the dense layers' MLP)"),
@@ -174,20 +64,20 @@ class Llama4(Family):
         "no_rope_layers": edge0(LAYOUT),
         "no_rope_layer_interval": edge0(LAYOUT + " (through no_rope_layers)"),
         "layer_types": edge0(LAYOUT),
-        "tie_word_embeddings": only(False, why="mlx-lm's llama4 always has its own lm_head"),
+        "tie_word_embeddings": computed(TIED_OK),
     }
     # its chunked-attention caches have no batch form that keeps each row's chunk
     stacks = False
 
     reference_class = "Llama4ForConditionalGeneration"  # the hub's releases: the multimodal model
     flagships: ClassVar[dict[str, Any]] = {
-        "llama-4-scout-17b-16e": lambda: _flagship(16, 1, True, _ROPE_SCOUT),
-        "llama-4-maverick-17b-128e": lambda: _flagship(
+        "llama-4-scout-17b-16e": lambda: flagship(16, 1, True, ROPE_SCOUT),
+        "llama-4-maverick-17b-128e": lambda: flagship(
             128, 2, False, {"rope_type": "default", "rope_theta": 500000.0}
         ),
         # Scout's tensors, 4 layers (the fewest mlx-lm's llama4 runs), MoE every 2nd: 4 GB on
         # disk, a streamed run at Scout's width (67.5 MiB records) on this machine
-        "llama-4-scout-4layers": lambda: _flagship(16, 2, True, _ROPE_SCOUT, layers=4),
+        "llama-4-scout-4layers": lambda: flagship(16, 2, True, ROPE_SCOUT, layers=4),
     }
     probes: ClassVar[dict[str, dict[str, Any]]] = {
         "no_temperature": {"text_config.attn_temperature_tuning": False},
@@ -195,25 +85,18 @@ class Llama4(Family):
         "attention_bias": {"text_config.attention_bias": True},
         "tied": {"text_config.tie_word_embeddings": True},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "text_config.attention_bias": True,
-        "text_config.attn_temperature_tuning": False,
-        "text_config.rope_parameters": dict(YARN),
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "text_config.attention_bias": True,
+            "text_config.attn_temperature_tuning": False,
+            "text_config.rope_parameters": dict(YARN),
+            "text_config.tie_word_embeddings": True,
+        },
     }
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        (
-            {"text_config.tie_word_embeddings": True},
-            "text_config.tie_word_embeddings=true: mlx-lm's llama4",
-        ),
-        (
-            {"text_config.rope_parameters": dict(LONGROPE)},
-            'text_config.rope_parameters.rope_type="longrope"',
-        ),
-    ]
 
     # -- config ---------------------------------------------------------------------------
     def tiny(self, vocab: int) -> Any:
-        return _tiny(vocab)
+        return tiny_config(vocab)
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         n = int(tc["num_hidden_layers"])
@@ -268,6 +151,12 @@ class Llama4(Family):
             if getattr(attn, "use_qk_norm", False):
                 attn.__class__ = _qk_norm_class()
                 object.__setattr__(attn, "qk_eps", eps)
+
+    def windows(self, tc: dict[str, Any]) -> list[int | None]:
+        """The RoPE layers attend within chunks: their cache keeps one chunk (mlx-lm's
+        ChunkedKVCache)."""
+        chunk = tc.get("attention_chunk_size")
+        return [chunk if k == "chunked_attention" else None for k in self.layer_kinds(tc)]
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
         step = int(tc.get("interleave_moe_layer_step") or 1)

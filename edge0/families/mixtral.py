@@ -15,17 +15,23 @@ from edge0.families import tiny
 from edge0.families.audit import (
     EXPERTS,
     HALVES,
+    ROPE,
     TIED_OK,
     Fields,
-    Rope,
+    checked,
     computed,
-    derived_head_dim,
     edge0,
-    only,
-    where,
 )
 from edge0.families.base import Family
-from edge0.families.probes import LINEAR
+from edge0.families.probes import ROPES, YARN
+from edge0.families.shared import slide
+from edge0.model import attention, rope
+
+NEEDS_HEAD_DIM = ("dynamic", "yarn", "longrope")  # transformers reads config.head_dim for them
+
+
+def _head_dim_set(value: Any, cfg: dict[str, Any]) -> bool:
+    return value is not None or rope.rope_type(cfg.get("rope_parameters")) not in NEEDS_HEAD_DIM
 
 
 def _tiny(vocab: int) -> Any:
@@ -73,36 +79,68 @@ class Mixtral(Family):
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
-        "rope_parameters": Rope(
-            ("default",), "mlx-lm's mixtral builds a plain RoPE from rope_theta and drops scaling"
+        "rope_parameters": ROPE,
+        "sliding_window": computed(
+            "every layer attends over its last sliding_window tokens, its KV cache keeps them "
+            "(golden-tested at 4)"
         ),
-        "sliding_window": only(None, why="mlx-lm's mixtral attends over the whole context"),
-        "head_dim": where(
-            derived_head_dim,
-            "hidden_size // num_attention_heads",
-            "mlx-lm's mixtral takes hidden_size // heads",
+        "head_dim": checked(
+            _head_dim_set,
+            "set when rope_type is dynamic, yarn or longrope",
+            "q/k/v/o sized by it, hidden_size // heads when null (golden-tested); transformers "
+            "builds a dynamic, yarn or longrope rope from it and fails when it is null",
         ),
         "tie_word_embeddings": computed(TIED_OK),
-        "rope_traditional": only(None, False, why=HALVES),
+        "rope_traditional": edge0(HALVES),
     }
 
     flagships: ClassVar[dict[str, Any]] = {"mixtral-8x7b": _mixtral_8x7b}
     probes: ClassVar[dict[str, dict[str, Any]]] = {
+        # transformers builds these ropes from head_dim: set (to hidden_size // heads)
+        **{
+            f"rope-{kind}": {"head_dim": tiny.HEAD_DIM, "rope_parameters": dict(ROPES[kind])}
+            for kind in NEEDS_HEAD_DIM
+        },
+        "rope-dynamic": {
+            "head_dim": tiny.HEAD_DIM,
+            "rope_parameters": dict(ROPES["dynamic"]),
+            "max_position_embeddings": 16,
+        },
         "sliding_window": {"sliding_window": 4},
         "head_dim": {"head_dim": 32},
         "gelu": {"hidden_act": "gelu"},
         "tied": {"tie_word_embeddings": True},
         "jitter": {"router_jitter_noise": 0.1},
     }
-    variant: ClassVar[dict[str, Any]] = {"tie_word_embeddings": True}
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "tie_word_embeddings": True,
+            "head_dim": 32,
+            "sliding_window": 4,
+            "rope_parameters": dict(ROPES["llama3"]),
+        },
+    }
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"sliding_window": 4}, "sliding_window=4: mlx-lm's mixtral attends over the whole"),
-        ({"rope_parameters": dict(LINEAR)}, 'rope_parameters.rope_type="linear"'),
-        ({"head_dim": 32}, "head_dim=32: mlx-lm's mixtral takes hidden_size // heads"),
+        (
+            {"rope_parameters": dict(YARN)},
+            "head_dim=null is invalid: mixtral's head_dim must be set",
+        ),
     ]
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
+
+    def windows(self, tc: dict[str, Any]) -> list[int | None]:
+        return [tc.get("sliding_window")] * int(tc["num_hidden_layers"])
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """An explicit head_dim and a sliding window, which mlx-lm's mixtral lacks."""
+        d, heads, kv = tc["hidden_size"], tc["num_attention_heads"], tc["num_key_value_heads"]
+        head_dim = int(tc.get("head_dim") or d // heads)
+        if head_dim != d // heads:
+            for layer in model.layers:
+                attention.resize_heads(layer.self_attn, head_dim, heads, kv)
+        slide(model, self.windows(tc))
 
     def scores(self, block: nn.Module, x: mx.array) -> mx.array:
         return self.router_logits(block, x)

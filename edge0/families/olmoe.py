@@ -5,16 +5,20 @@ Experts are `mlp.experts.E.{gate,up,down}_proj.weight`; no shared expert.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import scaled_dot_product_attention  # the native one once use_native ran
 
 from edge0.families import tiny
 from edge0.families.audit import (
     EXPERTS,
     HALVES,
-    ROPES,
+    ROPE,
     TIED_OK,
     Fields,
-    Rope,
     computed,
     derived_head_dim,
     edge0,
@@ -64,11 +68,11 @@ class Olmoe(Family):
 
     fields: ClassVar[Fields] = {
         "num_experts": edge0(EXPERTS),
-        "rope_parameters": Rope(
-            ROPES, "mlx-lm's olmoe builds these rope types (longrope differs from transformers')"
-        ),
+        "rope_parameters": ROPE,
         "attention_bias": computed("q/k/v/o biases (golden-tested)"),
-        "clip_qkv": only(None, why="mlx-lm's olmoe never clips q, k and v"),
+        "clip_qkv": computed(
+            "q, k (after their norms) and v clipped to +-clip_qkv (golden-tested)"
+        ),
         "norm_topk_prob": computed("renormalise the top-k weights (golden-tested both ways)"),
         "tie_word_embeddings": computed(TIED_OK),
         "head_dim": where(
@@ -77,7 +81,7 @@ class Olmoe(Family):
             "OLMoE's q/k norms span hidden_size (transformers fails otherwise)",
         ),
         "mlp_bias": only(None, False, why="transformers' OLMoE experts have no biases"),
-        "rope_traditional": only(None, False, why=HALVES),
+        "rope_traditional": edge0(HALVES),
     }
 
     flagships: ClassVar[dict[str, Any]] = {"olmoe-1b-7b": _olmoe_1b_7b}
@@ -88,20 +92,49 @@ class Olmoe(Family):
         "tied": {"tie_word_embeddings": True},
         "norm_topk": {"norm_topk_prob": True},
         "gelu": {"hidden_act": "gelu"},
+        "yarn_mscale": {"rope_parameters": dict(YARN, mscale=0.707)},
+        "yarn_attention_factor": {"rope_parameters": dict(YARN, attention_factor=2.0)},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "attention_bias": True,
-        "tie_word_embeddings": True,
-        "norm_topk_prob": True,
-        "rope_parameters": dict(YARN),
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "attention_bias": True,
+            "tie_word_embeddings": True,
+            "norm_topk_prob": True,
+            "rope_parameters": dict(YARN, mscale=0.707),  # mscale alone: transformers ignores it
+            "clip_qkv": 0.5,
+        },
     }
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"clip_qkv": 0.5}, "clip_qkv=0.5: mlx-lm's olmoe never clips"),
-        (
-            {"rope_parameters": dict(YARN, attention_factor=2.0)},
-            "rope_parameters.attention_factor=2.0",
-        ),
-    ]
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """transformers clips q, k and v with `clip_qkv`; mlx-lm's attention never does."""
+        if tc.get("clip_qkv") is not None:
+            for layer in model.layers:
+                attn: nn.Module = layer.self_attn
+                attn.__class__ = _clipped_class(type(attn))
+                object.__setattr__(attn, "clip", float(tc["clip_qkv"]))
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
+
+
+@functools.cache
+def _clipped_class(cls: type) -> type:
+    """mlx-lm's OLMoE attention with q, k (after their norms) and v clipped to +-clip."""
+
+    def __call__(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        b, t, _ = x.shape
+
+        def heads(y: mx.array, n: int) -> mx.array:
+            return mx.clip(y, -self.clip, self.clip).reshape(b, t, n, -1).transpose(0, 2, 1, 3)
+
+        q = heads(self.q_norm(self.q_proj(x)), self.n_heads)
+        k = heads(self.k_norm(self.k_proj(x)), self.n_kv_heads)
+        v = heads(self.v_proj(x), self.n_kv_heads)
+        offset = cache.offset if cache is not None else 0
+        q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1))
+
+    return type(f"Clipped{cls.__name__}", (cls,), {"__call__": __call__})

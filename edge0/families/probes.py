@@ -30,3 +30,9 @@ LONGROPE: dict[str, Any] = {
     "long_factor": [float(i + 1) for i in range(8)],
 }
 ROPES = {"linear": LINEAR, "dynamic": DYNAMIC, "yarn": YARN, "llama3": LLAMA3, "longrope": LONGROPE}
+
+
+def longrope(pairs: int, **extra: Any) -> dict[str, Any]:
+    """LONGROPE with one short and one long factor per rotated pair (`pairs` of them)."""
+    factors = {"short_factor": [1.0] * pairs, "long_factor": [float(i + 1) for i in range(pairs)]}
+    return {**LONGROPE, **factors, **extra}

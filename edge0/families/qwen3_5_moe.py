@@ -18,9 +18,9 @@ import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
 from edge0.families import tiny
-from edge0.families.audit import Fields, Rope, edge0, only
+from edge0.families.audit import ROPE_WHY, Fields, Rope, edge0
 from edge0.families.base import Family
-from edge0.families.probes import YARN
+from edge0.families.probes import longrope
 from edge0.families.qwen3_moe import qwen3_fields
 from edge0.families.qwen3_next import HYBRID, Qwen3Next
 
@@ -91,16 +91,15 @@ class Qwen3_5Moe(Qwen3Next):
         },
         **HYBRID,
         "rope_parameters": Rope(
-            ("default",),
-            "mlx-lm's qwen3_5 builds a plain partial RoPE for text",
+            ROPE_WHY,
             partial=True,
             ignored={
                 "mrope_section": "text positions are equal on all three axes",
                 "mrope_interleaved": "text positions are equal on all three axes",
             },
         ),
-        "tie_word_embeddings": only(
-            False, why="transformers ties Qwen3.5 by the top-level field, mlx-lm by this one"
+        "tie_word_embeddings": edge0(
+            "transformers ties Qwen3.5 by the top-level field, never this one; Edge0 too"
         ),
     }
 
@@ -117,25 +116,23 @@ class Qwen3_5Moe(Qwen3Next):
         "conv_kernel": {"text_config.linear_conv_kernel_dim": 3},
         "no_norm_topk": {"text_config.norm_topk_prob": False},
         "mlp_only": {"text_config.mlp_only_layers": [1]},
+        "rope-longrope": {
+            "text_config.rope_parameters": longrope(pairs=2, partial_rotary_factor=0.25)
+        },
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "text_config.attention_bias": True,
-        "text_config.linear_conv_kernel_dim": 3,
-        "text_config.mlp_only_layers": [1],
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "text_config.attention_bias": True,
+            "text_config.linear_conv_kernel_dim": 3,
+            "text_config.mlp_only_layers": [1],
+        },
     }
-    refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        (
-            {"text_config.tie_word_embeddings": True},
-            "text_config.tie_word_embeddings=true: transformers ties Qwen3.5 by the top-level",
-        ),
-        (
-            {"text_config.rope_parameters": dict(YARN, partial_rotary_factor=0.25)},
-            'text_config.rope_parameters.rope_type="yarn"',
-        ),
-    ]
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
+
+    def ties(self, config: dict[str, Any]) -> bool:
+        return bool(config.get("tie_word_embeddings"))  # the wrapper's field (transformers)
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         # transformers' Qwen3.5 has none of these: every layer sparse, always renormalised

@@ -14,18 +14,19 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.families import tiny
-from edge0.families.audit import SHAPE, Fields, Rope, computed, edge0, only, where
-from edge0.families.base import Family, every_layer_sparse_unless, sigmoid_gated_shared
+from edge0.families.audit import ROPE, SHAPE, Fields, computed, edge0
+from edge0.families.base import Family
 from edge0.families.probes import YARN
+from edge0.families.shared import every_layer_sparse_unless, sigmoid_gated_shared, slide
+from edge0.model import attention
 
-PLAIN_ROPE = "mlx-lm's {} builds a plain RoPE from rope_theta and drops any scaling"
 LAYERS = "the Qwen rule: a layer is sparse unless listed, and (i + 1) % step == 0"
 
 
 def qwen3_fields(name: str) -> Fields:
     """The audit rows the Qwen3 families share."""
     return {
-        "attention_bias": only(False, why=f"mlx-lm's {name} attention has no q/k/v/o biases"),
+        "attention_bias": computed("q/k/v/o biases (golden-tested)"),
         "decoder_sparse_step": edge0(LAYERS + " (golden-tested at 2 on qwen3_moe)"),
         "mlp_only_layers": edge0(LAYERS + " (golden-tested with [1] on qwen3_next)"),
         "moe_intermediate_size": computed(SHAPE + " (experts)"),
@@ -87,12 +88,11 @@ class Qwen3Moe(Family):
 
     fields: ClassVar[Fields] = {
         **qwen3_fields("qwen3_moe"),
-        "rope_parameters": Rope(("default",), PLAIN_ROPE.format("qwen3_moe")),
-        "use_sliding_window": edge0("switches sliding_window on; checked through it"),
-        "sliding_window": where(
-            lambda v, _: v is None,
-            "null (use_sliding_window false)",
-            "mlx-lm's qwen3_moe attends over the whole context (no sliding window)",
+        "rope_parameters": ROPE,
+        "use_sliding_window": edge0("switches sliding_window on (transformers' rule)"),
+        "sliding_window": computed(
+            "every layer attends over its last sliding_window tokens, its KV cache keeps them "
+            "(golden-tested at 4)"
         ),
     }
 
@@ -108,19 +108,25 @@ class Qwen3Moe(Family):
         "mlp_only": {"mlp_only_layers": [0]},
         "no_norm_topk": {"norm_topk_prob": False},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "head_dim": 32,
-        "tie_word_embeddings": True,
-        "decoder_sparse_step": 2,
-        "norm_topk_prob": False,
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "head_dim": 32,
+            "tie_word_embeddings": True,
+            "decoder_sparse_step": 2,
+            "norm_topk_prob": False,
+            "attention_bias": True,
+            "use_sliding_window": True,
+            "sliding_window": 8,
+        },
+        # YaRN x4 over 16 positions: the prompt (and 8 decode steps) run past them
+        "yarn": {"rope_parameters": dict(YARN)},
     }
+
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
         (
-            {"use_sliding_window": True, "sliding_window": 4},
-            "sliding_window=4: mlx-lm's qwen3_moe attends over the whole context",
+            {"rope_parameters": dict(YARN, partial_rotary_factor=0.5)},
+            "rope_parameters.partial_rotary_factor=0.5: transformers' qwen3_moe rotates whole",
         ),
-        ({"rope_parameters": dict(YARN)}, 'rope_parameters.rope_type="yarn"'),
-        ({"attention_bias": True}, "attention_bias=true: mlx-lm's qwen3_moe attention"),
     ]
 
     def tiny(self, vocab: int) -> Any:
@@ -143,6 +149,17 @@ class Qwen3Moe(Family):
 
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         return sigmoid_gated_shared(block, x, y)
+
+    def windows(self, tc: dict[str, Any]) -> list[int | None]:
+        return [tc.get("sliding_window")] * int(tc["num_hidden_layers"])
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """q/k/v/o biases (`attention_bias`) and a sliding window on every layer, which
+        mlx-lm's qwen3_moe lacks."""
+        if tc.get("attention_bias"):
+            for layer in model.layers:
+                attention.projections(layer.self_attn, dict.fromkeys(attention.PROJECTIONS, True))
+        slide(model, self.windows(tc))
 
     def shape_config(self, shape: Any, vocab: int, **extra: Any) -> dict[str, Any]:
         """config.json of a synthetic `shape` (edge0.synth.shapes.Shape) with `vocab` tokens."""

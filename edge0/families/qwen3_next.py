@@ -15,9 +15,9 @@ import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
 from edge0.families import tiny
-from edge0.families.audit import SHAPE, Fields, Rope, computed, edge0
+from edge0.families.audit import ROPE_PARTIAL, SHAPE, Fields, computed, edge0, only
 from edge0.families.base import FULL, LINEAR
-from edge0.families.probes import DYNAMIC, LONGROPE
+from edge0.families.probes import DYNAMIC, LONGROPE, longrope
 from edge0.families.qwen3_moe import Qwen3Moe, qwen3_fields
 
 HYBRID: Fields = {
@@ -32,6 +32,12 @@ HYBRID: Fields = {
     "linear_num_value_heads": computed(SHAPE),
     "shared_expert_intermediate_size": computed(SHAPE + " (sigmoid-gated shared expert)"),
     "attention_bias": computed("mlx-lm's gated attention takes it (golden-tested)"),
+    "hidden_act": only(
+        "silu",
+        "swish",
+        why="transformers' Gated DeltaNet applies it to its causal conv too, where mlx-lm's "
+        "hard-codes SiLU (a subclass of that layer is not written yet)",
+    ),
 }
 PARTIAL_HALF = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
 
@@ -65,11 +71,7 @@ class Qwen3Next(Qwen3Moe):
     fields: ClassVar[Fields] = {
         **qwen3_fields("qwen3_next"),
         **HYBRID,
-        "rope_parameters": Rope(
-            ("default", "linear", "dynamic", "yarn", "llama3"),
-            "mlx-lm's qwen3_next builds these rope types only",
-            partial=True,
-        ),
+        "rope_parameters": ROPE_PARTIAL,
         "tie_word_embeddings": computed("the lm_head is the embedding"),
     }
 
@@ -81,22 +83,31 @@ class Qwen3Next(Qwen3Moe):
         "partial_rotary": {"rope_parameters": dict(PARTIAL_HALF)},
         "conv_kernel": {"linear_conv_kernel_dim": 3},
         "gelu": {"hidden_act": "gelu"},
+        "rope-longrope": {"rope_parameters": longrope(pairs=2, partial_rotary_factor=0.25)},
     }
-    variant: ClassVar[dict[str, Any]] = {
-        "attention_bias": True,
-        "linear_conv_kernel_dim": 3,
-        "mlp_only_layers": [1],
-        "norm_topk_prob": False,
-        "rope_parameters": {**DYNAMIC, "partial_rotary_factor": 0.5},
-        "max_position_embeddings": 16,
+    variants: ClassVar[dict[str, dict[str, Any]]] = {
+        "variant": {
+            "attention_bias": True,
+            "linear_conv_kernel_dim": 3,
+            "mlp_only_layers": [1],
+            "norm_topk_prob": False,
+            "rope_parameters": {**DYNAMIC, "partial_rotary_factor": 0.5},
+            "max_position_embeddings": 16,
+        },
     }
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"hidden_act": "gelu"}, 'hidden_act="gelu": mlx-lm\'s SwiGLU blocks hard-code'),
-        ({"rope_parameters": dict(LONGROPE)}, 'rope_parameters.rope_type="longrope"'),
+        ({"hidden_act": "gelu"}, 'hidden_act="gelu": transformers\' Gated DeltaNet applies it'),
+        ({"rope_parameters": dict(LONGROPE)}, "rope_parameters.short_factor=[1.0"),
     ]
 
     def tiny(self, vocab: int) -> Any:
         return _tiny(vocab)
+
+    def windows(self, tc: dict[str, Any]) -> list[int | None]:
+        return [None] * int(tc["num_hidden_layers"])
+
+    def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
+        """Nothing: mlx-lm's gated attention computes every field (its biases included)."""
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         super().normalize(tc)

@@ -9,8 +9,7 @@ import mlx.nn as nn
 
 from edge0 import families
 from edge0.errors import ModelLoadError
-from edge0.model import fields
-from edge0.model.rope import untruncate_yarn
+from edge0.model import activations, attention, fields, rope
 
 # Dense (non-MoE) families people are likely to point Edge0 at by mistake.
 _DENSE_TYPES = {
@@ -124,6 +123,8 @@ def _normalize_text(tc: dict[str, Any], fam: families.Family | None) -> dict[str
     if tc.get("head_dim") is None and "hidden_size" in tc and "num_attention_heads" in tc:
         tc["head_dim"] = tc["hidden_size"] // tc["num_attention_heads"]
     tc.setdefault("tie_word_embeddings", False)
+    if "rope_traditional" in tc:  # mlx-lm's own key: transformers rotates halves whatever it says
+        tc["rope_traditional"] = False
     return fam.normalize(tc) if fam is not None else tc
 
 
@@ -136,11 +137,19 @@ def model_classes(config: dict[str, Any], where: str = "config.json") -> tuple[A
 def instantiate(config: dict[str, Any], where: str = "config.json") -> nn.Module:
     """An mlx-lm model for a normalised config; weights are random until loaded."""
     model_cls, args_cls = model_classes(config, where)
+    family = family_of(config)
+    tc = {**text_config(config), "tie_word_embeddings": family.ties(config)}
+    built = family.mlx_config(dict(tc))
+    if isinstance(config.get("text_config"), dict):
+        built = {**config, "text_config": built}
     try:
-        args = args_cls.from_dict(config)
-        model: nn.Module = model_cls(args)
-        family_of(config).adapt(model, text_config(config))
-        untruncate_yarn(model, text_config(config))
+        model: nn.Module = model_cls(args_cls.from_dict(built))
+        family.adapt(model, tc)
+        if family.hidden_act:
+            activations.install(model, str(tc.get("hidden_act", "silu")))
+        rope.install(model, tc, traditional=family.interleaved_rope(tc))
+        if tc["tie_word_embeddings"]:  # a head mlx-lm built anyway becomes the embedding
+            attention.tie(model)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - mlx-lm's classes fail in many ways; one line

@@ -6,6 +6,7 @@ edge0.layout.load for edge0-layout directories); imports neither.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from edge0.errors import ModelLoadError
+from edge0.families import FAMILIES
 from edge0.kernels.layers import use_native
 from edge0.model import arch as models
 
@@ -75,9 +77,23 @@ def load_tokenizer(path: Path, eos_token_ids: Any = None) -> Any:
     if isinstance(eos_token_ids, int):
         eos_token_ids = [eos_token_ids]
     try:
-        return load_wrapper(path, eos_token_ids=eos_token_ids)
+        return load_wrapper(path, _read_as(path), eos_token_ids=eos_token_ids)
     except Exception as exc:  # transformers raises many types for broken tokenizer files
         raise ModelLoadError(
             f"{path}: cannot load the tokenizer ({type(exc).__name__}: {exc}); copy the "
             "tokenizer files from the original checkpoint"
         ) from exc
+
+
+def _read_as(path: Path) -> dict[str, Any]:
+    """The config transformers' tokenizer loader should take, where it cannot read config.json
+    itself: a model_type it has no class for (kimi_k2) is read as its family's config class
+    (its generic reading fails on a `rope_scaling`, though the tokenizer is fine)."""
+    file = path / "config.json"
+    model_type = json.loads(file.read_text()).get("model_type") if file.is_file() else None
+    family = FAMILIES.get(str(model_type))
+    if family is None or model_type not in family.config_types:
+        return {}
+    import transformers
+
+    return {"config": transformers.AutoConfig.for_model(family.config_types[str(model_type)])}

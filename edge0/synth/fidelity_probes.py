@@ -4,8 +4,8 @@ Each probe is a family's tiny fixture (its `tiny` config) with some config value
 changed: every rope type transformers computes, and the family's own `probes` (a family
 that declares none, like kimi_k2 beside deepseek_v3, is probed through its base);
 tools/config_probe.py runs transformers and Edge0 on it and prints the logit delta or
-Edge0's refusal. A family's `variant` (its computed non-default values) is committed as
-a fixture with golden logits (tests/fixtures/families/<model_type>-variant.json); its
+Edge0's refusal. A family's `variants` (its computed non-default values) are committed as
+fixtures with golden logits (tests/fixtures/families/<model_type>-<suffix>.json); its
 `refusals` are checked by tests/test_config_fidelity.py for their one-line message.
 """
 
@@ -31,7 +31,7 @@ def _probes(family: Family) -> dict[str, tuple[str, dict[str, Any]]]:
         if kind == "dynamic":  # dynamic NTK rescales past max_position_embeddings only
             changes[f"{prefix}max_position_embeddings"] = 16
         out[f"{base}-rope-{kind}"] = (base, changes)
-    for name, changes in family.own("probes").items():
+    for name, changes in family.own("probes").items():  # a family's own replace the rope ones
         out[f"{base}-{name}"] = (base, changes)
     return out
 
@@ -43,7 +43,9 @@ PROBES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 # computed non-default values, committed with golden logits (tools/family_fixtures.py NAME)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    f"{f.name}-variant": (f.name, f.own("variant")) for f in _TINY if f.own("variant")
+    f"{f.name}-{suffix}": (f.name, changes)
+    for f in _TINY
+    for suffix, changes in f.own("variants").items()
 }
 # refused values: (fixture, config changes, the start of the one-line refusal)
 REFUSALS: list[tuple[str, dict[str, Any], str]] = [

@@ -83,8 +83,12 @@ def layout_from_transformers(config: dict[str, Any]) -> list[tuple[str, tuple[in
             return sorted((k, tuple(f.get_slice(k).get_shape())) for k in f.keys())
 
 
-def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarray:
-    """Deterministic float32 values of one tensor, from its name alone."""
+def values(
+    name: str, shape: tuple[int, ...], centred: bool = False, tied: bool = False
+) -> np.ndarray:
+    """Deterministic float32 values of one tensor, from its name alone (and whether the
+    embedding is the output head too: then it has the head's scale, so the logits keep
+    theirs and the fp32 references' noise stays under the 1e-4 bar)."""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     z = rng.standard_normal(shape).astype(np.float32)
     if len(shape) == 1:
@@ -104,8 +108,10 @@ def values(name: str, shape: tuple[int, ...], centred: bool = False) -> np.ndarr
         gain = 6.0  # gpt-oss: pre-activations past swiglu_limit, so the clamps take effect
     elif name.endswith("lm_head.weight"):
         gain = 1.5
-    elif name.endswith("embed_tokens.weight"):
+    elif name.endswith("embed_tokens.weight") and not tied:
         return z
+    elif name.endswith("embed_tokens.weight"):
+        gain = 1.5
     return z * (gain / np.sqrt(shape[-1]))
 
 
@@ -149,9 +155,10 @@ def write_spec(spec: dict[str, Any], out: Path) -> Path:
     config = spec["config"]
     if vocab != (config.get("text_config") or config)["vocab_size"]:
         raise ValueError(f"{out}: tokenizer has {vocab} tokens, not the config's vocab_size")
-    centred = family_for(config["model_type"]).centred_norms
+    family = family_for(config["model_type"])
+    centred, tied = family.centred_norms, family.ties(config)
     tensors = {
-        name: mx.array(values(name, tuple(shape), centred)).astype(mx.bfloat16)
+        name: mx.array(values(name, tuple(shape), centred, tied)).astype(mx.bfloat16)
         for name, shape in spec["tensors"]
     }
     mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "pt"})

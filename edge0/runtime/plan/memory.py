@@ -30,7 +30,7 @@ import numpy as np
 
 from edge0.errors import ConfigError
 from edge0.families import family_for
-from edge0.families.base import FULL, LINEAR
+from edge0.families.base import LINEAR
 from edge0.layout.manifest import Manifest
 from edge0.runtime.io.slotmem import ALIGN
 from edge0.storage.spec import TierStage, format_spec, parse_size, parse_spec
@@ -293,22 +293,28 @@ def layer_kinds(config: dict[str, Any]) -> list[str]:
 
 
 def attention_layers(config: dict[str, Any]) -> int:
-    """Layers whose KV cache grows with the context (full attention)."""
-    return layer_kinds(config).count(FULL)
+    """Layers whose KV cache grows with the context (attention without a window)."""
+    family, c = family_for(str(config["model_type"])), _text(config)
+    kinds, windows = layer_kinds(config), family.windows(c)
+    return sum(k != LINEAR and w is None for k, w in zip(kinds, windows, strict=True))
 
 
-def layer_kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
-    """One full-attention layer's KV cache of `context` tokens (rounded up to mlx-lm's
-    growth step)."""
+def layers_kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> list[int]:
+    """Each decoder layer's KV cache at `context` tokens, rounded up to mlx-lm's growth step:
+    a windowed layer's holds at most its window plus one step (a prompt chunk's tokens join
+    before the oldest go), a linear-attention layer none."""
+    family, c = family_for(str(config["model_type"])), _text(config)
     tokens = -(-context // KV_STEP) * KV_STEP
-    family = family_for(str(config["model_type"]))
-    return family.kv_token_bytes(_text(config), itemsize) * tokens
+    per_token = family.kv_token_bytes(c, itemsize)
+    return [
+        0 if kind == LINEAR else per_token * (tokens if w is None else min(tokens, w + KV_STEP))
+        for kind, w in zip(layer_kinds(config), family.windows(c), strict=True)
+    ]
 
 
 def kv_bytes(config: dict[str, Any], context: int, itemsize: int = 4) -> int:
-    """KV cache of `context` tokens (rounded up to mlx-lm's growth step) for the full-attention
-    layers of a config."""
-    return attention_layers(config) * layer_kv_bytes(config, context, itemsize)
+    """KV cache of `context` tokens (rounded up to mlx-lm's growth step), every layer's."""
+    return sum(layers_kv_bytes(config, context, itemsize))
 
 
 def layer_state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
@@ -323,10 +329,10 @@ def state_bytes(config: dict[str, Any], itemsize: int = 4) -> int:
 
 
 def working_bytes(config: dict[str, Any], context: int) -> int:
-    """Decode working memory: the measured model (docs/memory.md), plus one attention layer's
+    """Decode working memory: the measured model (docs/memory.md), plus the largest layer's
     KV cache (mlx-lm grows a layer's cache by concatenation: old and new alive at once)."""
     d = int(_text(config).get("hidden_size", 1024))
-    kv = layer_kv_bytes(config, context) if attention_layers(config) else 0
+    kv = max(layers_kv_bytes(config, context), default=0)
     return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv
 
 
