@@ -69,6 +69,17 @@ def test_the_record_decides_the_default(layouts: dict[str, Path]) -> None:
     assert mode == "hint"
 
 
+def test_a_record_below_the_floor_keeps_hint(layouts: dict[str, Path], tmp_path: Path) -> None:
+    poor = Path(shutil.copytree(layouts["validated"], tmp_path / "poor"))
+    config = json.loads((poor / "prerouter.json").read_text())
+    config["info"]["validation"]["agreement"] = 0.5
+    (poor / "prerouter.json").write_text(json.dumps(config))
+    mode, stats = run(poor)
+    assert mode == "hint" and stats.exactness == "exact"
+    mode, stats = run(poor, mode="route")  # asked for: its record says how close it is
+    assert stats.exactness == "approximate (route, agreement 50.0%)"
+
+
 def test_explicit_route_on_unvalidated_heads_says_so_once(layouts: dict[str, Path]) -> None:
     with structlog.testing.capture_logs() as logs:
         mode, stats = run(layouts["trained"], mode="route")

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from edge0.cli.main import main
 from edge0.layout.load import load_layout
-from edge0.routing.validation import Validation
+from edge0.routing.validation import ROUTE_FLOOR, Validation
 from edge0.train.capture import run_and_record
 from edge0.tune.pipeline import TuneOptions, tune
 from edge0.tune.store import TraceStore
@@ -85,7 +85,7 @@ def test_a_killed_run_resumes_after_its_last_window(layout: Path, tmp_path: Path
     assert Validation.read(layout) is not None
 
 
-def test_tune_validates_and_the_default_mode_becomes_route(layout: Path, tmp_path: Path) -> None:
+def test_tune_validates_and_the_record_decides_the_default(layout: Path, tmp_path: Path) -> None:
     def run() -> str:
         args = ["run", str(layout), "-p", "def f(x):", "--max-tokens", "3", "--tiers", "pread"]
         res = CliRunner().invoke(main, args)
@@ -100,6 +100,9 @@ def test_tune_validates_and_the_default_mode_becomes_route(layout: Path, tmp_pat
     record = Validation.read(layout)
     assert record is not None and 0.0 <= record.agreement <= 1.0 and record.tokens > 0
     assert "route vs exact on" in res.output and f"{record.agreement:.1%}" in res.output
-    assert run().endswith(f"| approximate (route, agreement {record.agreement:.1%})")
+    if record.agreement >= ROUTE_FLOOR:  # route by default, labelled with its agreement
+        assert run().endswith(f"| approximate (route, agreement {record.agreement:.1%})")
+    else:  # below the floor the layout keeps exact decoding, and tune says why
+        assert run().endswith("| exact") and "keeps hint mode" in res.output
     config = json.loads((layout / "prerouter.json").read_text())
     assert config["trained"] and config["info"]["traces"]["source"] == "student-int4 (streamed)"

@@ -13,6 +13,7 @@ from edge0.cli.checks import model_arg, runtime_args
 from edge0.cli.options import engine_options, take
 from edge0.errors import ConfigError
 from edge0.options.engine import EngineOptions
+from edge0.routing.validation import ROUTE_FLOOR
 
 
 @click.command("tune")
@@ -151,7 +152,15 @@ def _print(path: Path, out: dict[str, Any], seconds: float) -> None:
         f"route vs exact on {v['tokens']} held-out tokens: next-token agreement "
         f"{v['agreement']:.1%}, KL mean {v['kl_mean']:.4f} (p99 {v['kl_p99']:.4f})"
     )
-    click.echo(
-        f"wrote the heads and their validation into {path} in {seconds / 60:.1f} min; "
-        "`edge0 run` on it now defaults to route mode (approximate; --mode hint is exact)"
-    )
+    written = f"wrote the heads and their validation into {path} in {seconds / 60:.1f} min"
+    if v["agreement"] >= ROUTE_FLOOR:
+        click.echo(
+            f"{written}; `edge0 run` on it now defaults to route mode (approximate; --mode "
+            "hint is exact)"
+        )
+    else:
+        click.echo(
+            f"{written}; the agreement is below the {ROUTE_FLOOR:.0%} that makes route the "
+            "default, so `edge0 run` keeps hint mode (exact; the heads prefetch), and --mode "
+            "route runs them as the routing"
+        )
