@@ -1,10 +1,12 @@
-// Scaled dot-product attention as one CPU primitive, for the short queries of decoding.
+// Scaled dot-product attention as one CPU primitive, for a decode step's queries or a prompt's.
 //
 // On the CPU, mx.fast.scaled_dot_product_attention runs its composed fallback: about 12
 // graph nodes per call (scale, GQA reshapes, two matmuls, softmax). Here one node computes,
 // per batch row, query head and query position, the scaled scores against the keys the
 // mask allows, a precise (float32, max-subtracted) softmax and the weighted sum of the
-// values; grouped-query heads read their shared key/value head in place. A head's
+// values; grouped-query heads read their shared key/value head in place. A prompt's
+// queries (PROMPT_QUERIES or more) meet their keys transposed once per head, each query's
+// scores vectorised over the keys instead of one dot product per key. A head's
 // attention sink (gpt-oss) is one more logit in its softmax with no value: it takes a
 // share of the weight and gives nothing back. Keys and values
 // may be strided views (a KV cache's filled part). The sums are reassociated against
@@ -65,6 +67,21 @@ EDGE0_CLONES void axpy(float w, const float* x, int64_t sx, float* y, int64_t n)
     for (int64_t i = 0; i < n; ++i) y[i] += w * x[i * sx];
   }
 }
+
+// out[j] = sum_d q[d] * kt[d * ld + j], j < n: a query's scores against keys stored
+// transposed (a prompt's queries share them), vectorised over the keys
+EDGE0_CLONES void scores_t(const float* q, const float* kt, int64_t D, int64_t ld, int64_t n,
+                           float* out) {
+  std::fill(out, out + n, 0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    const float qd = q[d];
+    const float* row = kt + d * ld;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) out[j] += qd * row[j];
+  }
+}
+
+constexpr int64_t PROMPT_QUERIES = 16;  // from this many queries the keys are transposed once
 
 class SDPA : public CpuPrimitive {
  public:
@@ -135,10 +152,15 @@ class SDPA : public CpuPrimitive {
     const int64_t sink_step = sk ? sk->strides()[0] : 0;
     // the query heads that share a key/value head read each key and value row once
     std::vector<float> qs(rep * D), p(rep * Lk), acc(rep * Dv), inv(rep);
+    const bool prompt = Lq >= PROMPT_QUERIES;
+    std::vector<float> kt(prompt ? D * Lk : 0);  // a prompt's keys, transposed (D, Lk)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t hk = 0; hk < Hk; ++hk) {
         const float* kb = K.p + b * K.s[0] + hk * K.s[1];
         const float* vb = V.p + b * V.s[0] + hk * V.s[1];
+        if (prompt)
+          for (int64_t j = 0; j < Lk; ++j)
+            for (int64_t d = 0; d < D; ++d) kt[d * Lk + j] = kb[j * K.s[2] + d * K.s[3]];
         for (int64_t i = 0; i < Lq; ++i) {
           for (int64_t r = 0; r < rep; ++r) {
             const float* qr = Q.p + b * Q.s[0] + (hk * rep + r) * Q.s[1] + i * Q.s[2];
@@ -146,9 +168,13 @@ class SDPA : public CpuPrimitive {
           }
           // keys this query may see: all, or up to its own position (causal)
           const int64_t n = causal ? std::min(Lk, Lk - Lq + i + 1) : Lk;
-          for (int64_t j = 0; j < n; ++j) {
-            const float* kr = kb + j * K.s[2];
-            for (int64_t r = 0; r < rep; ++r) p[r * Lk + j] = dot(&qs[r * D], kr, K.s[3], D);
+          if (prompt) {
+            for (int64_t r = 0; r < rep; ++r) scores_t(&qs[r * D], kt.data(), D, Lk, n, &p[r * Lk]);
+          } else {
+            for (int64_t j = 0; j < n; ++j) {
+              const float* kr = kb + j * K.s[2];
+              for (int64_t r = 0; r < rep; ++r) p[r * Lk + j] = dot(&qs[r * D], kr, K.s[3], D);
+            }
           }
           for (int64_t r = 0; r < rep; ++r) {  // a precise softmax over the visible keys
             float* pr = &p[r * Lk];
