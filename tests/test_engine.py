@@ -113,7 +113,8 @@ def test_memory_budget_sizes_the_ram_cache(store: Path) -> None:
     plan, tier = asyncio.run(main("4GiB"))
     fixed = plan.resident + plan.heads + plan.slots + plan.kv + plan.overhead + plan.working
     fixed += plan.prompt + plan.load  # the prompt chunk part, loading resident experts
-    assert plan.cache == plan.budget - fixed > 0
+    # the rest is the RAM cache, up to the whole (tiny) store; what is left is unspent
+    assert 0 < plan.cache < plan.budget - fixed and "left unspent" in plan.line()
     assert plan.overhead > 0 and plan.working > 0 and plan.heads > 0  # process RSS is counted
     assert tier.budget == plan.cache
     assert tier.name == "ram"
