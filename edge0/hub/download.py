@@ -105,7 +105,7 @@ def describe(hub: HubId, exc: BaseException, started: bool = True) -> str:
     if isinstance(exc, e.RepositoryNotFoundError):
         return (
             f"{hub.repo}: no such model on the Hugging Face Hub, or it is private (then set "
-            "HF_TOKEN); check the id"
+            f"HF_TOKEN), and no directory {hub.repo} here; check the id or the path"
         )
     if isinstance(exc, e.IncompleteSnapshotError):
         return (
