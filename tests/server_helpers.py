@@ -87,7 +87,7 @@ class LiveServer:
 
     def __enter__(self) -> str:
         self.thread.start()
-        while not self.ready.wait(0.1):
+        while not (self.ready.wait(0.1) and self.server.started):  # started: it listens
             error = getattr(self.app.state, "startup_error", None)
             if error is not None or not self.thread.is_alive():
                 raise RuntimeError(f"the server did not start: {error!r}")

@@ -1,6 +1,6 @@
 """Admission control on its own (no server): places are given first come, first served, a full
-queue refuses with Retry-After, a waiter that leaves frees its place in the queue, the last
-place given back calls on_idle; and the idle trim runs once the server stays idle."""
+queue refuses with Retry-After, a waiter that leaves frees its place in the queue; and the idle
+trim runs once the server stays idle."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from edge0.server.admission import Admission
 from edge0.server.metrics import ServerMetrics
 
 
-def _admission(places: int, queue: int, idles: list[int] | None = None) -> Admission:
-    on_idle = (lambda: idles.append(1)) if idles is not None else None
-    return Admission(places, queue, ServerMetrics(), on_idle)
+def _admission(places: int, queue: int) -> Admission:
+    return Admission(places, queue, ServerMetrics())
 
 
 async def _hold(adm: Admission, n: int, log: list[str], name: str, gate: asyncio.Event) -> None:
@@ -27,8 +26,7 @@ async def _hold(adm: Admission, n: int, log: list[str], name: str, gate: asyncio
 
 def test_places_are_given_in_arrival_order_and_a_full_queue_refuses() -> None:
     async def main() -> None:
-        idles: list[int] = []
-        adm = _admission(places=2, queue=4, idles=idles)
+        adm = _admission(places=2, queue=4)
         log: list[str] = []
         gates = {name: asyncio.Event() for name in "abcd"}
         tasks = {}
@@ -49,7 +47,6 @@ def test_places_are_given_in_arrival_order_and_a_full_queue_refuses() -> None:
         gates["d"].set()
         await asyncio.gather(*tasks.values())
         assert log == ["a", "b", "c", "d"] and adm.busy == 0 and adm.queued == 0
-        assert idles  # the last place given back
 
     asyncio.run(main())
 

@@ -278,6 +278,55 @@ def test_any_path_method_and_header_is_answered_below_500(
     check(r)
 
 
+# JSON schemas that refer to themselves ($ref "#", $defs loops), nest, or leave a way out
+schema_leaf = st.sampled_from(
+    [{"type": "string", "maxLength": 3}, {"type": "integer"}, {"$ref": "#"}, {"const": 1}, {}]
+)
+schemas = st.recursive(
+    schema_leaf,
+    lambda inner: st.one_of(
+        st.fixed_dictionaries(
+            {
+                "type": st.just("object"),
+                "properties": st.dictionaries(st.sampled_from("ab"), inner, max_size=2),
+                "required": st.lists(st.sampled_from("ab"), max_size=2, unique=True),
+            }
+        ),
+        st.fixed_dictionaries({"anyOf": st.lists(inner, min_size=1, max_size=2)}),
+        st.fixed_dictionaries(
+            {"$defs": st.fixed_dictionaries({"a": inner, "b": inner}), "$ref": st.just("#/$defs/a")}
+        ),
+        st.just(
+            {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+        ),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(
+    max_examples=max(20, EXAMPLES // 5),
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(schema=schemas)
+def test_any_response_format_schema_is_enforced_or_refused_never_empty(
+    server: tuple[httpx.Client, str], schema: dict[str, Any]
+) -> None:
+    client, _ = server
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    chat = [{"role": "user", "content": "hi"}]  # short: the tiny model's context is 32
+    body = {"model": "m", "messages": chat, "max_tokens": 6, "response_format": fmt}
+    r = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    check(r)
+    if r.status_code == 200:
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"] != "", (schema, choice)  # a 200 with "" is no JSON
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
 def test_the_server_still_serves_after_the_fuzz(server: tuple[httpx.Client, str]) -> None:
     client, before = server
     assert client.get("/health", headers=AUTH).json()["status"] == "ok"

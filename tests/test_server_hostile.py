@@ -157,9 +157,16 @@ def test_odd_content_length_headers_get_no_5xx(url: str) -> None:
         assert _raw_status(url, raw.encode("latin-1")) < 500, value
 
 
+@pytest.mark.parametrize("digits", [19, 20, 30])
+def test_a_content_length_of_19_digits_or_more_gets_413_at_once(url: str, digits: int) -> None:
+    raw = f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+    raw += f"Content-Length: {'9' * digits}\r\n\r\n"  # and no body: none is waited for
+    assert _raw_status(url, raw.encode()) == 413
+
+
 def _raw_status(url: str, request: bytes) -> int:
     host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(request)
         reply = sock.recv(4096)
     return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/") else 400

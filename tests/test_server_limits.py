@@ -5,6 +5,7 @@ any length) gets 413 at once, broken HTTP gets a 400 in the API's shape; a full 
 
 from __future__ import annotations
 
+import gc
 import json
 import select
 import socket
@@ -245,3 +246,21 @@ def test_a_body_left_unread_may_follow_then_the_connection_closes(url: str) -> N
         while sock.recv(65536):
             pass
         assert time.monotonic() - start < LIMITS.body_timeout + 2  # not the keep-alive (30 s)
+
+
+def test_nothing_keeps_a_closed_connection_alive(model: Path) -> None:
+    """A connection answered before its body was read holds no timer once it is closed (each
+    would keep its protocol and buffers for the body timeout: 30 s of a 413 flood's memory)."""
+    from edge0.server.connections import GuardedH11
+
+    limits = Limits(body_timeout=30, header_timeout=30)
+    config = ServerConfig(model=model, engine={"tiers": TIERS}, api_key=KEY, limits=limits)
+    with LiveServer(config) as base:
+        for _ in range(30):
+            with connect(base) as sock:
+                sock.sendall(f"{HEAD}Content-Length: {1 << 30}\r\n\r\n".encode() + b"x" * 4096)
+                assert answer(sock)[0] == 413
+        time.sleep(1.0)  # the server's side of the last close
+        gc.collect()
+        alive = [p for p in gc.get_objects() if isinstance(p, GuardedH11)]
+        assert len(alive) <= 2, f"{len(alive)} connections still held"

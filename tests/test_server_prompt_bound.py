@@ -135,6 +135,6 @@ def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing(demo_tokenizer: 
     backend = Backend(engine, "m", ServerMetrics(), bound=token_bound(tok))  # type: ignore[arg-type]
     request = TextRequest(model="m", sampling=Sampling(), prompt="x" * (1 << 20))
     with pytest.raises(RequestError) as err:
-        asyncio.run(backend.prompt_ids(request))
+        asyncio.run(backend.start("openai.completions", request))
     assert err.value.code == "context_length_exceeded" and err.value.param == "prompt"
     assert "at least 15888 tokens" in str(err.value)  # 1 MiB over 66 bytes a token

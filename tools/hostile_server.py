@@ -27,6 +27,10 @@ import httpx
 
 EDGE0 = [sys.executable, "-c", "from edge0.cli.main import main; main()"]
 CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+REF_LOOP = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}
+ITEM = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+ORDER = {"$defs": {"Item": ITEM}, "properties": {"item": {"$ref": "#/$defs/Item"}}}
+PYDANTIC_TOOL = [{"type": "function", "function": {"name": "order", "parameters": ORDER}}]
 
 
 def field(body: dict, name: str, raw: str) -> bytes:
@@ -59,6 +63,42 @@ CASES = [  # (label, path, raw body)
         field({"prompt": "x"}, "max_tokens", "9" * 5000),
     ),
     ("NaN literal", "/v1/completions", field({"prompt": "x"}, "temperature", "NaN")),
+    ("a UTF-16 body", "/v1/chat/completions", json.dumps(CHAT).encode("utf-16")),
+    ("the body `null`", "/v1/completions", b"null"),
+    (
+        'response_format `{"$ref": "#"}`',
+        "/v1/chat/completions",
+        field(CHAT, "response_format", json.dumps(REF_LOOP)),
+    ),
+    (
+        "a forced tool whose schema uses `$defs` (pydantic)",
+        "/v1/chat/completions",
+        json.dumps(
+            {**CHAT, "max_tokens": 40, "tools": PYDANTIC_TOOL, "tool_choice": "required"}
+        ).encode(),
+    ),
+    (
+        "an Anthropic tool without input_schema",
+        "/v1/messages",
+        json.dumps({**CHAT, "tools": [{"name": "f"}]}).encode(),
+    ),
+    (
+        "an Anthropic conversation starting with the assistant",
+        "/v1/messages",
+        field(CHAT, "messages", '[{"role": "assistant", "content": "hi"}]'),
+    ),
+    (
+        "an OpenAI user message with content null",
+        "/v1/chat/completions",
+        field(CHAT, "messages", '[{"role": "user", "content": null}]'),
+    ),
+]
+RAW = [  # (label, bytes sent on a connection that then waits for the answer)
+    (
+        "a Content-Length of 19 digits, no body",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 19 + b"\r\n\r\n",
+    ),
+    ("a request head that never ends", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"),
 ]
 
 
@@ -88,6 +128,18 @@ def drop_mid_upload(url: str) -> None:
     time.sleep(1.0)
 
 
+def raw_status(url: str, request: bytes) -> str:
+    """The status line's code of the answer to `request` sent on its own connection."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        try:
+            reply = sock.recv(4096)
+        except TimeoutError:
+            return "no answer in 60 s"
+    return reply.split(b" ", 2)[1].decode() if reply.startswith(b"HTTP/") else "closed"
+
+
 def row(label: str, status: str, text: str, after: str = "") -> None:
     text = text.replace("|", "/").replace("\n", " ")[:150]
     print(f"| {label} | {status} | {text} | {after} |")
@@ -97,7 +149,10 @@ def row(label: str, status: str, text: str, after: str = "") -> None:
 @click.option("--code-dir", default=None, help="Run `edge0 serve` from this checkout.")
 def main(code_dir: str | None) -> None:
     trace = Path(tempfile.mkdtemp(prefix="edge0-hostile-server-")) / "trace.json"
-    proc, url, log = start(["--trace", str(trace)], code_dir)
+    args = ["--trace", str(trace)]
+    if code_dir is None:  # this version's limits, short enough for a table (the defaults: 10 s)
+        args += ["--header-timeout", "2"]
+    proc, url, log = start(args, code_dir)
     print("| case | status / exit | answer (start) | after |")
     print("|---|---|---|---|")
     with httpx.Client(base_url=url, timeout=120) as client:
@@ -108,6 +163,10 @@ def main(code_dir: str | None) -> None:
                 row(f"`{label}` ({path})", "-", f"no answer ({type(exc).__name__})")
                 continue
             row(f"`{label}` ({path})", str(r.status_code), r.text)
+        for label, raw in RAW:
+            sent = time.monotonic()
+            status = raw_status(url, raw)
+            row(f"`{label}`", status, f"answered in {time.monotonic() - sent:.1f} s")
         drop_mid_upload(url)
         row("client drops mid-upload", "-", "")
         for method, path in (("GET", "/v2/nowhere"), ("BREW", "/v1/messages")):

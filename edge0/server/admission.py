@@ -6,8 +6,7 @@ once; otherwise it waits in a first-come, first-served queue of at most `max_que
 choices; past that it is refused before any work is done (`check` runs before the
 prompt is tokenized, `place` again when the request is about to start). Retry-After is
 the expected wait for the queue ahead to drain: the recent mean time a request held its
-places, times the choices ahead per place. When the last place is given back and
-nobody waits, `on_idle` runs (the server trims its heap there).
+places, times the choices ahead per place.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import collections
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from edge0.errors import RequestError
 from edge0.server.metrics import ServerMetrics
@@ -34,12 +33,10 @@ class Admission:
         places: int,
         max_queue: int,
         metrics: ServerMetrics,
-        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.places = places
         self.max_queue = max_queue
         self.metrics = metrics
-        self.on_idle = on_idle
         self.busy = 0  # places held
         self.waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self.queued = 0  # choices waiting
@@ -95,8 +92,6 @@ class Admission:
     def _release(self, n: int) -> None:
         self.busy -= n
         self._wake()
-        if self.busy == 0 and not self.waiting and self.on_idle is not None:
-            self.on_idle()
 
     def _wake(self) -> None:
         """Give places to the waiters at the head of the queue while they fit."""

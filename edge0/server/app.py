@@ -111,17 +111,21 @@ def create_app(config: ServerConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, "edge0-serve"))
-        trim = IdleTrim(lambda: app.state.backend.admission.busy == 0)
+        trim = IdleTrim(
+            lambda: server_metrics.http_active == 0, counter=server_metrics.heap_trims.inc
+        )
         try:
             async with Engine.open(config.model, **config.engine) as engine:
                 bound = await asyncio.to_thread(token_bound, engine.tokenizer)
                 app.state.backend = Backend(
-                    engine, config.model_id, server_metrics, config.limits, bound, trim.soon
+                    engine, config.model_id, server_metrics, config.limits, bound
                 )
+                server_metrics.on_idle = trim.soon
                 log.info("server.ready", model=str(config.model), model_id=config.model_id)
                 if config.on_ready is not None:
                     config.on_ready(engine)
                 yield
+                server_metrics.on_idle = None
                 trim.cancel()
         except BaseException as exc:
             if getattr(app.state, "backend", None) is None:  # `edge0 serve` reports it

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -35,7 +34,6 @@ class Backend:
         metrics: ServerMetrics,
         limits: Limits | None = None,
         bound: TokenBound | None = None,
-        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.model_id = model_id
@@ -43,7 +41,7 @@ class Backend:
         self.bound = bound  # a prompt's least token count from its bytes (None: tokenize)
         limits = limits or Limits()
         places = engine.options.max_batch
-        self.admission = Admission(places, limits.max_queue, metrics, on_idle)
+        self.admission = Admission(places, limits.max_queue, metrics)
         self.created = int(time.time())
         config = engine.setup.manifest.config
         text_config: dict[str, Any] = config.get("text_config") or config
@@ -53,9 +51,8 @@ class Backend:
         self.grammars = Grammars(engine.tokenizer, self.vocab, eos)
 
     async def prompt_ids(self, request: TextRequest) -> list[int]:
-        """Token ids of a request's prompt (chat template for messages), checked for length:
-        a text that cannot fit the context is refused from its size, before tokenizing."""
-        self._refuse_long_text(request)
+        """Token ids of a request's prompt (chat template for messages), checked for length
+        (`start` has refused a text that cannot fit from its size, before tokenizing)."""
         tok = self.engine.tokenizer
         if request.messages:  # templates compile on first use: off the event loop
             tools = [t.template() for t in request.tools.tools] if request.tools.active else None
@@ -113,6 +110,7 @@ class Backend:
                 "together (`edge0 serve --max-batch`)",
                 param="n",
             )
+        self._refuse_long_text(request)  # a prompt that can never fit: 400, not 429
         self.admission.check(request.n)  # a full queue refuses before any work
         wanted = self.grammar(request)
         if (wanted or request.logprobs is not None) and self.engine.options.hosts is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import http
 import json
+import logging
 import re
 import sys
 from typing import Any
@@ -69,6 +70,17 @@ class _Lingering:
         return getattr(self._inner, name)
 
 
+class _NoBadHttpWarning(logging.Filter):
+    """Drops uvicorn's warning per broken request (`GuardedH11.refuse` logs each at info): a
+    flood of broken requests would flood the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "Invalid HTTP request received."
+
+
+_QUIET = _NoBadHttpWarning()
+
+
 class GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with the connection cap, the head deadline and the lingering
     close of `Limits` (set on the subclass `guarded_protocol` makes)."""
@@ -81,7 +93,8 @@ class GuardedH11(H11Protocol):
         self._raw = transport
         self.transport = _Lingering(transport, self)  # type: ignore[assignment]
         self._head = bytearray()  # the current request's first bytes (request line, length)
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the head's deadline
+        self._drain: asyncio.TimerHandle | None = None  # an unread body's deadline
         self._lingering = False
         if len(self.connections) > self.limits.max_connections:
             self.refuse(
@@ -95,7 +108,8 @@ class GuardedH11(H11Protocol):
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._disarm()  # no timer keeps a closed connection (and its buffers) alive
+        self._cancel_drain()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -113,14 +127,21 @@ class GuardedH11(H11Protocol):
             self._head.clear()
 
     def on_response_complete(self) -> None:
-        if self.conn.their_state is h11.SEND_BODY:  # answered before its body was read (401)
-            cycle = self.cycle  # the rest of the body may come within the body timeout
-            self.loop.call_later(self.limits.body_timeout, self._drain_timeout, cycle)
+        unread = self.conn.their_state is h11.SEND_BODY  # answered before its body was read
+        if unread and not self.transport.is_closing():  # (a 401): it may come within the
+            self._cancel_drain()  # body timeout, then the connection closes
+            self._drain = self.loop.call_later(self.limits.body_timeout, self._drain_timeout)
         super().on_response_complete()
 
-    def _drain_timeout(self, cycle: object) -> None:
-        if self.cycle is cycle and self.conn.their_state is h11.SEND_BODY:
+    def _drain_timeout(self) -> None:
+        self._drain = None
+        if self.conn.their_state is h11.SEND_BODY:
             self.transport.close()  # lingers
+
+    def _cancel_drain(self) -> None:
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
 
     def send_400_response(self, msg: str) -> None:
         """h11 refused the request head: 400 (or 413 for a Content-Length of more digits
@@ -221,6 +242,7 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """uvicorn's configuration for the app: h11 with the guarded protocol, the keep-alive
     timeout and the head size of `limits`, the engine's own event loop."""
+    logging.getLogger("uvicorn.error").addFilter(_QUIET)  # once: the same filter object
     return uvicorn.Config(
         app,
         http=guarded_protocol(limits, metrics),

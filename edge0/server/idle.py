@@ -1,8 +1,9 @@
 """What the server does when a burst is over: give the heap's free pages back to the OS.
 
 The worker threads that parse bodies and tokenize prompts each allocate from a glibc
-arena of their own; after a burst their free pages stay resident. Once no request has
-held a place for TRIM_DELAY_S, `IdleTrim` runs `edge0.heap.trim` in a worker thread
+arena of their own; after a burst their free pages stay resident. Once no HTTP request
+has been in flight for TRIM_DELAY_S (the metrics middleware counts them, the connection
+layer's refusals call in too), `IdleTrim` runs `edge0.heap.trim` in a worker thread
 (never on the event loop: it walks every arena).
 """
 
@@ -23,9 +24,15 @@ class IdleTrim:
     """`soon()` when the server may have fallen idle; trims once `idle()` has held for
     TRIM_DELAY_S."""
 
-    def __init__(self, idle: Callable[[], bool], delay: float = TRIM_DELAY_S) -> None:
+    def __init__(
+        self,
+        idle: Callable[[], bool],
+        delay: float = TRIM_DELAY_S,
+        counter: Callable[[], None] | None = None,
+    ) -> None:
         self.idle = idle
         self.delay = delay
+        self.counter = counter  # called at each trim (the metrics' count)
         self.trims = 0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -38,6 +45,8 @@ class IdleTrim:
         self._timer = None
         if self.idle():
             self.trims += 1
+            if self.counter is not None:
+                self.counter()
             asyncio.get_running_loop().run_in_executor(None, heap.trim)
 
     def cancel(self) -> None:

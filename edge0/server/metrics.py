@@ -10,7 +10,7 @@ status: 401s, 404s, 405s and 5xx included.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -42,6 +42,8 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = reg = CollectorRegistry()
         self.active = 0  # generations started and not finished
+        self.http_active = 0  # HTTP requests in the app (streams until their last event)
+        self.on_idle: Callable[[], None] | None = None  # called when none is left
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, cpu seconds, fds
         self.requests = Counter(
             "edge0_requests",
@@ -113,6 +115,17 @@ class ServerMetrics:
             "Requests (one per choice) admitted and waiting for the engine.",
             registry=reg,
         )
+        self.http_in_flight = Gauge(
+            "edge0_http_requests_in_flight",
+            "HTTP requests in the app (a stream until its last event).",
+            registry=reg,
+        )
+        self.http_in_flight.set_function(lambda: self.http_active)
+        self.heap_trims = Counter(
+            "edge0_heap_trims",
+            "Times the idle server gave the heap's free pages back to the OS (malloc_trim).",
+            registry=reg,
+        )
         self.queue_wait = Histogram(
             "edge0_queue_wait_seconds",
             "Time an admitted request waited for the engine (0 when a place was free).",
@@ -145,6 +158,14 @@ class ServerMetrics:
         """A refusal answered below the routes (the connection layer): its response and why."""
         self.response(route, method, status)
         self.refusals.labels(reason=reason).inc()
+        if self.http_active == 0 and self.on_idle is not None:
+            self.on_idle()
+
+    def request_over(self) -> None:
+        """An HTTP request ended; the last one in flight calls `on_idle`."""
+        self.http_active -= 1
+        if self.http_active == 0 and self.on_idle is not None:
+            self.on_idle()
 
     def tier_error(self) -> None:
         self.tier_errors.inc()
@@ -202,9 +223,12 @@ class CountResponses:
                 self.metrics.response(self.route_of(scope), scope["method"], status[0])
             await send(message)
 
+        self.metrics.http_active += 1
         try:
             await self.app(scope, receive, counted)
         except Exception:  # starlette's outer handler answers 500: count it here
             if not status:
                 self.metrics.response(self.route_of(scope), scope["method"], 500)
             raise
+        finally:
+            self.metrics.request_over()

@@ -1,23 +1,25 @@
-"""Load test of `edge0 serve`: N concurrent streaming chat clients for a bounded time, on loopback.
+"""Load test of `edge0 serve`: concurrent connections of three kinds for a bounded time (loopback).
 
-Starts `edge0 serve --port 0` on the demo model (or uses `--url`, loopback only),
-then runs `--clients` clients, each sending streamed chat completions one after
-another until `--duration` seconds or `--max-requests` in all. It measures per
-request the time to the first text (TTFT) and the gaps between text chunks
-(inter-token latency; one SSE chunk per detokenized piece), counts errors, and
-samples the server's RSS from /metrics every `--rss-every` seconds. Prints a
-markdown table and writes it (with the command) to `--md`, the raw figures to
-`--json`.
+Starts `edge0 serve --port 0` on the demo model (or uses `--url`, loopback only), then keeps
+`--clients` connections busy until `--duration` seconds, split by `--mix NORMAL:SLOW:BAD`:
+normal streaming chat requests one after another (a 429 waits its Retry-After and retries),
+slowloris (request heads or bodies sent a byte a second: each should end in a 408), and
+oversized or malformed requests (Content-Lengths of 20 and 30 digits, a 2 MiB body sent
+anyway, a 0.9 MB prompt past the context, UTF-16, broken JSON and HTTP, no API key).
+It samples the server's RSS from /metrics every `--rss-every` seconds, waits `--settle`
+seconds after the load, and then checks what the server must hold to: no 5xx, no reset,
+every 429 with Retry-After, RSS at the end within `--rss-ratio` of its value before the
+load, and /metrics counting every answer the clients saw. Prints a markdown report (also to
+`--md`), the raw figures to `--json`; exits 1 when a check fails.
 
-Usage: .venv/bin/python tools/bench/serve_load.py [--clients 8] [--duration 180]
-           [--max-tokens 32] [--md docs/benchmarks/serve.md]
-           [--json docs/benchmarks/results/serve.json]
+Usage: .venv/bin/python tools/bench/serve_load.py --clients 512 --mix 1:1:1 --duration 600
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import re
@@ -30,18 +32,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-PROMPTS = [
-    "def parse_args(argv):",
-    "class LRUCache:",
-    "import os\nimport sys\n",
-    "def read_config(path):",
-    "# Tokenize the input",
-    "async def fetch(url):",
-    "def test_roundtrip():",
-    "class Node:\n    def __init__(self",
-]
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_clients import Tally, bad, normal, slowloris  # noqa: E402
+
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+KEY = "serve-load-key"
+OWN_ROUTES = ("/metrics", "/health")  # the tool's own probes: not part of the load
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -52,15 +50,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    cmd = [
-        sys.executable,
-        "-c",
-        "from edge0.cli.main import main; main()",
-        "serve",
-        "--port",
-        "0",
-        *shlex.split(args.serve_args),
-    ]
+    cmd = [sys.executable, "-c", "from edge0.cli.main import main; main()", "serve"]
+    cmd += ["--port", "0", "--api-key", KEY, *shlex.split(args.serve_args)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -69,140 +60,139 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     raise SystemExit(f"edge0 serve exited with {proc.wait()}")
 
 
-async def one_request(client: httpx.AsyncClient, url: str, i: int, args: Any) -> dict[str, Any]:
-    body = {
-        "model": "edge0-demo",
-        "max_tokens": args.max_tokens,
-        "temperature": 0.7,
-        "seed": i,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-    }
-    t0 = time.perf_counter()
-    stamps: list[float] = []
-    tokens, error = 0, None
-    try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    error = chunk["error"]["message"]
-                elif chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                    stamps.append(time.perf_counter())
-    except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    if error or not stamps:
-        return {"error": error or "no text"}
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    return {
-        "ttft": stamps[0] - t0,
-        "gaps": gaps,
-        "tokens": tokens,
-        "seconds": time.perf_counter() - t0,
-    }
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [
+        (s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+async def rss_mib(client: httpx.AsyncClient, url: str) -> float:
+    text = (await client.get(f"{url}/metrics")).text
+    return samples(text, "process_resident_memory_bytes")[0][1] / 2**20
 
 
 async def load(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    results: list[dict[str, Any]] = []
-    rss: list[tuple[float, float]] = []
-    counter = iter(range(args.max_requests))
-    t0 = time.perf_counter()
-    deadline = t0 + args.duration
-    headers = {"Authorization": f"Bearer {os.environ.get('EDGE0_API_KEY', 'none')}"}
-
-    async def client_loop(client: httpx.AsyncClient) -> None:
-        while time.perf_counter() < deadline and (i := next(counter, None)) is not None:
-            results.append(await one_request(client, url, i, args))
-
-    async def sample_rss(client: httpx.AsyncClient) -> None:
-        while time.perf_counter() < deadline:
-            text = (await client.get(f"{url}/metrics")).text
-            m = re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M)
-            if m:
-                rss.append((time.perf_counter() - t0, float(m.group(1)) / 2**20))
-            await asyncio.sleep(args.rss_every)
-
-    timeout = httpx.Timeout(args.duration + 120)
-    limits = httpx.Limits(max_connections=args.clients + 2)
+    weights = [int(w) for w in args.mix.split(":")]
+    counts = [args.clients * w // sum(weights) for w in weights]
+    counts[0] += args.clients - sum(counts)
+    tallies = {kind: Tally() for kind in ("normal", "slowloris", "bad")}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    limits = httpx.Limits(max_connections=counts[0] + 4, keepalive_expiry=4.0)
+    timeout = httpx.Timeout(args.duration + 300)
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
-        sampler = asyncio.create_task(sample_rss(client))
-        await asyncio.gather(*(client_loop(client) for _ in range(args.clients)))
+        cold = await rss_mib(client, url)
+        warm = Tally()  # a full batch: the engine's working set for --max-batch requests
+        await asyncio.gather(
+            *(normal(client, url, time.monotonic() + 0.1, warm) for _ in range(args.warm))
+        )
+        await asyncio.sleep(args.settle)
+        before = await rss_mib(client, url)
+        rss: list[tuple[float, float]] = [(0.0, before)]
+        t0 = time.monotonic()
+        deadline = t0 + args.duration
+
+        async def sample() -> None:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(args.rss_every)
+                rss.append((time.monotonic() - t0, await rss_mib(client, url)))
+
+        jobs = [normal(client, url, deadline, tallies["normal"]) for _ in range(counts[0])]
+        jobs += [slowloris(url, KEY, deadline, tallies["slowloris"]) for _ in range(counts[1])]
+        jobs += [bad(url, KEY, deadline, tallies["bad"], args.bad_pause) for _ in range(counts[2])]
+        sampler = asyncio.ensure_future(sample())
+        await asyncio.gather(*jobs)
+        wall = time.monotonic() - t0
         sampler.cancel()
-        text = (await client.get(f"{url}/metrics")).text
-    wall = time.perf_counter() - t0
-    ok = [r for r in results if "error" not in r]
-    errors = [r["error"] for r in results if "error" in r]
-    gaps = [g for r in ok for g in r["gaps"]]
-    tokens = sum(r["tokens"] for r in ok)
+        await asyncio.sleep(args.settle)  # idle: the server trims its heap
+        after = await rss_mib(client, url)
+        rss.append((time.monotonic() - t0, after))
+        metrics = (await client.get(f"{url}/metrics")).text
+    seen = collections.Counter(warm.status)
+    for tally in tallies.values():
+        seen.update(tally.status)
+    counted: collections.Counter[int] = collections.Counter()
+    for labels, value in samples(metrics, "edge0_http_responses_total"):
+        if labels["route"] not in OWN_ROUTES:
+            counted[int(labels["status"])] += int(value)
+    normal_t = tallies["normal"]
     return {
-        "clients": args.clients,
-        "max_tokens": args.max_tokens,
-        "wall_s": wall,
-        "requests": len(results),
-        "errors": len(errors),
-        "error_samples": errors[:5],
-        "tokens": tokens,
-        "tok_per_s": tokens / wall,
-        "ttft_p50_s": pct([r["ttft"] for r in ok], 0.5),
-        "ttft_p99_s": pct([r["ttft"] for r in ok], 0.99),
-        "itl_p50_ms": pct(gaps, 0.5) * 1e3,
-        "itl_p99_ms": pct(gaps, 0.99) * 1e3,
-        "request_p50_s": pct([r["seconds"] for r in ok], 0.5),
+        "clients": dict(zip(("normal", "slowloris", "bad"), counts, strict=True)),
+        "duration_s": wall,
+        "kinds": {k: t.summary() for k, t in tallies.items()},
+        "ttft_p50_s": pct(normal_t.ttft, 0.5),
+        "ttft_p99_s": pct(normal_t.ttft, 0.99),
+        "rss_cold_mib": cold,
+        "rss_before_mib": before,
+        "rss_peak_mib": max(v for _, v in rss),
+        "rss_after_mib": after,
         "rss_mib": rss,
-        "server_metrics_tail": [
-            ln for ln in text.splitlines() if ln.startswith("edge0_requests_total")
-        ],
+        "seen": dict(sorted(seen.items())),
+        "counted": dict(sorted(counted.items())),
+        "refused": {
+            labels["reason"]: int(v) for labels, v in samples(metrics, "edge0_refused_total")
+        },
         "loadavg": os.getloadavg(),
+        "warm": args.warm,
+        "settle_s": args.settle,
     }
 
 
-def rss_summary(rss: list[tuple[float, float]]) -> tuple[float, float, float, float]:
-    """First sample after the first minute (warm), last, max, and slope in MiB/min after it."""
-    warm = [s for s in rss if s[0] >= 60] or rss
-    (t_a, a), (t_b, b) = warm[0], warm[-1]
-    slope = (b - a) / ((t_b - t_a) / 60) if t_b > t_a else 0.0
-    return a, b, max(v for _, v in rss), slope
+def checks(res: dict[str, Any], ratio: float) -> list[str]:
+    """What failed (empty: all held)."""
+    failed = []
+    for kind, summary in res["kinds"].items():
+        server_errors = sum(n for s, n in summary["status"].items() if s >= 500)
+        if server_errors:
+            failed.append(f"{kind}: {server_errors} answers of 5xx")
+        if summary["resets"]:
+            failed.append(f"{kind}: {summary['resets']} resets, e.g. {summary['reset_samples']}")
+        if summary["retry_after_missing"]:
+            failed.append(f"{kind}: {summary['retry_after_missing']} 429s without Retry-After")
+    if res["rss_after_mib"] > ratio * res["rss_before_mib"]:
+        failed.append(f"RSS {res['rss_before_mib']:.0f} -> {res['rss_after_mib']:.0f} MiB")
+    if res["seen"] != res["counted"]:
+        failed.append(f"/metrics counted {res['counted']}, the clients saw {res['seen']}")
+    return failed
 
 
-def markdown(res: dict[str, Any], command: str) -> str:
-    a, b, top, slope = rss_summary(res["rss_mib"])
+def markdown(res: dict[str, Any], command: str, failed: list[str]) -> str:
+    la = ", ".join(f"{x:.1f}" for x in res["loadavg"])
+    rows = [
+        f"| {kind} | {res['clients'][kind]} | {sum(s['status'].values())} | "
+        + ", ".join(f"{k}: {v}" for k, v in s["status"].items())
+        + f" | {s['resets']} |"
+        for kind, s in res["kinds"].items()
+    ]
     step = max(1, len(res["rss_mib"]) // 12)
     trace = ", ".join(f"{t:.0f}s {v:.0f}" for t, v in res["rss_mib"][::step])
-    la = ", ".join(f"{x:.1f}" for x in res["loadavg"])
     return "\n".join(
         [
-            "# `edge0 serve` under load",
-            "",
             f"Command: `{command}`",
             "",
-            f"{res['clients']} concurrent streaming chat clients (max_tokens {res['max_tokens']}, "
-            f"temperature 0.7, one request after another each) against `edge0 serve` on the demo "
-            "model (route mode, default tiers `ram:1GiB>pread`), loopback only, for "
-            f"{res['wall_s']:.0f} s. 2-core x86-64 Linux CPU, shared; load average at the "
-            f"end: {la}.",
+            f"{sum(res['clients'].values())} concurrent connections for "
+            f"{res['duration_s']:.0f} s on loopback; load average at the end: {la}.",
             "",
-            "| clients | requests | errors | tokens | aggregate tok/s | TTFT p50 / p99 (s) | "
-            "inter-token p50 / p99 (ms) | request p50 (s) | RSS warm -> end (max), MiB | "
-            "RSS slope after 1 min |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            f"| {res['clients']} | {res['requests']} | {res['errors']} | {res['tokens']} | "
-            f"{res['tok_per_s']:.1f} | {res['ttft_p50_s']:.2f} / {res['ttft_p99_s']:.2f} | "
-            f"{res['itl_p50_ms']:.1f} / {res['itl_p99_ms']:.1f} | {res['request_p50_s']:.2f} | "
-            f"{a:.0f} -> {b:.0f} ({top:.0f}) | {slope:+.2f} MiB/min |",
+            "| clients | connections | answers | by status | resets |",
+            "|---|---|---|---|---|",
+            *rows,
             "",
-            f"RSS over time (MiB): {trace}.",
+            f"Normal requests: {res['kinds']['normal']['completed']} streamed to the end; "
+            f"time to first token p50 {res['ttft_p50_s']:.2f} s, p99 {res['ttft_p99_s']:.2f} s "
+            "(queue wait included; a 429's retry is a new request).",
             "",
-            "The engine serves requests one at a time, first come first served (batched decode",
-            "is a later issue), so with N clients a request waits for about N-1 others: TTFT is",
-            "mostly queueing, while the inter-token gap is one decode step. Server counters at",
-            "the end: " + "; ".join(f"`{ln}`" for ln in res["server_metrics_tail"]) + ".",
+            f"RSS (MiB): {res['rss_cold_mib']:.0f} at start, {res['rss_before_mib']:.0f} before "
+            f"the load (after {res['warm']} requests at once: the engine's batch working set), "
+            f"{res['rss_peak_mib']:.0f} at the peak, {res['rss_after_mib']:.0f} after "
+            f"{res['settle_s']:g} s idle (ratio {res['rss_after_mib'] / res['rss_before_mib']:.2f}"
+            f" to before the load). Over time: {trace}.",
+            "",
+            f"/metrics, every answer (its own probes aside) by status: {res['counted']}; the "
+            f"clients saw {res['seen']}. Refusals by reason: {res['refused']}.",
+            "",
+            "Checks: " + ("all held." if not failed else "FAILED: " + "; ".join(failed)),
             "",
         ]
     )
@@ -210,12 +200,15 @@ def markdown(res: dict[str, Any], command: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--duration", type=float, default=180.0, help="seconds of load (bounded)")
-    p.add_argument("--max-requests", type=int, default=2000, help="requests in all (bounded)")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--rss-every", type=float, default=5.0)
-    p.add_argument("--url", default=None, help="a running server (loopback only)")
+    p.add_argument("--clients", type=int, default=512, help="concurrent connections")
+    p.add_argument("--mix", default="1:1:1", help="NORMAL:SLOWLORIS:BAD weights")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load (bounded)")
+    p.add_argument("--bad-pause", type=float, default=1.0, help="seconds between bad requests")
+    p.add_argument("--rss-every", type=float, default=10.0)
+    p.add_argument("--rss-ratio", type=float, default=1.3)
+    p.add_argument("--settle", type=float, default=10.0, help="idle seconds before RSS reads")
+    p.add_argument("--warm", type=int, default=4, help="requests at once before the baseline")
+    p.add_argument("--url", default=None, help="a running server (loopback; key: " + KEY + ")")
     p.add_argument("--serve-args", default="", help="extra `edge0 serve` arguments")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--md", type=Path, default=None)
@@ -223,23 +216,21 @@ def main() -> None:
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
         raise SystemExit("--url must be a loopback address (this is a load generator)")
     command = " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv])
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = start_server(args)
+    proc, url = (None, args.url) if args.url else start_server(args)
     try:
         res = asyncio.run(load(url.rstrip("/"), args))
     finally:
         if proc is not None:
             proc.terminate()
-            proc.wait(timeout=30)
-    text = markdown(res, command)
+            proc.wait(timeout=60)
+    failed = checks(res, args.rss_ratio)
+    text = markdown(res, command, failed)
     print(text)
     if args.json:
-        args.json.write_text(json.dumps({"command": command, **res}, indent=1))
+        args.json.write_text(json.dumps({"command": command, **res, "failed": failed}, indent=1))
     if args.md:
         args.md.write_text(text)
-    sys.exit(1 if res["errors"] else 0)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
