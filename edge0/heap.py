@@ -8,8 +8,9 @@ copies come from the arenas, where free space between live blocks stays
 resident: RSS and its peak grew prompt after prompt (docs/benchmarks/prefill.md,
 "The native-heap creep"). A fixed threshold turns that adjustment off.
 
-Small blocks still come from the arenas, one per thread that allocates; `trim` asks
-glibc to give their free pages back (a server calls it when it falls idle after a burst).
+Small blocks still come from the arenas, one per thread that allocates (up to 8 per
+core); `limit_arenas` caps their number and `trim` asks glibc to give their free pages
+back (`edge0 serve` does both: docs/server.md, "Memory").
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ log = get_logger("edge0.heap")
 M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc's malloc.h)
 MMAP_THRESHOLD = 1 << 20  # blocks of 1 MiB and more are mapped on their own
 ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own setting: when given, it wins
+M_ARENA_MAX = -8  # mallopt parameter: the most arenas glibc creates
+ARENA_ENV = "MALLOC_ARENA_MAX"
+SERVER_ARENAS = 2  # `edge0 serve`: the main arena and one for all other threads
 _done = False
 _libc: ctypes.CDLL | None = None
 
@@ -56,6 +60,18 @@ def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> bool:
     _done = bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
     log.debug("heap.mmap_threshold", bytes=threshold, set=_done)
     return _done
+
+
+def limit_arenas(arenas: int = SERVER_ARENAS) -> bool:
+    """Let glibc create at most `arenas` malloc arenas (call before the threads start; a
+    no-op without glibc or when MALLOC_ARENA_MAX is set). A server's short-lived worker
+    threads otherwise each get an arena whose free pages a live block can pin."""
+    libc = _glibc()
+    if libc is None or ARENA_ENV in os.environ:
+        return False
+    done = bool(libc.mallopt(M_ARENA_MAX, arenas))
+    log.debug("heap.arena_max", arenas=arenas, set=done)
+    return done
 
 
 def trim() -> bool:

@@ -74,13 +74,15 @@ def test_a_waiter_that_leaves_frees_its_place_in_the_queue() -> None:
     asyncio.run(main())
 
 
-def test_the_idle_trim_runs_once_the_server_stays_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_idle_trim_runs_once_the_server_stays_idle() -> None:
     calls: list[int] = []
-    monkeypatch.setattr(idle.heap, "trim", lambda: calls.append(1) or True)
+
+    async def action() -> None:
+        calls.append(1)
 
     async def main() -> None:
         busy = [True]
-        trim = idle.IdleTrim(lambda: not busy[0], delay=0.05)
+        trim = idle.IdleTrim(lambda: not busy[0], action, delay=0.05)
         trim.soon()
         await asyncio.sleep(0.1)
         assert trim.trims == 0  # busy again when the delay ran out: no trim
@@ -89,6 +91,7 @@ def test_the_idle_trim_runs_once_the_server_stays_idle(monkeypatch: pytest.Monke
         trim.soon()  # a second call moves the one timer, it does not add one
         await asyncio.sleep(0.2)
         assert trim.trims == 1
+        await trim.close()
 
     asyncio.run(main())
     assert calls == [1]

@@ -264,3 +264,13 @@ def test_nothing_keeps_a_closed_connection_alive(model: Path) -> None:
         gc.collect()
         alive = [p for p in gc.get_objects() if isinstance(p, GuardedH11)]
         assert len(alive) <= 2, f"{len(alive)} connections still held"
+
+
+def test_an_idle_server_gives_its_freed_memory_back(url: str) -> None:
+    before = _gauge(url, "edge0_heap_trims_total")
+    chat = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(f"{url}/v1/chat/completions", json=chat, headers=AUTH).status_code == 200
+    deadline = time.monotonic() + 30
+    while _gauge(url, "edge0_heap_trims_total") == before:  # each scrape restarts the idle clock
+        assert time.monotonic() < deadline, "no trim after the server fell idle"
+        time.sleep(1.5)

@@ -176,6 +176,10 @@ def command(
     limits (connections, timeouts, queue) are in docs/server.md; the engine options
     are those of `edge0 run`.
     """
+    from edge0 import heap
+
+    heap.limit_arenas()  # before any thread starts (docs/server.md, "Memory")
+
     from edge0 import log
     from edge0.cli.stream import is_layout
     from edge0.loop import run

@@ -32,7 +32,7 @@ from edge0.server import anthropic_api, openai_api
 from edge0.server.backend import Backend
 from edge0.server.drain import Drain
 from edge0.server.http import api_route, error_response
-from edge0.server.idle import WORKER_THREADS, IdleTrim
+from edge0.server.idle import WORKER_THREADS, IdleTrim, give_back
 from edge0.server.limits import Limits
 from edge0.server.metrics import CONTENT_TYPE, CountResponses, ServerMetrics
 from edge0.server.prompt_bound import token_bound
@@ -111,22 +111,25 @@ def create_app(config: ServerConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, "edge0-serve"))
-        trim = IdleTrim(
-            lambda: server_metrics.http_active == 0, counter=server_metrics.heap_trims.inc
-        )
         try:
             async with Engine.open(config.model, **config.engine) as engine:
                 bound = await asyncio.to_thread(token_bound, engine.tokenizer)
                 app.state.backend = Backend(
                     engine, config.model_id, server_metrics, config.limits, bound
                 )
+
+                async def trimmed() -> None:
+                    server_metrics.heap_trims.inc()
+                    await give_back(engine)
+
+                trim = IdleTrim(lambda: server_metrics.http_active == 0, trimmed)
                 server_metrics.on_idle = trim.soon
                 log.info("server.ready", model=str(config.model), model_id=config.model_id)
                 if config.on_ready is not None:
                     config.on_ready(engine)
                 yield
                 server_metrics.on_idle = None
-                trim.cancel()
+                await trim.close()  # before the engine closes
         except BaseException as exc:
             if getattr(app.state, "backend", None) is None:  # `edge0 serve` reports it
                 app.state.startup_error = exc

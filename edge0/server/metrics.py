@@ -123,7 +123,7 @@ class ServerMetrics:
         self.http_in_flight.set_function(lambda: self.http_active)
         self.heap_trims = Counter(
             "edge0_heap_trims",
-            "Times the idle server gave the heap's free pages back to the OS (malloc_trim).",
+            "Times the idle server gave freed memory back (MLX's cache, malloc_trim).",
             registry=reg,
         )
         self.queue_wait = Histogram(
