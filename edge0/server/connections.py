@@ -94,7 +94,7 @@ class GuardedH11(H11Protocol):
         self.transport = _Lingering(transport, self)  # type: ignore[assignment]
         self._head = bytearray()  # the current request's first bytes (request line, length)
         self._timer: asyncio.TimerHandle | None = None  # the head's deadline
-        self._drain: asyncio.TimerHandle | None = None  # an unread body's deadline
+        self._drain: asyncio.TimerHandle | None = None  # an unread body's or a linger's end
         self._lingering = False
         if len(self.connections) > self.limits.max_connections:
             self.refuse(
@@ -188,6 +188,7 @@ class GuardedH11(H11Protocol):
             return
         self._lingering = True
         self._disarm()
+        self._cancel_drain()
         if self._raw.is_closing():
             return
         if not self._raw.can_write_eof():
@@ -195,7 +196,7 @@ class GuardedH11(H11Protocol):
             return
         self._raw.write_eof()
         self._raw.resume_reading()
-        self.loop.call_later(LINGER_S, self._raw.close)
+        self._drain = self.loop.call_later(LINGER_S, self._raw.close)  # cancelled once closed
 
     def eof_received(self) -> None:
         if self._lingering:
