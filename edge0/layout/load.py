@@ -78,7 +78,7 @@ def resident_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> int:
 
 
 def resident_tensor_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> dict[str, int]:
-    """`resident_bytes` per stored tensor name (edge0.dist sums a rank's own layers)."""
+    """`resident_bytes` per stored tensor name (edge0.ranks sums a rank's own layers)."""
     header = read_header(path / RESIDENT_FILE)
     meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
     model = _build(path, manifest)  # lazy: no memory until evaluated

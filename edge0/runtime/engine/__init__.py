@@ -4,5 +4,5 @@ Owns what happens on the event loop between a caller and the compute thread: `ap
 (Engine.open / generate, the worker task), `solo` (one request at a time) and
 `batcher` (continuous batching), `requests` (a request's token queue), `summary`
 (the end-of-run figures), `sync` (the blocking wrapper). May import every runtime
-package below it, and edge0.dist (a pipeline's rank 0 is built in Engine.open).
+package below it, and edge0.ranks (a pipeline's rank 0 is built in Engine.open).
 """

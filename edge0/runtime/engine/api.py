@@ -78,7 +78,7 @@ class Engine:
         compute = ComputeThread()
         try:
             if opts.hosts is not None:  # a pipeline over several ranks: this is rank 0
-                from edge0.dist.launch import build_pipeline
+                from edge0.ranks.launch import build_pipeline
 
                 opts.check()
                 setup = await build_pipeline(Path(path), opts, compute)

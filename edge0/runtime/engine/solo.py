@@ -32,7 +32,7 @@ log = get_logger("edge0.runtime.engine.api")
 
 
 def chunk(runner: Any) -> int:
-    """Prompt tokens per forward: a pipeline's rank 0 (edge0.dist) feeds one token per step."""
+    """Prompt tokens per forward: a pipeline's rank 0 (edge0.ranks) feeds one token per step."""
     return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from edge0.errors import RankError
 from edge0.log import get_logger
 
-log = get_logger("edge0.dist.link")
+log = get_logger("edge0.ranks.link")
 T = TypeVar("T")
 
 BEGIN, STEP, TOKEN, STATS, PING, STOP = 1, 2, 3, 4, 5, 6

@@ -17,7 +17,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from edge0.dist.link import (
+from edge0.errors import ConfigError
+from edge0.log import get_logger
+from edge0.model.generate import Sampler, SamplingSettings
+from edge0.model.sparse import sparse_blocks
+from edge0.ranks.link import (
     BEGIN,
     GREEDY,
     PING,
@@ -32,17 +36,13 @@ from edge0.dist.link import (
     unpack_floats,
     words_hidden,
 )
-from edge0.dist.stage import Stage
-from edge0.errors import ConfigError
-from edge0.log import get_logger
-from edge0.model.generate import Sampler, SamplingSettings
-from edge0.model.sparse import sparse_blocks
+from edge0.ranks.stage import Stage
 from edge0.runtime.compute.runner import greedy
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.stats import peak_rss_bytes
 
-log = get_logger("edge0.dist.pipeline")
+log = get_logger("edge0.ranks.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
 # steps, time inside mx.eval, time blocked on reads, expert reads; then the rank's slot pool,
 # the bytes it read while loading (-1: unknown) and the lowest / highest layer whose experts

@@ -8,7 +8,7 @@ its L_r streamed layers, its own process baseline and decode working memory.
 nothing is loaded), `LayerBytes.footprint` adds a rank's layers back up, and
 `rank_plan` runs the same `memory.plan` on it: every rank refuses a budget it
 cannot hold before anything is loaded, naming the rank, its layers and the fix.
-The default `--layers` split balances `LayerBytes.costs` (edge0.dist.plan).
+The default `--layers` split balances `LayerBytes.costs` (edge0.ranks.plan).
 """
 
 from __future__ import annotations
