@@ -4,7 +4,7 @@ On the CPU backend mlx-lm's Gated DeltaNet (the hybrid families' linear attentio
 its prompt path as one op graph per token, and MLX keeps every token's
 (value heads x Dv x Dk) fp32 state alive until the graph is evaluated (2 MiB a
 token on the 35B-A3B shape: 556 MiB at 256 tokens, measured with
-`tools/bench/prefill_memory.py`). `bounded_recurrence` runs those layers
+`docs/benchmarks/scripts/prefill_memory.py`). `bounded_recurrence` runs those layers
 `SUB_TOKENS` tokens at a time within a chunk, evaluating each piece, so a chunk
 holds `SUB_TOKENS` states, not one per token. The recurrence is sequential per
 token either way: the pieces compute the same values (tests/test_prefill_memory.py).
