@@ -1,26 +1,5 @@
-"""One batched decode step on the compute thread: B requests, one token each, one read per expert.
-
-Where the model's caches have a batch form (edge0.runtime.compute.stack decides once
-per model) the B rows run as ONE stacked forward of shape (B, 1) over mlx-lm's batch
-caches (left-padded `BatchKVCache`, per-row offsets), kept across steps while the
-rows do not change: the resident layers (attention, norms, projections, the output
-head) run once for all rows. Each streaming block then hands the batch its (B, 1, d)
-hidden state, and `batched_layer` (edge0.runtime.compute.batch_layer) routes every
-row (its own router and gate weights, one eval for the batch), stages the union of
-the rows' expert sets once and runs one expert op with per-row slot indices.
-
-Any other model keeps each request's own KV cache and forward: the B forwards run as
-greenlets on the compute thread (MLX streams are thread-affine: no other thread may
-build graphs), each until its next streaming block, where it hands its hidden state
-over and waits; when all rows stand at the same layer, `batched_layer` runs it once.
-
-Per-row state (`RowState`) replaces what a `LayerStream` keeps for one request:
-the sets planned for the row's next step (route: the routing; hint: prefetch
-only), the executed set and indices of its previous step (predictor inputs), its
-position. `export_state` / `import_state` move a request between this and the
-streams' own state, so a request that is alone again decodes on the one-request
-path (edge0.runtime.compute.runner) unchanged, after `BatchStep.unstack` handed it
-its own cache back.
+"""One batched decode step on the compute thread: B requests, one token each, one read per expert
+(docs/runtime.md, "Batched decode": stacked rows or greenlets, per-row state).
 """
 
 from __future__ import annotations

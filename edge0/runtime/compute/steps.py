@@ -1,9 +1,5 @@
-"""The step clock of one model's streaming layers: counters, request and step boundaries, timings.
-
-`Steps` counts steps (global: the scheduler's fence uses them) and positions
-(within a request), tells the scheduler where a request and a step begin, and
-keeps one `StepRecord` of compute-thread timing per step. It runs on the
-compute thread; the per-layer work is in edge0.runtime.layers.streams.
+"""The step clock of one model's streaming layers: counters, request and step boundaries, per-step
+timings, the step fence (docs/runtime.md, "One decode step").
 """
 
 from __future__ import annotations

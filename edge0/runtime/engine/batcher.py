@@ -1,21 +1,5 @@
-"""Continuous batching on the event loop: up to `max_batch` requests decode together, a token each.
-
-The engine's worker with `max_batch` > 1. Between steps it lets requests join
-and leave: a queued request joins while fewer than `max_batch` are active, its
-prompt running as its own steps (chunked, edge0.runtime.prefill.chunks) before the next
-decode step (or, with `join_chunk`, in pieces with one decode step of the others
-between two pieces); a request leaves after the step that ends it (end of
-sequence, length, its consumer gone, its error). Each decode step feeds every runnable
-request one token: one request alone runs on the one-request path
-(`Runner.feed`, route mode's deferred syncs included); two or more run one
-`BatchStep` (edge0.runtime.compute.batch: one stacked forward over merged caches where
-the model allows it) in which every streamed layer reads the union of their experts once.
-
-A slow consumer cannot stall the batch: a request whose consumer has
-`token_buffer` tokens waiting unread is paused (skipped by the steps, keeping its
-cache, its plans and its place) until the consumer pulls again; nothing is dropped.
-A request whose expert read fails, or whose forward raises, ends with that error;
-the others go on (a stacked step's forward is every row's: if it raises, its rows end).
+"""Continuous batching on the event loop: up to `max_batch` requests decode together, a token each
+(docs/runtime.md, "Batched decode": joins and leaves, paused consumers, isolation).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""One request at a time: the engine's FIFO worker path (max_batch 1), and what batching shares.
-
-`run_request` runs one request's prompt and decode steps on the compute thread,
-putting each token into the request's queue; `finish_stats` derives its RunStats.
-`prefill` and `new_stats` are used by the batching worker (edge0.runtime.engine.batcher) too,
-which may feed a joining request's prompt in pieces (`pieces`, `prefill_piece`).
+"""One request at a time: the engine's FIFO worker path (max_batch 1), and the prompt and stats
+helpers that the batching worker shares.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""The read side of the scheduler: fetch tickets read into slots; read counters.
-
-A ticket is one expert record read into one reserved slot (edge0.runtime.io.tickets;
-issued by edge0.runtime.io.issue, on the compute thread or the planner thread).
-Tickets are read by the scheduler's reader threads when every tier of the stack
-reads on any thread (edge0.runtime.io.readers: the event loop never sees a read),
-else by tier worker coroutines on the event loop. Either way a finished read
-marks its slot ready (or failed) under the scheduler's lock and wakes compute.
+"""The read side of the scheduler: fetch tickets read into slots by reader threads or loop
+workers; read counters (docs/runtime.md, "Threads").
 """
 
 from __future__ import annotations

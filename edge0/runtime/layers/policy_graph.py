@@ -1,17 +1,5 @@
-"""The available-first choice made in the graph: a masked top-K over the experts in slots.
-
-The host knows, without reading anything back, which experts of a layer sit ready
-in a slot when the layer is built (the slot table is host state): the predicted
-set (staged for this step; compute waits for it as `predicted` does) and every
-other slot still holding one of the layer's experts. Under this policy the slot
-pool is larger (`pool_slots`), so it works as a device-side cache of recently run
-experts. Those candidates go to the device as a (E,) mask and a (E,) expert->slot
-lookup; the graph keeps the K best candidates as the host policy ranks them (the
-family's true top-K first, then by true score), takes their gate weights from the
-true scores (the router's own indices and weights when the choice is the true
-top-K) and gathers their slots. No host sync beyond `predicted`'s, and no record
-copies on the compute thread: the chosen set is read back with the layer's
-deferred group (edge0.runtime.layers.syncs), for the recall and the next prediction.
+"""The available-first choice made in the graph: a masked top-K over the experts in slots
+(docs/runtime.md, "Route policies", in the graph).
 """
 
 from __future__ import annotations

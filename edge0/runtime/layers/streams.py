@@ -1,11 +1,5 @@
-"""One collaborator per streamed layer: its planned set, its routing sync and prefetch, its slots.
-
-A `StreamingMoE` block asks only its `LayerStream`. Which class a layer gets is
-decided once, when the engine is built (edge0.runtime.setup.build): `LayerStream`
-(the true routing is the routing: reactive, hint) or `RoutedStream` (route: the
-set predicted one step earlier is the routing); a `Lookahead` only on layers
-that own a prediction (hint, route); `ResidentExperts` or `SlotExperts` for
-where the expert weights are. Everything here runs on the compute thread.
+"""One collaborator per streamed layer: its planned set, its routing sync and prefetch, its slots
+(docs/runtime.md, "One decode step, one streamed layer").
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Host syncs of route mode: the layers' host work deferred and evaluated in groups of G layers.
-
-In a route decode step every streamed layer's expert set is the prediction made
-one step earlier, so compute needs no router readback. What still needs the host
-is the prediction each layer owns (it drives the prefetch for the next step) and
-the recorded routing: `SyncGroups` collects that work per layer and evaluates it
-every `every` layers with `mx.async_eval`, completing a group (one host sync;
-its fence move and prefetches handed to the planner thread, edge0.runtime.io.planner)
-when the next one is launched, before a layer that must sync anyway, and at the
-step fence together with the step's own outputs.
+"""Host syncs of route mode: the layers' host work deferred and evaluated in groups of G layers
+(docs/runtime.md, "Host syncs and reads that are never used").
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Multi-token expert compute: a streamed MoE layer over a prompt chunk, its union staged in groups.
-
-A chunk of T tokens routes to T x K (token, expert) pairs. The union of their
-experts is staged G at a time (`group_size`), each group as its own scheduler
-sub-step, so the slot pool's fence rule holds unchanged: group j computes at
-sub-step s+j while group j+1 is read into other slots for s+j+1. Each group runs
-one sorted `gather_qmm` over the pairs routed to it and is evaluated before the
-next sub-step starts (begin_step moves the pool's fence past it: its slots may
-then be rewritten). The pair outputs are put back in (token, k) order and summed with
-the gate weights exactly as the one-token block sums them.
+"""A streamed MoE layer over a prompt chunk: its union of experts staged in groups, one scheduler
+sub-step each (docs/runtime.md, "Prompt processing", step 3).
 """
 
 from __future__ import annotations

@@ -1,23 +1,5 @@
-"""Chunked prefill: the prompt runs C tokens per forward; each streamed layer reads its union once.
-
-Per chunk (one model call over C tokens: attention, Gated DeltaNet and the
-resident layers handle multi-token input with the KV cache as they are):
-  1. each streaming block computes the chunk's true routing (every mode: the
-     prompt is known, so route mode needs no prediction here);
-  2. in hint/route the head owned by the layer runs on the chunk's LAST token
-     (its executed set and the one before it as temporal inputs, exactly the
-     inputs one-token prefill gives it), predicting the first decode step;
-  3. the union of the chunk's experts is staged and computed in groups
-     (edge0.runtime.prefill.chunk_moe); the experts predicted for the first decode step
-     are staged last, so they are still in the slots when decode starts;
-  4. with `OVERLAP` "router" or "heads", the next streamed layer's union for the
-     chunk is predicted in the same eval, by its router on this layer's input or
-     by the head this layer owns on every token (edge0.runtime.prefill.ahead),
-     and its first group is read while this layer's last group and the next
-     layer's attention compute, when the chunk is long enough for its union to
-     cover most of a layer (`COVER`; docs/benchmarks/prefill.md measures it).
-After the prompt, the predictions of the last token become the first decode
-step's plan and prefetch, as if the prompt had run one token at a time.
+"""Chunked prefill: the prompt runs C tokens per forward; each streamed layer reads its union once
+(docs/runtime.md, "Prompt processing").
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Building an engine: plan the memory, load the model, make it stream, open the tier stack.
-
-The plan comes from edge0.runtime.plan (options, footprint, memory plan); making
-the loaded model stream is `prepare`, on the compute thread.
+"""Building an engine: plan the memory (edge0.runtime.plan), load the model, make it stream
+(`prepare`, on the compute thread), open the tier stack and the scheduler.
 """
 
 from __future__ import annotations
