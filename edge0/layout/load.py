@@ -15,8 +15,13 @@ from mlx.utils import tree_flatten
 from edge0.errors import CheckpointError, Edge0Error
 from edge0.layout.crc import crc32
 from edge0.layout.files import check_files, check_resident_header
-from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Manifest
-from edge0.layout.manifest_checks import check_model
+from edge0.layout.manifest import (
+    EXPERTS_FILE,
+    MANIFEST_FILE,
+    RESIDENT_FILE,
+    Manifest,
+    check_model,
+)
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import quantize_stored, switch_modules
 from edge0.layout.records import PROJECTIONS, field_views, projection_quant
