@@ -9,15 +9,12 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge0.runtime.io.planner import Op, Planner
 from edge0.runtime.io.readers import ReaderThreads
 from edge0.runtime.io.slots import SlotPool
-from edge0.runtime.io.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
-
-if TYPE_CHECKING:
-    from edge0.runtime.io.fetcher import ReadStats
+from edge0.runtime.io.tickets import DEMAND, PREFETCH, FetchTicket, ReadStats, TicketQueue
 
 
 class Issuer:
