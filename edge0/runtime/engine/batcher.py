@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -20,6 +20,7 @@ from edge0.runtime.compute.batch import (
     prefetch_plans,
 )
 from edge0.runtime.compute.steps import StepRecord
+from edge0.runtime.engine.host import Host
 from edge0.runtime.engine.requests import EngineClosedError, Request
 from edge0.runtime.engine.solo import (
     finish_stats,
@@ -31,9 +32,6 @@ from edge0.runtime.engine.solo import (
 from edge0.runtime.engine.summary import RunStats
 from edge0.runtime.io.scheduler import ReadStats
 from edge0.runtime.prefill.chunks import PromptCancelled
-
-if TYPE_CHECKING:
-    from edge0.runtime.engine.api import Engine
 
 
 @attrs.define
@@ -66,7 +64,7 @@ class Active:
 class Batcher:
     """The batching worker of one engine (`Engine._serve` runs `serve`)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Host) -> None:
         self.engine = engine
         self.max_batch = engine.options.max_batch
         self.buffer = engine.options.token_buffer
