@@ -6,38 +6,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
 import greenlet
 import mlx.core as mx
 
 from edge0.log import get_logger
 from edge0.runtime.compute.batch_layer import batched_layer
-from edge0.runtime.compute.runner import Runner
+from edge0.runtime.compute.rows import RowState
 from edge0.runtime.compute.stack import Stack, stack_refusal
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.layers.block import StreamingMoE
 from edge0.runtime.layers.streams import LayerStream, ResidentExperts
 
+__all__ = ["BatchStep", "RowState", "export_state", "import_state", "prefetch_plans"]
 log = get_logger("edge0.runtime.compute.batch")
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.layers.block import StreamingMoE
-
-
-@attrs.define(eq=False)
-class RowState:
-    """One request of a batch: its runner (cache, sampler) and its per-layer stream state."""
-
-    runner: Runner
-    request: int
-    pos: int = -1  # position of the token fed last
-    more: bool = True  # a step follows this one: its predictions are used
-    cur: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> set planned for this step
-    next: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> set for the next step
-    prev_experts: dict[int, list[int] | None] = attrs.field(factory=dict)
-    prev_inds: dict[int, mx.array | None] = attrs.field(factory=dict)
-    error: BaseException | None = None
 
 
 def _streams(steps: Steps) -> Iterable[LayerStream]:

@@ -5,17 +5,14 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
 from edge0.errors import TierReadError
-from edge0.runtime.layers.block import expert_ffn
+from edge0.runtime.compute.rows import RowState
+from edge0.runtime.layers.block import StreamingMoE, expert_ffn
 from edge0.runtime.layers.streams import ResidentExperts, RoutedStream
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.batch import RowState
-    from edge0.runtime.layers.block import StreamingMoE
 
 
 def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.array:

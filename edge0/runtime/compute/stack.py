@@ -5,16 +5,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from edge0.errors import Edge0Error
 from edge0.families import for_model
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.batch import RowState
+from edge0.runtime.compute.rows import RowState
 
 _MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -13,9 +13,7 @@ from edge0.errors import Edge0Error
 from edge0.families import Family
 from edge0.kernels.ops import expert_ffn as native_expert_ffn
 from edge0.layout.records import projection_quant
-
-if TYPE_CHECKING:
-    from edge0.runtime.layers.streams import LayerStream
+from edge0.runtime.layers.streams import LayerStream
 
 
 class StreamingMoE(nn.Module):

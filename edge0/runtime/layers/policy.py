@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import mlx.core as mx
 
 from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.layers.clock import Clock
 from edge0.runtime.layers.policy_graph import DeviceChoice, pool_slots
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.layers.streams import LayerStream
 
 log = get_logger(__name__)
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
+
+
+class RoutedLayer(Protocol):
+    """What a policy reads of the layer it chooses for (edge0.runtime.layers.streams)."""
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def prev_inds(self) -> mx.array | None: ...
 
 
 def host_rank(true: list[int], scores: list[float]) -> list[int]:
@@ -60,7 +67,7 @@ class RoutePolicy:
         self,
         name: str,
         deadline_ms: float,
-        steps: Steps,
+        steps: Clock,
         layer_heads: PrerouterSet | None = None,
     ) -> None:
         self.name = name
@@ -77,7 +84,7 @@ class RoutePolicy:
 
     def choose(
         self,
-        stream: LayerStream,
+        stream: RoutedLayer,
         x: mx.array,
         scores: mx.array,
         true_inds: mx.array,
@@ -119,7 +126,7 @@ class RoutePolicy:
         return chosen
 
     def _lead_graph(
-        self, stream: LayerStream, x: mx.array, true_inds: mx.array, k: int
+        self, stream: RoutedLayer, x: mx.array, true_inds: mx.array, k: int
     ) -> mx.array | None:
         """The same-token prediction of the next layer's experts (deadline policy), lazy."""
         heads, nxt = self.layer_heads, self.ahead.get(stream.layer)

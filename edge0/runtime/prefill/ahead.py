@@ -4,14 +4,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import mlx.core as mx
 
 from edge0.errors import ConfigError
-
-if TYPE_CHECKING:
-    from edge0.runtime.layers.block import StreamingMoE
+from edge0.runtime.layers.block import StreamingMoE
 
 OVERLAPS = ("none", "router", "heads")
 

@@ -5,7 +5,6 @@ sub-step each (docs/runtime.md, "Prompt processing", step 3).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
@@ -13,14 +12,11 @@ import numpy as np
 from edge0.kernels.native import module
 from edge0.kernels.ops import expert_ffn_runs
 from edge0.layout.records import projection_quant
-from edge0.runtime.layers.block import expert_ffn, ffn_plan
+from edge0.runtime.layers.block import StreamingMoE, expert_ffn, ffn_plan
 from edge0.runtime.layers.streams import ResidentExperts
 from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, on_cpu
 
 DENSE_EXPERT_ROWS = 4  # rows from which an expert's weights are dequantized (prefill.md); 0: never
-
-if TYPE_CHECKING:
-    from edge0.runtime.layers.block import StreamingMoE
 
 
 def run_pairs(
