@@ -1,13 +1,5 @@
-"""Starting a pipeline from rank 0: plan the split, spawn the other ranks, join the ring.
-
-`Engine.open(path, hosts=...)` (and `edge0 run --hosts`) lands here. Rank 0 is
-the calling process; ranks 1..N-1 run `python -m edge0.ranks.worker` with the
-same options: local ranks (loopback IPs) as child processes, others through
-`ssh HOST` in the same directory (the hosts need the same checkout, venv and
-model path; `EDGE0_SSH` replaces the `ssh` command, e.g. with options or with
-tools/netns_ranks.py's shim that enters a network namespace instead). Under
-`mlx.launch`, every rank runs `edge0 run` itself instead
-(edge0.ranks.worker.main_from_env) and nothing is spawned here.
+"""Starting a pipeline from rank 0: plan the split, spawn the other ranks, join the ring
+(docs/distributed.md, "Running it"; under `mlx.launch` nothing is spawned here).
 """
 
 from __future__ import annotations

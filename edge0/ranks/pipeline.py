@@ -1,12 +1,5 @@
-"""One rank's share of a request: its layers for each step, the messages to its neighbours.
-
-Rank 0 (`PipelineRunner`, what the Engine drives) embeds the token, runs its
-layers and sends the hidden state on; each next rank (`serve`) runs its layers
-and passes the hidden on; the last rank samples and sends the token back to
-rank 0. With every hidden state goes the expert set that the head of the
-sender's last layer predicted for the receiver's first layer at the next step,
-so the receiver prefetches it one token ahead, as on one machine. Everything
-here runs on the rank's compute thread.
+"""One rank's share of a request: its layers for each step, the messages to its neighbours, the
+predicted expert sets sent on with the hidden state (docs/distributed.md).
 """
 
 from __future__ import annotations

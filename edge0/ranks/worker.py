@@ -1,9 +1,5 @@
-"""A rank > 0 of a pipeline: `python -m edge0.ranks.worker MODEL --rank R --ring JSON ...`.
-
-It joins the ring, loads its layers, then runs steps as rank 0's messages arrive
-until rank 0 stops it. Started by rank 0 (edge0.ranks.launch), or by `mlx.launch`
-running `edge0 run` on every rank (`run_from_env`). Exit code 0 after STOP,
-1 when a neighbour fails (its error logged), 2 for bad options.
+"""A rank > 0 of a pipeline: `python -m edge0.ranks.worker MODEL --rank R --ring JSON ...`
+(docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -68,6 +64,9 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Join the ring, load this rank's layers, run steps as rank 0's messages arrive until it
+    stops the ring. Exit code 0 after STOP, 1 when a neighbour fails (its error logged), 2
+    for bad options."""
     from edge0 import log as edge0_log
     from edge0.ranks.launch import options_from_json
     from edge0.ranks.plan import _n_layers, parse_layers
