@@ -1,13 +1,5 @@
-"""`edge0.json`: the manifest of an edge0-layout checkpoint, and the record offset rule.
-
-One record per (layer, expert) in `experts.bin`. Record r of MoE layer ordinal i
-(the i-th entry of `moe_layers`) and expert e sits at
-
-    offset = data_offset + (i * n_experts + e) * record_size
-
-`record_size` and `data_offset` are multiples of RECORD_ALIGN (16 KiB), so one
-aligned read fetches one expert. Inside a record, the fields (gate/up/down
-weight, scales, biases) sit at the byte offsets listed in `fields`.
+"""`edge0.json`: the manifest of an edge0-layout checkpoint, the record offset rule, and the
+check of a built model against it (docs/format.md, "edge0.json" and "The offset rule").
 """
 
 from __future__ import annotations

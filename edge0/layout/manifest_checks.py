@@ -1,10 +1,5 @@
-"""Validation of a parsed edge0.json: every field's type, range and consistency, one clear error.
-
-`parse_manifest` turns the JSON object into a `Manifest`'s fields or raises CheckpointError naming
-the file, the key and the fix. The record layout must be exactly what `record_layout`
-computes for the stored bits / group size / widths (so a hand-edited shape, offset or
-size can never reach the runtime); the model built from `config` is checked against it by
-`edge0.layout.manifest.check_model`.
+"""Validation of a parsed edge0.json: every field's type, range and consistency, one clear error
+naming the file, the key and the fix (the record layout must be exactly `record_layout`'s).
 """
 
 from __future__ import annotations

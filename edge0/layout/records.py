@@ -1,11 +1,5 @@
-"""One expert record: the field layout, packing fields into a record buffer, numpy views of one.
-
-A record holds gate_proj, up_proj and down_proj of one expert, each as weight (uint32,
-packed as `mx.quantize` produces), scales and biases (the checkpoint's float dtype;
-`mode="mxfp4"`: uint8 scales and no biases), then the projection's own bias when the
-family's experts have one (`bias`: out-dims, float), in that order, each
-field starting at a FIELD_ALIGN boundary; the record is zero-padded to a multiple of
-RECORD_ALIGN.
+"""One expert record: the field layout, packing fields into a record buffer, numpy views of one
+(docs/format.md, "Inside a record").
 """
 
 from __future__ import annotations
