@@ -36,7 +36,7 @@ test-docs: install-test
 	$(BIN)/python -m pytest -q -rs -m docs --durations=10
 
 lint: install-test
-	$(BIN)/ruff check edge0 tiers tools tests examples
+	$(BIN)/ruff check edge0 tiers tools tests examples docs/benchmarks/scripts
 	$(BIN)/mypy
 
 clean:

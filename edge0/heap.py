@@ -1,16 +1,6 @@
-"""The native heap of a long-running engine: large blocks mapped on their own, not kept in arenas.
-
-glibc serves a block above its mmap threshold with its own mapping, returned to
-the OS on free. The threshold starts at 128 KiB but follows the largest mapped
-block freed so far (up to 32 MiB), so after the first prompt the multi-MiB
-buffers of MLX (activations, dequantized weights) and the RAM tier's record
-copies come from the arenas, where free space between live blocks stays
-resident: RSS and its peak grew prompt after prompt (docs/benchmarks/prefill.md,
-"The native-heap creep"). A fixed threshold turns that adjustment off.
-
-Small blocks still come from the arenas, one per thread that allocates (up to 8 per
-core); `limit_arenas` caps their number and `trim` asks glibc to give their free pages
-back (`edge0 serve` does both: docs/server.md, "Memory").
+"""The native heap of a long-running engine: a fixed mmap threshold, so large blocks are mapped
+on their own, `limit_arenas` and `trim` (docs/memory.md, "The native heap across requests";
+docs/server.md, "Memory").
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ import edge0
 
 
 async def main(path: Path, max_tokens: int) -> None:
-    from edge0.dist.launch import node_of
-    from edge0.dist.pipeline import gather_stats, ping
+    from edge0.ranks.launch import node_of
+    from edge0.ranks.pipeline import gather_stats, ping
     from edge0.runtime.engine.summary import RunStats
 
     async with edge0.Engine.open(

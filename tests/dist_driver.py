@@ -18,21 +18,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-import edge0.dist.launch
-from edge0.dist.launch import node_of
-from edge0.dist.pipeline import gather_stats
+import edge0.ranks.launch
 from edge0.errors import Edge0Error
 from edge0.model.generate import SamplingSettings
+from edge0.ranks.launch import node_of
+from edge0.ranks.pipeline import gather_stats
 from edge0.runtime.engine.api import Engine
 
 
 def start_ranks_on_a_missing_model() -> None:
-    spawn = edge0.dist.launch.Ranks.__init__
+    spawn = edge0.ranks.launch.Ranks.__init__
 
     def bad(self: Any, cluster: Any, path: Path, opts_text: str, split: Any) -> None:
         spawn(self, cluster, Path("/nonexistent/model"), opts_text, split)
 
-    edge0.dist.launch.Ranks.__init__ = bad  # type: ignore[method-assign]
+    edge0.ranks.launch.Ranks.__init__ = bad  # type: ignore[method-assign]
 
 
 async def main(path: str, options: dict[str, Any]) -> dict[str, Any]:

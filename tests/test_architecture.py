@@ -1,8 +1,9 @@
 """The import graph of edge0/ and tiers/: no cycles, and the layering rule of docs/architecture.md.
 
 The graph is built from the source files with `ast` (nothing is imported): every
-`import` and `from ... import` statement, at module level or inside a function,
-except those under `if TYPE_CHECKING:` (type-only imports, never run).
+`import` and `from ... import` statement, at module level, inside a function or under
+`if TYPE_CHECKING:` (a type-only import is a dependency too: where a type must be named
+across packages, the lower one declares a Protocol of what it uses).
 """
 
 from __future__ import annotations
@@ -31,27 +32,11 @@ def modules(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
     return out
 
 
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Import statements that run: everywhere but the body of `if TYPE_CHECKING:`."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _type_checking(child):
-            for stmt in child.orelse:
-                yield from _imports_in(stmt)
-            continue
-        yield from _imports_in(child)
-
-
-def _imports_in(stmt: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        yield stmt
-    yield from _imports(stmt)
+    """Every import statement: at module level, in functions, under `if TYPE_CHECKING:`."""
+    for child in ast.walk(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
 
 
 def _known(name: str, known: dict[str, Path]) -> str | None:
@@ -62,7 +47,7 @@ def _known(name: str, known: dict[str, Path]) -> str | None:
 
 
 def import_graph(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, set[str]]:
-    """Module -> the modules of `packages` it imports (type-only imports left out)."""
+    """Module -> the modules of `packages` it imports (type-only imports included)."""
     known = modules(root, packages)
     graph: dict[str, set[str]] = {}
     for name, path in known.items():
@@ -171,7 +156,7 @@ def violations(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]
 def test_no_import_cycles() -> None:
     found = cycles(import_graph(ROOT))
     shown = "\n".join(" <-> ".join(c) for c in found)
-    assert not found, f"import cycles (a type-only import goes under TYPE_CHECKING):\n{shown}"
+    assert not found, f"import cycles (name a type of a module above through a Protocol):\n{shown}"
 
 
 def test_every_module_has_a_place_in_the_rule() -> None:
@@ -199,7 +184,7 @@ def _tree(root: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
-def test_checker_finds_cycles_but_not_type_only_ones(tmp_path: Path) -> None:
+def test_checker_finds_cycles_type_only_ones_too(tmp_path: Path) -> None:
     _tree(
         tmp_path,
         {
@@ -213,11 +198,13 @@ def test_checker_finds_cycles_but_not_type_only_ones(tmp_path: Path) -> None:
     )
     graph = import_graph(tmp_path, ["pkg"])
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
-    assert graph["pkg.d"] == set() and graph["pkg.e"] == {"pkg.d"}
+    assert graph["pkg.d"] == {"pkg.a"} and graph["pkg.e"] == {"pkg.d"}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
     (tmp_path / "pkg/c.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"
     )
+    assert cycles(import_graph(tmp_path, ["pkg"])) == [["pkg.a", "pkg.b", "pkg.c"]]
+    (tmp_path / "pkg/c.py").write_text("")
     assert cycles(import_graph(tmp_path, ["pkg"])) == []
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from runtime_helpers import build_store
 
-from edge0.dist.hosts import parse_hosts
 from edge0.layout.manifest import Manifest
 from edge0.model.generate import SamplingSettings
+from edge0.ranks.hosts import parse_hosts
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.slots import pool_size
 

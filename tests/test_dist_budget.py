@@ -14,12 +14,12 @@ from mlx.utils import tree_flatten
 from runtime_helpers import build_store
 
 from edge0.cli.main import main
-from edge0.dist.budget import layer_bytes, rank_plan
-from edge0.dist.plan import balance, plan_split
-from edge0.dist.stage import load_stage
 from edge0.errors import ConfigError
 from edge0.layout.manifest import Manifest
 from edge0.options.engine import EngineOptions
+from edge0.ranks.budget import layer_bytes, rank_plan
+from edge0.ranks.plan import balance, plan_split
+from edge0.ranks.stage import load_stage
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.slotmem import ALIGN
 from edge0.runtime.io.slots import pool_size

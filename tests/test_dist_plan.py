@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from runtime_helpers import build_store
 
-from edge0.dist.budget import layer_bytes
-from edge0.dist.hosts import parse_hosts
-from edge0.dist.link import STEP, Codec, Message, hidden_words, words_hidden
-from edge0.dist.pipeline import settings_words, words_settings
-from edge0.dist.plan import balance, parse_layers, plan_split
 from edge0.errors import ConfigError
 from edge0.layout.load import resident_bytes
 from edge0.layout.manifest import Manifest
 from edge0.model.generate import SamplingSettings
 from edge0.options.engine import EngineOptions
+from edge0.ranks.budget import layer_bytes
+from edge0.ranks.hosts import parse_hosts
+from edge0.ranks.link import STEP, Codec, Message, hidden_words, words_hidden
+from edge0.ranks.pipeline import settings_words, words_settings
+from edge0.ranks.plan import balance, parse_layers, plan_split
 from edge0.runtime.plan.footprint import footprint
 
 

@@ -264,7 +264,7 @@ def _python_problems(args: list[str]) -> list[str]:
         for a in args[1:]
         if a.startswith("--") and a.split("=")[0] not in source
     ]
-    if rest and "/" not in rest[0]:  # `-- ARGS` of `edge0` (tools/bench/pool_share.py), not a
+    if rest and "/" not in rest[0]:  # `-- ARGS` of `edge0` (scripts/pool_share.py), not a
         problems += cli_problems(["edge0", *rest])  # program's path (tools/netns_ranks.py)
     return problems
 

@@ -23,7 +23,7 @@ AGNOSTIC = (
     "edge0/routing",
     "edge0/train",
     "edge0/eval",
-    "edge0/dist",
+    "edge0/ranks",
     "edge0/server",
     "edge0/hub",
     "edge0/options",

@@ -1,11 +1,5 @@
-"""`ram`: a byte-budgeted in-memory cache of expert records over an inner tier (LRU or LFUDA).
-
-Record copies (into the caller's buffer on a hit, into the cache after a miss)
-run in worker threads, never on the event loop. Over a tier that reads on any
-thread (`blocking`: the disk tiers, a throttle over one) the whole read, hit or
-miss, is one call of `read_blocking` in a worker thread (the scheduler's reader
-threads call it directly: no read needs the loop); over another tier the loop
-does the bookkeeping (lookups, eviction order, coalescing) between thread hops.
+"""`ram`: a byte-budgeted in-memory cache of expert records over an inner tier (LRU or LFUDA)
+(docs/tiers.md, "ram": copies off the event loop, coalesced misses, pins).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""`throttle`: wraps any tier and makes it behave like a slower device (bandwidth, latency, QD).
-
-Over a tier that reads on any thread (`blocking`: the disk tiers, `ram` over
-them) the throttle does too: `read_blocking` reads the inner tier and sleeps
-out the device time on the calling thread (the scheduler's reader threads, or
-this tier's own threads for `read_into`), so a stack like
-`ram:8MiB>throttle:...>pread` is read without the event loop. Over another
-tier the loop path remains (the read and the wait are awaited on the loop).
-Both paths apply one device model (`_transfer_done`).
+"""`throttle`: wraps any tier and makes it behave like a slower device (bandwidth, latency, QD)
+(docs/tiers.md, "throttle": the device model, the blocking and the loop paths).
 """
 
 from __future__ import annotations

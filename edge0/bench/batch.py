@@ -1,13 +1,5 @@
-"""`edge0 bench batch`: decode speed and reads per token with 1, 2, 4, 8 requests decoded together.
-
-For each tier stack, mode and batch size B, one engine with max_batch=B gets B
-requests at once (different random prompts, the same number of tokens), so every
-decode step feeds all B. Reported from the engine's own step log (steps with B
-rows): aggregate decode tok/s (tokens / decode wall), per-request tok/s (one token
-a step), MiB read per generated token, blocked ms/step (compute waiting on reads)
-and compute ms/step. Variants run interleaved, round by round; medians are
-reported. With `io_ratio`, a first reactive B=1 run over the page cache measures
-compute and reads per step and sets a throttle where reads take `io_ratio` x compute.
+"""`edge0 bench batch`: decode speed and reads per token with 1, 2, 4, 8 requests decoded together
+(docs/benchmarks/batch.md).
 """
 
 from __future__ import annotations

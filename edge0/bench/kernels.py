@@ -1,13 +1,5 @@
-"""`edge0 bench kernels`: GB/s of quantized weights read by the native kernels and by MLX's ops.
-
-Per model shape (demo, medium, the 35B, gpt-oss-20b) and matrix: the resident linears'
-`qmm` and the routed experts' fused FFN, each against MLX's own op on the same weights,
-interleaved round by round. The weights of one measurement are copies laid out to span
-`footprint` bytes, larger than the caches, and visited once per round, so every byte
-comes from DRAM as in a decode step. The same run measures the machine's memory
-bandwidth: a STREAM-style triad and a read-only sum over arrays larger than the caches.
-With `int8`, the opt-in int8-activation path runs in the same rounds, and its outputs are
-compared with the float32 path's.
+"""`edge0 bench kernels`: GB/s of quantized weights read by the native kernels and by MLX's ops
+(docs/benchmarks/kernels.md, "Kernel by kernel": how it measures).
 """
 
 from __future__ import annotations

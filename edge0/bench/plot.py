@@ -1,7 +1,5 @@
-"""PNG plots of benchmark results: read-vs-compute timeline, bar charts, the SSD-speed sweep.
-
-matplotlib is optional (`pip install 'edge0[plot]'`); it is imported on first use
-and a missing install is a one-line ConfigError.
+"""PNG plots of benchmark results: read-vs-compute timeline, bar charts, the SSD-speed sweep
+(matplotlib, optional: `pip install 'edge0[plot]'`, imported on first use).
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""`edge0 bench prefill`: prompt tok/s, time to first token and bytes read per prompt token.
-
-Variants are (kernels, prefill chunk[, threads]): the native kernels or MLX's own ops
-(`EDGE0_NATIVE_KERNELS=0`, set before MLX loads: each run is its own process,
-`python -m edge0.bench.prompt JOB.json RESULT.json`), a prompt chunk or one token
-per step, and `EDGE0_PROMPT_THREADS`. Rounds interleave every variant; each run opens
-an engine, warms it up with a short request, then times `prompts` prompts of
-`prompt_len` tokens, each followed by `tokens` greedy tokens (the continuation,
-compared across variants).
-llama.cpp runs beside them when `llama-cpp-python` is installed and a GGUF is given.
+"""`edge0 bench prefill`: prompt tok/s, time to first token and bytes read per prompt token, each
+variant in its own process (docs/benchmarks/prefill.md).
 """
 
 from __future__ import annotations

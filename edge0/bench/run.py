@@ -1,17 +1,5 @@
-"""`edge0 bench run`: decode modes x routing capacity K x tier stacks, interleaved, medians.
-
-Every (round, variant) pair is one run of edge0.bench.worker: open an Engine,
-warm up (a short request), then decode the prompt set. Rounds interleave the
-variants (A B C A B C ...) so slow drift of a shared machine hits all of them
-alike; the table shows medians over rounds, the spread, and per-round ratios.
-
-Isolation ("subprocess", the default) starts one process per run: peak RSS is
-that run's own VmHWM (load included). "process" runs in this process and resets
-VmHWM through /proc/self/clear_refs before each run, so peak RSS there is "RSS
-at the start of the run or above" (what an earlier variant left cached counts).
-A watchdog stops a subprocess that runs past `timeout_s` or drives the
-machine's MemAvailable below `mem_floor` (no swap here: the OOM killer would be
-next) and reports what it saw.
+"""`edge0 bench run`: decode modes x routing capacity K x tier stacks, interleaved, medians
+(docs/benchmarks/index.md, "How the harness measures": rounds, isolation, peaks, watchdog).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""`edge0 bench sweep`: decode tok/s against emulated storage bandwidth, with compute-only bounds.
-
-For each bandwidth, each streaming mode runs over `throttle:bw=<B>GB/s,lat=<L>>INNER`;
-the bounds run without a throttle: `resident` (no reads at all) and, optionally,
-`route` over the bare inner tier (the page cache when warm). All variants go
-through edge0.bench.run (interleaved rounds, one process per run).
+"""`edge0 bench sweep`: decode tok/s against emulated storage bandwidth, with compute-only bounds
+(docs/benchmarks/sweep.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""One benchmark run of one variant: open an Engine, warm up, decode a prompt set, summarise.
-
-`edge0 bench run` starts this module once per (variant, round) as a subprocess
-(`python -m edge0.bench.worker JOB.json RESULT.json`), so every run has its own
-process: a fresh MLX allocator and a peak RSS (VmHWM) that belongs to that run
-alone. `measure(job)` is the same run in the calling process (used by
-`--isolate process`): there VmHWM is reset first through /proc/self/clear_refs
-("5"), which sets it to the RSS in use at that moment, so memory that an earlier
-variant left behind (MLX buffer cache, Python arenas) still counts.
-
-Two peaks are reported: `peak_rss_bytes`, the whole run (loading included), and
-`gen_peak_rss_bytes`, generation alone: after the warm-up the MLX buffer cache is
-cleared and VmHWM reset (clear_refs), so the transient copies made while loading
-do not count there.
+"""One benchmark run of one variant, in its own process (`python -m edge0.bench.worker JOB RESULT`):
+open an Engine, warm up, decode a prompt set, summarise (docs/benchmarks/index.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge0.dist.hosts import LAUNCHED, launched_rank
+from edge0.ranks.hosts import LAUNCHED, launched_rank
 
 DIST_KEYS = ("hosts", "layers", "rank_timeout")
 

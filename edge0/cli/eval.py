@@ -65,9 +65,10 @@ def routing(
     """Recall@K, exact set, F1 and mass of shuffle/temporal/init/trained on held-out text,
     and of the same-token next-layer predictors layer-init/layer-trained (--heads DIR's
     prerouter-layer.safetensors, from `edge0 train heads --horizon layer`)."""
-    from edge0.cli.fp32 import blas_hint, load_fp32
+    from edge0.cli.fp32 import blas_hint
     from edge0.eval.routing import evaluate_routing, markdown
     from edge0.routing.prerouter import PrerouterSet
+    from edge0.train.fp32 import load_fp32
     from edge0.train.traces import corpus_text, sample_windows, text_encoder
 
     blas_hint()

@@ -25,12 +25,13 @@ def policy_quality(
     md_out: str | None,
 ) -> None:
     """One row per (K, policy) and the exact resident reference (edge0.eval.policy)."""
-    from edge0.cli.fp32 import blas_hint, load_fp32
+    from edge0.cli.fp32 import blas_hint
     from edge0.cli.stream import is_layout
     from edge0.errors import ConfigError
     from edge0.eval.policy import evaluate_policy, markdown, teacher_logits, variants_for
     from edge0.layout.manifest import Manifest
     from edge0.loop import run
+    from edge0.train.fp32 import load_fp32
     from edge0.train.traces import corpus_text, sample_windows, text_encoder
 
     if not is_layout(Path(model)):

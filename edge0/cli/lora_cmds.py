@@ -15,20 +15,12 @@ SAMPLES_FILE = "samples.npz"
 
 
 def _load_pair(model: str, teacher: str) -> tuple[Any, Any]:
-    """(teacher at fp32, int4 student without adapters): an fp MODEL is quantized in memory."""
-    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
-
-    from edge0.cli.fp32 import blas_hint, load_fp32
-    from edge0.model.lora import remove_lora
-    from edge0.train.capture import quantize_student
+    """(teacher at fp32, int4 student without adapters), after the OpenBLAS tip."""
+    from edge0.cli.fp32 import blas_hint
+    from edge0.train.fp32 import load_pair
 
     blas_hint()
-    t = load_fp32(teacher)
-    s = load_fp32(model)
-    remove_lora(s.model)
-    if not any(isinstance(m, QuantizedSwitchLinear) for _, m in s.model.named_modules()):
-        quantize_student(s.model)
-    return t, s
+    return load_pair(model, teacher)
 
 
 def _heads(model: str, heads_dir: str | None, student: Any) -> tuple[Any, Any]:
@@ -51,9 +43,9 @@ def _k(k: int | None, trained: Any, init: Any) -> int:
 
 
 def _windows(corpus: str, split: str, encode: Any, n: int, length: int) -> Any:
-    from edge0.train.traces import corpus_text, sample_windows
+    from edge0.train.traces import corpus_windows
 
-    return sample_windows(corpus_text(corpus, split), encode, max(1, n), length)
+    return corpus_windows(corpus, split, encode, n, length)
 
 
 _first_layer_option = click.option(

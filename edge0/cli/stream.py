@@ -36,7 +36,7 @@ def run_streaming(
         log.configure(json_file=log_json)
     holder: dict[str, Any] = {}
     if "hosts" in engine:
-        from edge0.dist.worker import worker_from_cli
+        from edge0.ranks.worker import worker_from_cli
 
         if worker_from_cli(path, engine):  # a rank > 0 under mlx.launch
             return

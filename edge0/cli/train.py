@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 
 from edge0.cli import lora_cmds
-from edge0.cli.fp32 import blas_hint, load_fp32
+from edge0.cli.fp32 import blas_hint
 from edge0.cli.options import renamed
 from edge0.log import get_logger
+from edge0.train.fp32 import load_fp32
 
 log = get_logger(__name__)
 

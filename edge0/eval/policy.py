@@ -1,12 +1,5 @@
-"""Route policies against the teacher: the streaming engine decodes held-out text teacher-forced.
-
-Each window's first `prompt_len` tokens are the prompt (prefilled, true routing);
-every later token is fed as a decode step, so each step's logits come out of the
-real runtime under the policy being measured: its tier stack, slots, RAM cache
-and timing decide what is servable. Those logits are compared with the teacher's
-at the same positions (perplexity ratio, mean and p99 KL, top-1 agreement;
-edge0.eval.quality), next to the recall of the true top-K the routed layers ran
-and the speed of those decode steps (tok/s, blocked ms/step, bytes/token).
+"""Route policies against the teacher: the streaming engine decodes held-out text teacher-forced
+(docs/benchmarks/route_policy.md).
 """
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
-"""Routing-prediction quality on held-out text: recall@K, exact set, F1, mass, per head and mean.
-
-Every head owned by MoE layer N at token t predicts the routing of the next MoE layer at
-token t+1 (the last layer's wrap-around head predicts the first MoE layer). Predictors:
-  shuffle   K experts drawn uniformly at random
-  temporal  the target layer's own top-K at token t ("same experts as last token")
-  init      the untrained head: the target layer's router on layer N's hidden
-  trained   the trained heads (prerouter.safetensors), when given
-Second horizon (issue 19): the same inputs at token t, scored against the next MoE layer's
-routing at the same token t (one layer of lead time instead of one token; no wrap head):
-  layer-init     the training-free next-router rule (the untrained layer head)
-  layer-trained  the trained layer-horizon heads (prerouter-layer.safetensors), when given
-Per row, with P = predicted top-K, T_K = the true top-K, T_k = the executed top-k (k = the
-model's top-k): recall = |P ∩ T_K| / K, exact = [P == T_K], f1 = 2|P ∩ T_k| / (K + k),
-mass = the true router's softmax probability that P covers. The head inputs use the
-model's executed top-k at t and t-1 (as in `hint` mode).
+"""Routing-prediction quality on held-out text: recall@K, exact set, F1, mass, per head and mean,
+for both horizons (docs/prerouter.md, "3. Evaluation" and "Second horizon").
 """
 
 from __future__ import annotations

@@ -15,8 +15,13 @@ from mlx.utils import tree_flatten
 from edge0.errors import CheckpointError, Edge0Error
 from edge0.layout.crc import crc32
 from edge0.layout.files import check_files, check_resident_header
-from edge0.layout.manifest import EXPERTS_FILE, MANIFEST_FILE, RESIDENT_FILE, Manifest
-from edge0.layout.manifest_checks import check_model
+from edge0.layout.manifest import (
+    EXPERTS_FILE,
+    MANIFEST_FILE,
+    RESIDENT_FILE,
+    Manifest,
+    check_model,
+)
 from edge0.layout.model import build_float_model
 from edge0.layout.quant import quantize_stored, switch_modules
 from edge0.layout.records import PROJECTIONS, field_views, projection_quant
@@ -78,7 +83,7 @@ def resident_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> int:
 
 
 def resident_tensor_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> dict[str, int]:
-    """`resident_bytes` per stored tensor name (edge0.dist sums a rank's own layers)."""
+    """`resident_bytes` per stored tensor name (edge0.ranks sums a rank's own layers)."""
     header = read_header(path / RESIDENT_FILE)
     meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
     model = _build(path, manifest)  # lazy: no memory until evaluated

@@ -1,13 +1,5 @@
-"""`edge0.json`: the manifest of an edge0-layout checkpoint, and the record offset rule.
-
-One record per (layer, expert) in `experts.bin`. Record r of MoE layer ordinal i
-(the i-th entry of `moe_layers`) and expert e sits at
-
-    offset = data_offset + (i * n_experts + e) * record_size
-
-`record_size` and `data_offset` are multiples of RECORD_ALIGN (16 KiB), so one
-aligned read fetches one expert. Inside a record, the fields (gate/up/down
-weight, scales, biases) sit at the byte offsets listed in `fields`.
+"""`edge0.json`: the manifest of an edge0-layout checkpoint, the record offset rule, and the
+check of a built model against it (docs/format.md, "edge0.json" and "The offset rule").
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from typing import Any
 import attrs
 
 from edge0.errors import CheckpointError
-from edge0.layout.manifest_checks import parse_manifest
+from edge0.layout.manifest_checks import FIX, parse_manifest
 from edge0.layout.records import RecordField
 
 MANIFEST_FILE = "edge0.json"
@@ -121,3 +113,24 @@ class Manifest:
         except (OSError, ValueError, RecursionError) as exc:
             raise CheckpointError(f"{path} is unreadable ({exc}); re-run `edge0 convert`") from None
         return cls(**parse_manifest(d, path))
+
+
+def check_model(manifest: Manifest, switch: dict[int, Any], path: Path) -> None:
+    """The model built from the config has the manifest's MoE layers, experts and widths.
+
+    `switch` is `edge0.layout.quant.switch_modules(model)` of the float-shaped model.
+    """
+    layers = tuple(switch)
+    if layers != manifest.moe_layers:
+        raise CheckpointError(
+            f"{path}: edge0.json lists MoE layers {list(manifest.moe_layers)}, its config builds "
+            f"{list(layers)}; {FIX}"
+        )
+    n, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape  # (E, ff, d)
+    want_ff = manifest.field("gate_proj.weight").shape[0]
+    want_d = manifest.field("down_proj.weight").shape[0]
+    if (n, d_ff, d_model) != (manifest.n_experts, want_ff, want_d):
+        raise CheckpointError(
+            f"{path}: the config builds {n} experts of {d_model}x{d_ff}, edge0.json records "
+            f"{manifest.n_experts} of {want_d}x{want_ff}; {FIX}"
+        )

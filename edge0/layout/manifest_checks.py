@@ -1,31 +1,23 @@
-"""Validation of a parsed edge0.json: every field's type, range and consistency, one clear error.
-
-`parse_manifest` turns the JSON object into a `Manifest`'s fields or raises CheckpointError naming
-the file, the key and the fix. The record layout must be exactly what `record_layout`
-computes for the stored bits / group size / widths (so a hand-edited shape, offset or
-size can never reach the runtime), and the model built from `config` must have the
-stored MoE layers, expert count and widths (`check_model`).
+"""Validation of a parsed edge0.json: every field's type, range and consistency, one clear error
+naming the file, the key and the fix (the record layout must be exactly `record_layout`'s).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge0.errors import CheckpointError
 from edge0.layout.readable import ARTIFACT_FILES
 from edge0.layout.records import FIELD_ALIGN, PROJECTIONS, RECORD_ALIGN, RecordField, record_layout
-
-if TYPE_CHECKING:
-    from edge0.layout.manifest import Manifest
 
 FORMAT_VERSION = 1  # the edge0.json format this Edge0 reads and writes
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize's affine mode packs
 SUPPORTED_GROUPS = (32, 64, 128)
 MAX_INT = 1 << 62  # no size, offset or count in a real checkpoint comes near this
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_FIX = "re-run `edge0 convert`"
+FIX = "re-run `edge0 convert`"
 
 
 class _Bad(Exception):
@@ -247,27 +239,6 @@ def parse_manifest(d: Any, path: Path) -> dict[str, Any]:
     try:
         return _parse(d)
     except _Bad as exc:
-        raise CheckpointError(f"{path}: {exc}; {_FIX}") from None
+        raise CheckpointError(f"{path}: {exc}; {FIX}") from None
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
-
-
-def check_model(manifest: Manifest, switch: dict[int, Any], path: Path) -> None:
-    """The model built from the config has the manifest's MoE layers, experts and widths.
-
-    `switch` is `edge0.layout.quant.switch_modules(model)` of the float-shaped model.
-    """
-    layers = tuple(switch)
-    if layers != manifest.moe_layers:
-        raise CheckpointError(
-            f"{path}: edge0.json lists MoE layers {list(manifest.moe_layers)}, its config builds "
-            f"{list(layers)}; {_FIX}"
-        )
-    n, d_ff, d_model = switch[layers[0]][1].gate_proj.weight.shape  # (E, ff, d)
-    want_ff = manifest.field("gate_proj.weight").shape[0]
-    want_d = manifest.field("down_proj.weight").shape[0]
-    if (n, d_ff, d_model) != (manifest.n_experts, want_ff, want_d):
-        raise CheckpointError(
-            f"{path}: the config builds {n} experts of {d_model}x{d_ff}, edge0.json records "
-            f"{manifest.n_experts} of {want_d}x{want_ff}; {_FIX}"
-        )

@@ -1,25 +1,16 @@
-"""One expert record: the field layout, packing fields into a record buffer, numpy views of one.
-
-A record holds gate_proj, up_proj and down_proj of one expert, each as weight (uint32,
-packed as `mx.quantize` produces), scales and biases (the checkpoint's float dtype;
-`mode="mxfp4"`: uint8 scales and no biases), then the projection's own bias when the
-family's experts have one (`bias`: out-dims, float), in that order, each
-field starting at a FIELD_ALIGN boundary; the record is zero-padded to a multiple of
-RECORD_ALIGN.
+"""One expert record: the field layout, packing fields into a record buffer, numpy views of one
+(docs/format.md, "Inside a record").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
 from edge0.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from edge0.layout.manifest import Manifest
 
 RECORD_ALIGN = 16 * 1024  # record size and data offset: one aligned read fetches one expert
 FIELD_ALIGN = 64  # each field's offset inside a record
@@ -52,6 +43,16 @@ class RecordField:
     shape: tuple[int, ...]  # per expert, e.g. (d_ff, d_model * bits // 32)
     offset: int  # bytes from the record start
     nbytes: int
+
+
+class RecordLayout(Protocol):
+    """A record's fields and size: a `RecordSpec`, or the `Manifest` that carries one."""
+
+    @property
+    def fields(self) -> tuple[RecordField, ...]: ...
+
+    @property
+    def record_size(self) -> int: ...
 
 
 @attrs.frozen
@@ -141,7 +142,7 @@ def record_layout(
     return RecordSpec(tuple(fields), _align(offset, RECORD_ALIGN))
 
 
-def field_views(manifest: Manifest | RecordSpec, buffer: Any) -> dict[str, np.ndarray]:
+def field_views(manifest: RecordLayout, buffer: Any) -> dict[str, np.ndarray]:
     """Numpy views, one per field, into a record-sized buffer (no copy).
 
     `buffer` is anything exposing the buffer protocol with at least `record_size` bytes
@@ -162,7 +163,7 @@ def field_views(manifest: Manifest | RecordSpec, buffer: Any) -> dict[str, np.nd
 
 
 def pack_record(
-    manifest: Manifest | RecordSpec, arrays: Mapping[str, np.ndarray], out: Any = None
+    manifest: RecordLayout, arrays: Mapping[str, np.ndarray], out: Any = None
 ) -> np.ndarray:
     """Pack one expert's fields into a record (a new zeroed uint8 array, or `out`).
 
@@ -184,6 +185,6 @@ def pack_record(
     return np.asarray(buf) if out is None else np.frombuffer(buf, dtype=np.uint8)
 
 
-def unpack_record(manifest: Manifest | RecordSpec, buffer: Any) -> dict[str, np.ndarray]:
+def unpack_record(manifest: RecordLayout, buffer: Any) -> dict[str, np.ndarray]:
     """Copies of every field of a record (bfloat16 as uint16)."""
     return {k: v.copy() for k, v in field_views(manifest, buffer).items()}

@@ -1,9 +1,5 @@
-"""Predictors of the next step's experts: oracle, temporal, init (untrained heads) and heads.
-
-A predictor owned by layer N, run at step t after N's routing is known, returns
-the K experts its target layer (the next streamed layer; the first one for the
-wrap-around head of the last layer) will use at step t+1. The runtime turns the
-answer into prefetch tickets (hint) or into the routing itself (route).
+"""Predictors of the next step's experts: oracle, temporal, init (untrained heads) and heads
+(docs/runtime.md, "Predictors").
 """
 
 from __future__ import annotations

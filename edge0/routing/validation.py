@@ -1,10 +1,5 @@
-"""Whether a layout's routing heads were validated, and so which mode a run takes by default.
-
-`edge0 tune` measures the heads it trains on held-out text and writes the figures into
-prerouter.json (`info.validation`): recall@K per layer, and route mode's next-token
-agreement and KL against the exact output. Without that record the default mode is
-`hint` (exact: the true router decides, the heads only prefetch); with it, `route`, the
-paper's prediction-as-routing, whose output is approximate (docs/prerouter.md).
+"""Whether a layout's routing heads were validated, and so which mode a run takes by default
+(docs/prerouter.md).
 """
 
 from __future__ import annotations

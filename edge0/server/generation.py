@@ -13,16 +13,29 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from edge0.errors import TierReadError
 from edge0.model.generate import SamplingSettings, TextStream
+from edge0.runtime.engine.api import Engine
 from edge0.runtime.engine.summary import RunStats
+from edge0.server.admission import Admission
 from edge0.server.decoding import Decoding, TokenLogprob
+from edge0.server.metrics import ServerMetrics
 from edge0.server.schemas import Sampling
 
-if TYPE_CHECKING:
-    from edge0.server.backend import Backend
+
+class Serving(Protocol):
+    """What a generation uses of the server's backend (edge0.server.backend.Backend)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def metrics(self) -> ServerMetrics: ...
+
+    @property
+    def admission(self) -> Admission: ...
 
 
 def sampling_settings(s: Sampling, hooks: Decoding | None = None) -> SamplingSettings:
@@ -60,7 +73,7 @@ class Generation:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Serving,
         api: str,
         ids: list[int],
         sampling: Sampling,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,8 +25,7 @@ from prometheus_client import (
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from edge0.server.generation import Generation
+from edge0.runtime.engine.summary import RunStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -34,6 +33,31 @@ UNMATCHED = "unmatched"  # the route label of paths no route serves (bounded lab
 CONNECTION_ROUTE = "connection"  # the route label of answers given before any route was reached
 REFUSALS = ("connections", "header_timeout", "body_timeout", "too_large", "bad_http", "queue_full")
 _LATENCY = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Finished(Protocol):
+    """What the metrics read of a finished generation (edge0.server.generation.Generation)."""
+
+    @property
+    def api(self) -> str: ...
+
+    @property
+    def finish_reason(self) -> str: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def started(self) -> float: ...
+
+    @property
+    def first_token_s(self) -> float | None: ...
+
+    @property
+    def stats(self) -> RunStats | None: ...
 
 
 class ServerMetrics:
@@ -170,7 +194,7 @@ class ServerMetrics:
     def tier_error(self) -> None:
         self.tier_errors.inc()
 
-    def finished(self, gen: Generation) -> None:
+    def finished(self, gen: Finished) -> None:
         """Account one finished (or cancelled, or failed) generation."""
         self.active -= 1
         self.in_flight.dec()

@@ -1,18 +1,5 @@
-"""Tier spec strings ("ram:1GiB>throttle:preset=sata>pread"): parsing, the tier registry, stacks.
-
-A spec lists tiers outermost first, separated by `>`. Each stage is
-`name[:options]`, options comma-separated `key=value` pairs; the first option
-may be a bare value for the tier's positional option (`ram:1GiB` sets `budget`).
-The last stage reads the model directory; every other stage wraps the next.
-
-A tier class tells the parser about itself with class attributes:
-    name: str                                   # "ram"
-    OPTIONS: dict[str, Callable[[str], Any]]    # option -> converter from text
-    POSITIONAL: str | None                      # option a bare first value sets
-    WRAPS: bool                                 # True: cls(inner, **options)
-                                                # False: cls(model_dir, manifest, **options)
-Tiers are found by name in the `edge0.tiers` entry-point group, or in-process
-through `register_tier` (which wins over an entry point of the same name).
+"""Tier spec strings ("ram:1GiB>throttle:preset=sata>pread"): parsing, the tier registry, stacks
+(docs/tiers.md, "Spec strings" and "Adding a tier").
 """
 
 from __future__ import annotations

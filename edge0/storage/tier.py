@@ -1,10 +1,5 @@
-"""The storage-tier contract: read one expert record into a caller's buffer; close.
-
-A tier is any object with `read_into` and `aclose`; one that can also read on
-any thread says so (`blocking` and `read_blocking`: the scheduler's reader
-threads then read without the event loop). Tiers compose: a RAM cache
-wraps a throttle that wraps a disk tier. Concrete tiers live in the top-level
-`tiers/` package and are found by name through the `edge0.tiers` entry points.
+"""The storage-tier contract: read one expert record into a caller's buffer; close
+(docs/tiers.md, "The interface").
 """
 
 from __future__ import annotations

@@ -72,6 +72,11 @@ def sample_windows(text: str, encode: Any, n: int, seq_len: int) -> np.ndarray:
     return out
 
 
+def corpus_windows(corpus: str | Path, split: str, encode: Any, n: int, length: int) -> np.ndarray:
+    """(max(1, n), length) token windows of a corpus split (`corpus_text`, `sample_windows`)."""
+    return sample_windows(corpus_text(corpus, split), encode, max(1, n), length)
+
+
 @attrs.frozen
 class TraceMeta:
     moe_layers: tuple[int, ...]

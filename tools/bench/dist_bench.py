@@ -56,8 +56,8 @@ async def one(
     extra: dict[str, Any],
     hosts: str | None = None,
 ) -> dict[str, Any]:
-    from edge0.dist.launch import node_of
-    from edge0.dist.pipeline import gather_stats, ping
+    from edge0.ranks.launch import node_of
+    from edge0.ranks.pipeline import gather_stats, ping
     from edge0.runtime.engine.api import Engine
     from edge0.stats import peak_rss_bytes
 

@@ -1,64 +1,26 @@
-"""One batched decode step on the compute thread: B requests, one token each, one read per expert.
-
-Where the model's caches have a batch form (edge0.runtime.compute.stack decides once
-per model) the B rows run as ONE stacked forward of shape (B, 1) over mlx-lm's batch
-caches (left-padded `BatchKVCache`, per-row offsets), kept across steps while the
-rows do not change: the resident layers (attention, norms, projections, the output
-head) run once for all rows. Each streaming block then hands the batch its (B, 1, d)
-hidden state, and `batched_layer` (edge0.runtime.compute.batch_layer) routes every
-row (its own router and gate weights, one eval for the batch), stages the union of
-the rows' expert sets once and runs one expert op with per-row slot indices.
-
-Any other model keeps each request's own KV cache and forward: the B forwards run as
-greenlets on the compute thread (MLX streams are thread-affine: no other thread may
-build graphs), each until its next streaming block, where it hands its hidden state
-over and waits; when all rows stand at the same layer, `batched_layer` runs it once.
-
-Per-row state (`RowState`) replaces what a `LayerStream` keeps for one request:
-the sets planned for the row's next step (route: the routing; hint: prefetch
-only), the executed set and indices of its previous step (predictor inputs), its
-position. `export_state` / `import_state` move a request between this and the
-streams' own state, so a request that is alone again decodes on the one-request
-path (edge0.runtime.compute.runner) unchanged, after `BatchStep.unstack` handed it
-its own cache back.
+"""One batched decode step on the compute thread: B requests, one token each, one read per expert
+(docs/runtime.md, "Batched decode": stacked rows or greenlets, per-row state).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import attrs
 import greenlet
 import mlx.core as mx
 
 from edge0.log import get_logger
 from edge0.runtime.compute.batch_layer import batched_layer
-from edge0.runtime.compute.runner import Runner
+from edge0.runtime.compute.rows import RowState
 from edge0.runtime.compute.stack import Stack, stack_refusal
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.layers.block import StreamingMoE
 from edge0.runtime.layers.streams import LayerStream, ResidentExperts
 
+__all__ = ["BatchStep", "RowState", "export_state", "import_state", "prefetch_plans"]
 log = get_logger("edge0.runtime.compute.batch")
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.layers.block import StreamingMoE
-
-
-@attrs.define(eq=False)
-class RowState:
-    """One request of a batch: its runner (cache, sampler) and its per-layer stream state."""
-
-    runner: Runner
-    request: int
-    pos: int = -1  # position of the token fed last
-    more: bool = True  # a step follows this one: its predictions are used
-    cur: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> set planned for this step
-    next: dict[int, list[int]] = attrs.field(factory=dict)  # layer -> set for the next step
-    prev_experts: dict[int, list[int] | None] = attrs.field(factory=dict)
-    prev_inds: dict[int, mx.array | None] = attrs.field(factory=dict)
-    error: BaseException | None = None
 
 
 def _streams(steps: Steps) -> Iterable[LayerStream]:

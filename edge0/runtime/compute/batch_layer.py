@@ -1,30 +1,18 @@
-"""One streamed MoE layer for every row of a batched decode step: per-row routing, one read, one op.
-
-`batched_layer` takes the rows' hidden states stacked (B, 1, d) and routes every row
-by its own scores and its own set (the router, top-K and gate weights run once over
-the stack: each is a row-wise op, so a row gets the values it gets alone; a row's
-prediction head runs on its own row), with one eval for the batch; it records each
-row's executed set and prediction (`RowState`, the union of the predictions
-prefetched once), stages the union of the rows' sets once (`Scheduler.acquire`:
-tickets deduplicated by the slot pool) and runs the experts' FFN of all rows as one
-op with per-row slot indices. A failed expert read fails the rows that needed that
-expert (their `error` set, their output rows zero); the others go on.
+"""One streamed MoE layer for every row of a batched decode step: per-row routing, one read, one op
+(docs/runtime.md, "Batched decode", the batched layer).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
 from edge0.errors import TierReadError
-from edge0.runtime.layers.block import expert_ffn
+from edge0.runtime.compute.rows import RowState
+from edge0.runtime.layers.block import StreamingMoE, expert_ffn
 from edge0.runtime.layers.streams import ResidentExperts, RoutedStream
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.batch import RowState
-    from edge0.runtime.layers.block import StreamingMoE
 
 
 def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.array:

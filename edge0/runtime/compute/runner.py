@@ -1,8 +1,5 @@
-"""One request on the compute thread: a fresh KV cache, then a token a step.
-
-The prompt runs one step per token here, or in chunks of `prefill_chunk` tokens
-per forward (edge0.runtime.prefill.chunks drives the runner for that); the step
-clock is edge0.runtime.compute.steps, the per-layer work edge0.runtime.layers.streams.
+"""One request on the compute thread: a fresh KV cache, then a token a step (or a prompt chunk:
+edge0.runtime.prefill.chunks drives the runner for that).
 """
 
 from __future__ import annotations

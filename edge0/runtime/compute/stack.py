@@ -1,33 +1,18 @@
-"""The rows of a batched decode step as one stacked forward over batch caches kept across steps.
-
-`stack_refusal(model)` decides once per model whether its rows can stack: every
-per-layer cache must be a type whose batch form keeps each row's positions
-(mlx-lm's `KVCache` -> `BatchKVCache` with left padding, `ArraysCache`, a
-`CacheList` of those), and the family's attention must be one tested to take a
-batch cache's per-row offsets and mask (`Family.stacks`: tests/test_batch_families.py
-decodes every family fixture batched and alone). Any other model keeps the
-greenlet path (edge0.runtime.compute.batch), each row its own forward.
-
-`Stack` holds the merged caches of the rows that ran the last stacked step: while
-the same rows (same order) run, the merged caches are reused as they are; when the
-rows change, each row is handed back its own cache (`extract`) and the new rows
-are merged. While a row's cache is in the stack, its runner holds `HeldCache`
-placeholders that refuse any use, so a forward on a stale cache fails loudly.
+"""The rows of a batched decode step as one stacked forward over batch caches kept across steps
+(docs/runtime.md, "Batched decode": which models stack, merge and extract).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from edge0.errors import Edge0Error
 from edge0.families import for_model
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.batch import RowState
+from edge0.runtime.compute.rows import RowState
 
 _MERGEABLE = (KVCache, RotatingKVCache, ArraysCache)
 

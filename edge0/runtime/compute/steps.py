@@ -1,29 +1,23 @@
-"""The step clock of one model's streaming layers: counters, request and step boundaries, timings.
-
-`Steps` counts steps (global: the scheduler's fence uses them) and positions
-(within a request), tells the scheduler where a request and a step begin, and
-keeps one `StepRecord` of compute-thread timing per step. It runs on the
-compute thread; the per-layer work is in edge0.runtime.layers.streams.
+"""The step clock of one model's streaming layers: counters, request and step boundaries, per-step
+timings, the step fence (docs/runtime.md, "One decode step").
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-import attrs
 import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.slotmem import SlotMemory
 from edge0.runtime.io.trace import Tracer
+from edge0.runtime.layers.clock import BatchJoin, ChunkCall, StepRecord
+from edge0.runtime.layers.policy import RoutePolicy
 from edge0.runtime.layers.syncs import SyncGroups
 
-if TYPE_CHECKING:
-    from edge0.runtime.compute.batch import BatchStep
-    from edge0.runtime.layers.policy import RoutePolicy
-    from edge0.runtime.prefill.chunks import ChunkState
+__all__ = ["StepRecord", "Steps", "Stream"]
 
 
 class Stream(Protocol):
@@ -35,25 +29,6 @@ class Stream(Protocol):
     def reset(self) -> None: ...
 
     def attach(self, scheduler: Scheduler) -> None: ...
-
-
-@attrs.define
-class StepRecord:
-    """Timing of one step on the compute thread (seconds)."""
-
-    step: int
-    prefill: bool
-    wall: float = 0.0
-    eval: float = 0.0  # in mx.eval (MLX compute)
-    wait: float = 0.0  # blocked on reads
-    predict: float = 0.0  # predictor graphs (MLX compute, included in `eval` too)
-    layers: int = 0  # streamed layers run
-    cpu: float = 0.0  # CPU time of the compute thread over the step (time.thread_time)
-    cpu_excluded: float = 0.0  # ... of it inside mx.eval (spans given a cpu figure)
-    syncs: int = 0  # host syncs (evaluations compute waited for), the step fence included
-    recall_hits: int = 0  # routed layers: experts run that are in the true top-K (when known)
-    recall_slots: int = 0  # ... out of this many (K per layer whose true top-K was read back)
-    lead_reads: int = 0  # reads started one layer ahead by the deadline route policy
 
 
 class Steps:
@@ -91,8 +66,8 @@ class Steps:
         self.records: list[StepRecord] = []
         self.cur = StepRecord(-1, True)
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill.chunks)
-        self.chunk: ChunkState | None = None  # the prompt chunk being computed
-        self.batch: BatchStep | None = None  # a batched decode step (edge0.runtime.compute.batch)
+        self.chunk: ChunkCall | None = None  # the prompt chunk being computed (prefill.chunks)
+        self.batch: BatchJoin | None = None  # a batched decode step (edge0.runtime.compute.batch)
         self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
 
     def count_recall(self, used: list[int], true: list[int]) -> None:

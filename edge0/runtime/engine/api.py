@@ -1,15 +1,5 @@
-"""The async API: `async with Engine.open(path) as eng:`, then `async for p in eng.generate(...)`.
-
-One engine owns one model, one compute thread, one tier stack and one scheduler.
-One worker task serves the requests: with max_batch=1 one after another, FIFO
-(edge0.runtime.engine.solo); with max_batch > 1 up to that many decode together, one token
-each per step, joining and leaving between steps (edge0.runtime.engine.batcher). Each
-request's tokens go into its own queue (edge0.runtime.engine.requests), so no consumer,
-however slow or stuck, holds the engine.
-A caller that closes its stream or is cancelled ends its request after the step
-already running on the compute thread. A tier error ends that request with the
-error; the next request runs normally. `SyncEngine` (edge0.runtime.engine.sync) wraps it
-for plain code.
+"""The async API: `async with Engine.open(path) as eng:`, then `async for p in eng.generate(...)`
+(docs/runtime.md, "The Engine API").
 """
 
 from __future__ import annotations
@@ -78,7 +68,7 @@ class Engine:
         compute = ComputeThread()
         try:
             if opts.hosts is not None:  # a pipeline over several ranks: this is rank 0
-                from edge0.dist.launch import build_pipeline
+                from edge0.ranks.launch import build_pipeline
 
                 opts.check()
                 setup = await build_pipeline(Path(path), opts, compute)

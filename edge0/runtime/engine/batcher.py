@@ -1,21 +1,5 @@
-"""Continuous batching on the event loop: up to `max_batch` requests decode together, a token each.
-
-The engine's worker with `max_batch` > 1. Between steps it lets requests join
-and leave: a queued request joins while fewer than `max_batch` are active, its
-prompt running as its own steps (chunked, edge0.runtime.prefill.chunks) before the next
-decode step (or, with `join_chunk`, in pieces with one decode step of the others
-between two pieces); a request leaves after the step that ends it (end of
-sequence, length, its consumer gone, its error). Each decode step feeds every runnable
-request one token: one request alone runs on the one-request path
-(`Runner.feed`, route mode's deferred syncs included); two or more run one
-`BatchStep` (edge0.runtime.compute.batch: one stacked forward over merged caches where
-the model allows it) in which every streamed layer reads the union of their experts once.
-
-A slow consumer cannot stall the batch: a request whose consumer has
-`token_buffer` tokens waiting unread is paused (skipped by the steps, keeping its
-cache, its plans and its place) until the consumer pulls again; nothing is dropped.
-A request whose expert read fails, or whose forward raises, ends with that error;
-the others go on (a stacked step's forward is every row's: if it raises, its rows end).
+"""Continuous batching on the event loop: up to `max_batch` requests decode together, a token each
+(docs/runtime.md, "Batched decode": joins and leaves, paused consumers, isolation).
 """
 
 from __future__ import annotations
@@ -23,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -36,6 +20,7 @@ from edge0.runtime.compute.batch import (
     prefetch_plans,
 )
 from edge0.runtime.compute.steps import StepRecord
+from edge0.runtime.engine.host import Host
 from edge0.runtime.engine.requests import EngineClosedError, Request
 from edge0.runtime.engine.solo import (
     finish_stats,
@@ -47,9 +32,6 @@ from edge0.runtime.engine.solo import (
 from edge0.runtime.engine.summary import RunStats
 from edge0.runtime.io.scheduler import ReadStats
 from edge0.runtime.prefill.chunks import PromptCancelled
-
-if TYPE_CHECKING:
-    from edge0.runtime.engine.api import Engine
 
 
 @attrs.define
@@ -82,7 +64,7 @@ class Active:
 class Batcher:
     """The batching worker of one engine (`Engine._serve` runs `serve`)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Host) -> None:
         self.engine = engine
         self.max_batch = engine.options.max_batch
         self.buffer = engine.options.token_buffer

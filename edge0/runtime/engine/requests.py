@@ -1,14 +1,5 @@
-"""One request between the engine's worker and its consumer: a token queue, its state, its stats.
-
-The engine owns one worker task that runs requests in arrival order and puts each
-generated token into the request's own queue (never waiting for the consumer: the
-queue holds at most `max_tokens` ids). The consumer drains the queue at its own pace.
-A consumer that closes its stream, is cancelled or is garbage-collected marks the
-request cancelled; the worker stops it after the step in flight. A consumer that
-merely stops pulling costs the engine at most its own request's remaining steps, so no
-later request ever waits on a consumer. The batching worker (edge0.runtime.engine.batcher)
-fills several queues per step and pauses a request whose consumer leaves
-`token_buffer` tokens unread (`backlog`); `on_pull` tells it when to look again.
+"""One request between the engine's worker and its consumer: a token queue, its state, its stats
+(docs/runtime.md, "The Engine API": no consumer can stall the worker).
 """
 
 from __future__ import annotations

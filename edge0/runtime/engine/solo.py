@@ -1,9 +1,5 @@
-"""One request at a time: the engine's FIFO worker path (max_batch 1), and what batching shares.
-
-`run_request` runs one request's prompt and decode steps on the compute thread,
-putting each token into the request's queue; `finish_stats` derives its RunStats.
-`prefill` and `new_stats` are used by the batching worker (edge0.runtime.engine.batcher) too,
-which may feed a joining request's prompt in pieces (`pieces`, `prefill_piece`).
+"""One request at a time: the engine's FIFO worker path (max_batch 1), and the prompt and stats
+helpers that the batching worker shares.
 """
 
 from __future__ import annotations
@@ -11,7 +7,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
@@ -19,20 +15,18 @@ from edge0.log import get_logger
 from edge0.model.generate import Sampler
 from edge0.runtime.compute.runner import Runner, greedy
 from edge0.runtime.compute.steps import StepRecord
+from edge0.runtime.engine.host import Host
 from edge0.runtime.engine.requests import Request
 from edge0.runtime.engine.summary import RunStats, diff_reads, fill
 from edge0.runtime.io.scheduler import ReadStats
 from edge0.runtime.prefill.chunks import PromptCancelled, chunked_prefill
 from edge0.stats import peak_mlx_bytes, peak_rss_bytes
 
-if TYPE_CHECKING:
-    from edge0.runtime.engine.api import Engine
-
 log = get_logger("edge0.runtime.engine.api")
 
 
 def chunk(runner: Any) -> int:
-    """Prompt tokens per forward: a pipeline's rank 0 (edge0.dist) feeds one token per step."""
+    """Prompt tokens per forward: a pipeline's rank 0 (edge0.ranks) feeds one token per step."""
     return runner.steps.prefill_chunk if isinstance(runner, Runner) else 1
 
 
@@ -87,12 +81,12 @@ def prefill_piece(
         runner.sampler = sampler
 
 
-def reads_now(engine: Engine) -> ReadStats | None:
+def reads_now(engine: Host) -> ReadStats | None:
     sched = engine.setup.scheduler
     return sched.counters() if sched else None
 
 
-def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
+def new_stats(engine: Host, req: Request, runner: Any) -> RunStats:
     ctx = engine.setup.ctx
     policy = engine.options.route_policy if ctx.mode == "route" else ""
     stats = RunStats(
@@ -108,7 +102,7 @@ def new_stats(engine: Engine, req: Request, runner: Any) -> RunStats:
     return stats
 
 
-async def run_request(engine: Engine, req: Request) -> None:
+async def run_request(engine: Host, req: Request) -> None:
     """One request's steps on the compute thread; tokens go to its queue as they come."""
     ctx, sched, compute = engine.setup.ctx, engine.setup.scheduler, engine._compute
     settings = req.settings
@@ -167,7 +161,7 @@ async def run_request(engine: Engine, req: Request) -> None:
 
 
 def finish_stats(
-    engine: Engine,
+    engine: Host,
     stats: RunStats,
     records: list[StepRecord],
     reads0: ReadStats | None,

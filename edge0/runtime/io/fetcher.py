@@ -1,11 +1,5 @@
-"""The read side of the scheduler: fetch tickets read into slots; read counters.
-
-A ticket is one expert record read into one reserved slot (edge0.runtime.io.tickets;
-issued by edge0.runtime.io.issue, on the compute thread or the planner thread).
-Tickets are read by the scheduler's reader threads when every tier of the stack
-reads on any thread (edge0.runtime.io.readers: the event loop never sees a read),
-else by tier worker coroutines on the event loop. Either way a finished read
-marks its slot ready (or failed) under the scheduler's lock and wakes compute.
+"""The read side of the scheduler: fetch tickets read into slots by reader threads or loop
+workers; read counters (docs/runtime.md, "Threads").
 """
 
 from __future__ import annotations
@@ -24,30 +18,11 @@ from edge0.runtime.io.planner import Op, Planner
 from edge0.runtime.io.readers import ReaderThreads
 from edge0.runtime.io.slotmem import SlotMemory
 from edge0.runtime.io.slots import SlotPool
-from edge0.runtime.io.tickets import PREFETCH, FetchTicket, TicketQueue
+from edge0.runtime.io.tickets import PREFETCH, FetchTicket, ReadStats, TicketQueue
 from edge0.runtime.io.trace import Tracer
 from edge0.storage.tier import BlockingRead, ExpertKey, ReadInfo, Tier, blocking_read
 
 log = get_logger("edge0.runtime.io.scheduler")
-
-
-@attrs.define
-class ReadStats:
-    """Counters of the scheduler (cumulative; the engine takes differences per request)."""
-
-    issued: int = 0
-    demand: int = 0
-    prefetch: int = 0
-    consumed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    bytes: int = 0
-    hits: int = 0  # served from a cache tier
-    staged_hits: int = 0  # compute found the expert already staged or in flight
-    staged_misses: int = 0  # compute had to issue a demand read
-    fences: int = 0  # acquire found the pool full of unevaluated readers (FenceNeeded)
-    read_busy_s: float = 0.0  # wall time with at least one read in flight
-    by_tier: dict[str, int] = attrs.field(factory=dict)
 
 
 class Fetcher(Issuer):

@@ -1,12 +1,5 @@
-"""The issue side of the scheduler: reservations and fetch tickets, at once or deferred.
-
-Compute asks for experts (`prefetch` for a later step; the scheduler's `acquire`
-for its own): each needs a slot reservation in the pool and, unless the expert is
-staged already, a ticket that the readers (edge0.runtime.io.readers, or the loop's
-tier workers) fill. Inside `deferred()` that work is queued for the planner
-thread (edge0.runtime.io.planner) instead; `_drain` applies what is still queued
-wherever the slot table must be current. Mixed into `Fetcher`, whose lock, pool,
-readers and counters it uses.
+"""The issue side of the scheduler: slot reservations and fetch tickets, at once or deferred to the
+planner thread (docs/runtime.md, "Threads").
 """
 
 from __future__ import annotations
@@ -16,15 +9,12 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge0.runtime.io.planner import Op, Planner
 from edge0.runtime.io.readers import ReaderThreads
 from edge0.runtime.io.slots import SlotPool
-from edge0.runtime.io.tickets import DEMAND, PREFETCH, FetchTicket, TicketQueue
-
-if TYPE_CHECKING:
-    from edge0.runtime.io.fetcher import ReadStats
+from edge0.runtime.io.tickets import DEMAND, PREFETCH, FetchTicket, ReadStats, TicketQueue
 
 
 class Issuer:

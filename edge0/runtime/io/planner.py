@@ -1,14 +1,5 @@
-"""The planner thread: slot-table work that compute defers (a group's fence move and prefetches).
-
-In a route decode step compute finishes a sync group by moving the slot fence
-(`Scheduler.evaluated`) and prefetching each layer's prediction for the next
-step (`Fetcher.prefetch`): per layer, K reservations and tickets. None of it is
-needed by the graphs compute builds next, so inside `Fetcher.deferred()` that
-work is queued here and applied by a thread of its own, on the other core, while
-compute builds and launches the next group. The work is applied in the order it
-was queued, under the scheduler's lock; whatever needs the slot table first
-applies what is still queued itself (`drain`, with the lock held), so every
-outcome is the one applying it at once would give, only the thread differs.
+"""The planner thread: the slot-table work compute defers (a sync group's fence move and
+prefetches), applied in order under the scheduler's lock (docs/runtime.md, "Threads").
 """
 
 from __future__ import annotations

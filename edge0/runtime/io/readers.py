@@ -1,12 +1,5 @@
-"""Reader threads: the scheduler's tickets read by plain threads in need order, off the event loop.
-
-Over a tier stack whose every tier reads on any thread (`blocking`: the disk
-tiers, and the RAM cache and throttle over them), a read needs no coroutine: a reader thread
-takes the ticket compute will need first (step, then layer), calls the tier's
-`read_blocking` into the slot, and hands the outcome to the scheduler, which
-wakes compute. The event loop never sees a read (no future, no executor hop,
-no wake-up per record). Other stacks (custom async tiers, test tiers) keep the
-loop's tier workers (edge0.runtime.io.fetcher).
+"""Reader threads: tickets read in need order off the event loop, over a tier stack whose every
+tier reads on any thread (docs/runtime.md, "Threads").
 """
 
 from __future__ import annotations

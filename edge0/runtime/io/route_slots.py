@@ -1,7 +1,5 @@
-"""Route policies' slot helpers on the scheduler: what is servable, keep a set, a bounded read.
-
-Mixed into `Scheduler` (edge0.runtime.io.scheduler), whose lock, slot pool, tier
-and counters they use; they run on the compute thread.
+"""Route policies' slot helpers on the scheduler: what is servable, keep a set, a bounded read
+(docs/runtime.md, "Route policies").
 """
 
 from __future__ import annotations

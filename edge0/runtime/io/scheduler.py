@@ -1,23 +1,5 @@
-"""The scheduler: compute's side of the slot table — step boundaries, slot claims, the fence.
-
-Threads (measured: MLX streams are thread-affine, eval releases the GIL):
-- reader threads (or, over a tier stack that needs the loop, tier workers on the
-  event loop) read tickets into slots (edge0.runtime.io.fetcher, readers);
-- one compute thread (edge0.runtime.compute.thread) builds and evaluates every MLX
-  graph; at each streamed layer it calls `acquire`, which claims the layer's
-  slots, issues tickets for misses and blocks that thread (a threading.Condition)
-  until its slots are ready; `prefetch` issues tickets for the next step and
-  returns at once;
-- the planner thread (edge0.runtime.io.planner) applies what compute defers: a
-  route sync group's fence move and prefetches, the step boundary's expiry, the
-  consumption marks of claimed slots. `acquire` applies what is still queued
-  itself when its layer's prefetch is among it or it must reserve slots.
-The slot pool (edge0.runtime.io.slots) is changed only under `self._lock`; its fence
-moves when compute has evaluated a layer's input (`acquire(fenced=True)`, or
-`evaluated` for route mode's deferred sync groups). A step's prefetched sets
-are claimed together: the first `acquire` of a step that finds its layer's
-claim missing claims, in one pass, every later layer whose prefetched set is
-staged and ready, so the other layers' `acquire`s find their slots waiting.
+"""The scheduler: compute's side of the slot table: step boundaries, slot claims, the fence
+(docs/runtime.md, "Threads" and "Slot memory and the slot pool").
 """
 
 from __future__ import annotations

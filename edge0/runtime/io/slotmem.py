@@ -1,21 +1,5 @@
-"""Slot memory: one MLX byte buffer of record-shaped slots for all streamed layers; its field views.
-
-A slot is one expert record, byte for byte as it sits in `experts.bin`, so a tier
-reads a record straight into slot memory (`dest(layer, slot)`, a writable view
-of an evaluated MLX array) and no copy follows. The MLX operands of
-`gather_qmm` are strided views over the same bytes: field `gate_proj.weight` of
-all slots is an (n_slots, out, in*bits/32) uint32 array whose slot stride is the
-record size. Measured: gather_qmm reads these views in place (no copy, same
-speed as a contiguous stack). The buffer start is 4 KiB-aligned so O_DIRECT
-tiers can read into it. The slots are one pool (edge0.runtime.io.slots): every
-streamed layer sees the same views and indexes them by pool slot.
-
-When compute runs in a wider float type than the record's scales and biases (fp32
-activations on the CPU, bf16 records), MLX's gather_qmm upcasts the scales and
-biases of *every* slot on each call (measured: 63 MiB and 3x the time for a
-168-slot pool on the 35B shape). So those fields get a sidecar in the compute
-dtype, `widen(slot)` fills it once per read (bit-exact: bf16 -> fp32 is a
-shift), and the gather_qmm operands point at it.
+"""Slot memory: one MLX byte buffer of record-shaped slots for all streamed layers, its field
+views and their compute-dtype sidecar (docs/runtime.md, "Slot memory and the slot pool").
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""The slot pool: which (layer, expert) sits in which shared slot; when a slot may be rewritten.
-
-Pure and synchronous (no MLX, no I/O, no awaits): the scheduler changes slot state
-here under its lock, then does the waiting and reading elsewhere.
-
-All streamed MoE layers share one pool of slots, sized by what is in flight
-rather than 2K per layer: K slots for each layer's experts of the step being
-computed or prefetched, plus a few layers of slack (docs/memory.md). Each slot
-remembers its *reader*: `(step, layer order)` of the last compute that may read
-it. Compute tells the pool how far its graphs have been evaluated
-(`advance(step, order)`: every graph of earlier steps, and of this step up to
-that layer, has run). The fence rule: a slot may be rewritten only when its
-reader has been evaluated and no read into it is in flight. So once a layer's
-experts of step t have been consumed, their slots serve step t+1's prefetches of
-any layer. An expert already staged stays where it is (incremental table); a
-free slot keeps its expert until it is rewritten (it may be hit again); free
-slots are rewritten empty ones first, then in the order they became free.
+"""The slot pool: which (layer, expert) sits in which shared slot, and when a slot may be rewritten;
+pure and synchronous (docs/runtime.md, "Slot memory and the slot pool").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""FetchTicket (one expert read for one step) and the priority queue the tier workers drain."""
+"""FetchTicket (one expert read for one step), the priority queue the readers drain, and the
+scheduler's read counters."""
 
 from __future__ import annotations
 
@@ -76,3 +77,22 @@ class TicketQueue:
 
     def qsize(self) -> int:
         return self._queue.qsize()
+
+
+@attrs.define
+class ReadStats:
+    """Counters of the scheduler (cumulative; the engine takes differences per request)."""
+
+    issued: int = 0
+    demand: int = 0
+    prefetch: int = 0
+    consumed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    bytes: int = 0
+    hits: int = 0  # served from a cache tier
+    staged_hits: int = 0  # compute found the expert already staged or in flight
+    staged_misses: int = 0  # compute had to issue a demand read
+    fences: int = 0  # acquire found the pool full of unevaluated readers (FenceNeeded)
+    read_busy_s: float = 0.0  # wall time with at least one read in flight
+    by_tier: dict[str, int] = attrs.field(factory=dict)

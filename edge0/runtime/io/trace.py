@@ -1,9 +1,5 @@
-"""The one tracing helper every read and compute span goes through: structlog events + Chrome trace.
-
-`Tracer.read(ticket)` is called by tier workers when a ticket ends; `Tracer.compute(...)`
-by the compute thread for each span (kind "eval", "wait", "predict", "sample").
-With `chrome=True` the spans are also kept and `write_chrome(path)` writes a
-Chrome/Perfetto JSON trace: a "compute" track and one track per tier worker.
+"""The one tracing helper every read and compute span goes through: structlog events and the
+Chrome trace (docs/runtime.md, "Tracing and the summary").
 """
 
 from __future__ import annotations

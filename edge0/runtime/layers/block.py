@@ -1,31 +1,10 @@
-"""The streaming sparse-MoE block: the resident router, then gather_qmm over the slot table.
-
-It replaces a model's sparse block (`layer.mlp`) and keeps every child of the
-original except the routed experts (`switch_mlp`), under the same names, so
-parameter paths of the router and shared expert do not change. It asks one
-collaborator, its layer's `LayerStream` (edge0.runtime.layers.streams, chosen per mode
-when the engine is built). Per call (one token, one decode step) on the compute
-thread:
-  1. router scores, and the true top-K (family rule) unless the stream needs no
-     true set (a route decode step whose layer reads nothing back: `needs_true`);
-  2. `stream.planned()`: in route mode the set predicted one step earlier, which
-     is then the routing (or, under a route policy, `stream.choose` picks the set
-     from true scores and what is servable: edge0.runtime.layers.policy), with gate
-     weights from the true scores (family rule); the in-graph available-first
-     policy chooses on the device instead (`_choose_on_device`);
-  3. `stream.route(...)`: one eval of the routing and of the prediction this
-     layer owns; that prediction is prefetched for the next step;
-  4. `stream.slots(...)`: blocks until this layer's experts are staged;
-  5. the experts' FFN over the slot views with an expert->slot index: one native op on
-     the CPU (edge0.kernels), else gather_qmm (same expert order as the resident block,
-     so outputs are bit-identical for the same set).
-In a batched decode step (`steps.batch`, edge0.runtime.compute.batch) the call hands its
-row's hidden state to the batch, which runs these steps once for all rows.
+"""The streaming sparse-MoE block: the resident router, then the experts over the slot table
+(docs/runtime.md, "One decode step, one streamed layer").
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,9 +13,7 @@ from edge0.errors import Edge0Error
 from edge0.families import Family
 from edge0.kernels.ops import expert_ffn as native_expert_ffn
 from edge0.layout.records import projection_quant
-
-if TYPE_CHECKING:
-    from edge0.runtime.layers.streams import LayerStream
+from edge0.runtime.layers.streams import LayerStream
 
 
 class StreamingMoE(nn.Module):

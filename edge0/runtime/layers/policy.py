@@ -1,53 +1,32 @@
-"""Route policies: which experts a route-mode layer runs, from the prediction, the true scores
-and what can be served without waiting on storage.
-
-`predicted` is route mode as the paper runs it: the set predicted one token ahead
-is the routing (no policy object; the block never reads the router on the host).
-
-- `available-first` (at deadline 0 with deferred syncs, --sync-every > 1: the
-  default) chooses in the graph (edge0.runtime.layers.policy_graph): the K best experts
-  by true routing (the family's true top-K first, then by score) among those
-  ready in a slot when the layer is built: the predicted set and whatever else of
-  the layer the slot pool still holds (the pool is grown into a device-side cache
-  for it, `route_slots`). No host sync beyond `predicted`'s, no record copies.
-  With a deadline above 0, or one sync per layer, it runs as
-  `available-first-sync`.
-
-The other policies read the layer's true router scores back (one host sync per
-routed layer, which --sync-every cannot defer) and choose, per layer:
-
-- `available-first-sync`: the K best experts by true routing among the predicted
-  set (staged for this step) and those servable now: ready in a slot, or in the
-  outermost tier's RAM cache (copied into a slot on the compute thread); missing
-  true experts are demand-read and waited for at most the deadline;
-- `deadline`: the same, plus a second horizon: after layer l's routing, a
-  same-token head (prerouter-layer.*, or the training-free next-router rule)
-  predicts layer l+1's experts; those not servable are fetched at once, with one
-  layer of lead time, and used if they are in when layer l+1 chooses.
-
-With an unbounded deadline (`inf`) every expert is servable: both reduce to the
-true top-K, in the router's order, with the router's gate weights (exact routing).
-Gate weights of any other chosen set come from the family rule over the true scores.
+"""Route policies: which experts a route-mode layer runs, from the prediction, the true scores and
+what can be served without waiting (docs/runtime.md, "Route policies").
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import mlx.core as mx
 
 from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterSet
+from edge0.runtime.layers.clock import Clock
 from edge0.runtime.layers.policy_graph import DeviceChoice, pool_slots
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.layers.streams import LayerStream
 
 log = get_logger(__name__)
 DEFAULT_DEADLINE_MS = 0.0  # compute never waits for a read the prediction did not start
+
+
+class RoutedLayer(Protocol):
+    """What a policy reads of the layer it chooses for (edge0.runtime.layers.streams)."""
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def prev_inds(self) -> mx.array | None: ...
 
 
 def host_rank(true: list[int], scores: list[float]) -> list[int]:
@@ -88,7 +67,7 @@ class RoutePolicy:
         self,
         name: str,
         deadline_ms: float,
-        steps: Steps,
+        steps: Clock,
         layer_heads: PrerouterSet | None = None,
     ) -> None:
         self.name = name
@@ -105,7 +84,7 @@ class RoutePolicy:
 
     def choose(
         self,
-        stream: LayerStream,
+        stream: RoutedLayer,
         x: mx.array,
         scores: mx.array,
         true_inds: mx.array,
@@ -147,7 +126,7 @@ class RoutePolicy:
         return chosen
 
     def _lead_graph(
-        self, stream: LayerStream, x: mx.array, true_inds: mx.array, k: int
+        self, stream: RoutedLayer, x: mx.array, true_inds: mx.array, k: int
     ) -> mx.array | None:
         """The same-token prediction of the next layer's experts (deadline policy), lazy."""
         heads, nxt = self.layer_heads, self.ahead.get(stream.layer)

@@ -1,33 +1,31 @@
-"""The available-first choice made in the graph: a masked top-K over the experts in slots.
-
-The host knows, without reading anything back, which experts of a layer sit ready
-in a slot when the layer is built (the slot table is host state): the predicted
-set (staged for this step; compute waits for it as `predicted` does) and every
-other slot still holding one of the layer's experts. Under this policy the slot
-pool is larger (`pool_slots`), so it works as a device-side cache of recently run
-experts. Those candidates go to the device as a (E,) mask and a (E,) expert->slot
-lookup; the graph keeps the K best candidates as the host policy ranks them (the
-family's true top-K first, then by true score), takes their gate weights from the
-true scores (the router's own indices and weights when the choice is the true
-top-K) and gathers their slots. No host sync beyond `predicted`'s, and no record
-copies on the compute thread: the chosen set is read back with the layer's
-deferred group (edge0.runtime.layers.syncs), for the recall and the next prediction.
+"""The available-first choice made in the graph: a masked top-K over the experts in slots
+(docs/runtime.md, "Route policies", in the graph).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
 
+from edge0.families import Family
 from edge0.runtime.io.slots import pool_size
+from edge0.runtime.layers.clock import Clock
 
-if TYPE_CHECKING:
-    import mlx.nn as nn
 
-    from edge0.families import Family
-    from edge0.runtime.layers.streams import LayerStream
+class SlotStream(Protocol):
+    """What the in-graph choice uses of a layer's stream (edge0.runtime.layers.streams)."""
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def steps(self) -> Clock: ...
+
+    def acquire(self, experts: list[int]) -> list[int]: ...
+
 
 POOL_WIDTH = 8  # the pool holds up to 8K experts per layer (the candidates' cache) ...
 POOL_EXTRA_BYTES = 64 << 20  # ... in at most this many bytes of slots beyond the usual pool
@@ -65,7 +63,7 @@ def choose_graph(
 class DeviceChoice:
     """Per routed layer-step: the candidates (host), the choice (graph), the slot index."""
 
-    def candidates(self, stream: LayerStream, planned: list[int]) -> list[int]:
+    def candidates(self, stream: SlotStream, planned: list[int]) -> list[int]:
         """The predicted set, then every other expert of the layer ready in a slot, pinned for
         this step (one scheduler call, no reads: no prefetch may take their slots before the
         layer's graph has run)."""
@@ -93,7 +91,7 @@ class DeviceChoice:
         return choose_graph(family, block, scores, true_inds, w_true, mx.array(mask), k)
 
     def slots(
-        self, stream: LayerStream, cands: list[int], chosen: mx.array, n_experts: int
+        self, stream: SlotStream, cands: list[int], chosen: mx.array, n_experts: int
     ) -> mx.array:
         """(1, 1, K) slot indices of the chosen experts (blocks until the candidates are
         staged: the predicted ones may still be loading, as under `predicted`)."""

@@ -1,27 +1,33 @@
-"""One collaborator per streamed layer: its planned set, its routing sync and prefetch, its slots.
-
-A `StreamingMoE` block asks only its `LayerStream`. Which class a layer gets is
-decided once, when the engine is built (edge0.runtime.setup.build): `LayerStream`
-(the true routing is the routing: reactive, hint) or `RoutedStream` (route: the
-set predicted one step earlier is the routing); a `Lookahead` only on layers
-that own a prediction (hint, route); `ResidentExperts` or `SlotExperts` for
-where the expert weights are. Everything here runs on the compute thread.
+"""One collaborator per streamed layer: its planned set, its routing sync and prefetch, its slots
+(docs/runtime.md, "One decode step, one streamed layer").
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
-from edge0.runtime.io.scheduler import FenceNeeded
+from edge0.runtime.io.scheduler import FenceNeeded, Scheduler
+from edge0.runtime.layers.clock import BatchJoin, ChunkCall, Clock
+from edge0.runtime.layers.policy import RoutePolicy
 from edge0.runtime.layers.syncs import Deferred
 
-if TYPE_CHECKING:
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.io.scheduler import Scheduler
+
+class StreamClock(Clock, Protocol):
+    """The step clock as a stream and its block read it: also the route policy, and the
+    prompt chunk or batched step under way (edge0.runtime.compute.steps.Steps)."""
+
+    @property
+    def policy(self) -> RoutePolicy | None: ...
+
+    @property
+    def chunk(self) -> ChunkCall | None: ...
+
+    @property
+    def batch(self) -> BatchJoin | None: ...
 
 
 class Experts(Protocol):
@@ -45,7 +51,7 @@ class ResidentExperts:
 class SlotExperts:
     """The layer's slot table: `index` blocks until the experts are staged, returns their slots."""
 
-    def __init__(self, layer: int, views: dict[str, mx.array], steps: Steps) -> None:
+    def __init__(self, layer: int, views: dict[str, mx.array], steps: StreamClock) -> None:
         self.layer = layer
         self.views = views
         self.steps = steps
@@ -75,7 +81,9 @@ class SlotExperts:
 class Lookahead:
     """The prediction one layer owns: its target layer's experts at the next step, prefetched."""
 
-    def __init__(self, layer: int, predictor: Predictor, target: LayerStream, steps: Steps) -> None:
+    def __init__(
+        self, layer: int, predictor: Predictor, target: LayerStream, steps: StreamClock
+    ) -> None:
         self.layer = layer
         self.predictor = predictor
         self.target = target
@@ -117,7 +125,9 @@ class Lookahead:
 class LayerStream:
     """A streamed layer whose routing is the true router's (reactive, hint)."""
 
-    def __init__(self, layer: int, steps: Steps, experts: Experts, quant: dict[str, Any]) -> None:
+    def __init__(
+        self, layer: int, steps: StreamClock, experts: Experts, quant: dict[str, Any]
+    ) -> None:
         self.layer = layer
         self.steps = steps
         self.experts = experts

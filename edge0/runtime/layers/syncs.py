@@ -1,40 +1,72 @@
-"""Host syncs of route mode: the layers' host work deferred and evaluated in groups of G layers.
-
-In a route decode step every streamed layer's expert set is the prediction made
-one step earlier, so compute needs no router readback. What still needs the host
-is the prediction each layer owns (it drives the prefetch for the next step) and
-the recorded routing: `SyncGroups` collects that work per layer and evaluates it
-every `every` layers with `mx.async_eval`, completing a group (one host sync;
-its fence move and prefetches handed to the planner thread, edge0.runtime.io.planner)
-when the next one is launched, before a layer that must sync anyway, and at the
-step fence together with the step's own outputs.
+"""Host syncs of route mode: the layers' host work deferred and evaluated in groups of G layers
+(docs/runtime.md, "Host syncs and reads that are never used").
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 import mlx.core as mx
 
-if TYPE_CHECKING:
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.layers.streams import LayerStream, Lookahead
+from edge0.runtime.io.scheduler import Scheduler
+
+
+class Counts(Protocol):
+    syncs: int  # host syncs of the step (edge0.runtime.layers.clock.StepRecord)
+
+
+class SyncClock(Protocol):
+    """What the groups read of the step clock (edge0.runtime.layers.clock.Clock)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def scheduler(self) -> Scheduler | None: ...
+
+    @property
+    def cur(self) -> Counts: ...
+
+    def span(self, kind: str, layer: int, start: float, end: float, cpu: float = 0.0) -> None: ...
+
+
+class Finishing(Protocol):
+    """A layer's stream, which finishes its deferred work (edge0.runtime.layers.streams)."""
+
+    @property
+    def layer(self) -> int: ...
+
+    def finish(self, work: Deferred) -> None: ...
+
+
+class Issuing(Protocol):
+    """The prediction a layer owns, handed on once read back (streams.Lookahead)."""
+
+    def issue(
+        self,
+        x: mx.array,
+        experts: list[int],
+        true: list[int],
+        prev: list[int] | None,
+        graph: mx.array | None,
+        k: int,
+    ) -> None: ...
 
 
 @attrs.define(slots=True)
 class Deferred:
     """One layer's host work of one step: the arrays to read back and what to do with them."""
 
-    stream: LayerStream
+    stream: Finishing
     x: mx.array
     true_inds: mx.array | None  # read back when the routing is recorded or a host predictor asks
     pred: mx.array | None  # the owned prediction graph
     experts: list[int] | None  # the set computed (None: the true set, once read back)
     prev: list[int] | None  # the set of the previous step
-    head: Lookahead | None  # the prediction to hand on (None: none this step)
+    head: Issuing | None  # the prediction to hand on (None: none this step)
     chosen: mx.array | None = None  # the set an in-graph route policy chose (policy_graph)
 
     def arrays(self) -> list[mx.array]:
@@ -45,7 +77,7 @@ class Deferred:
 class SyncGroups:
     """Deferred layer work of one step, evaluated asynchronously every `every` layers."""
 
-    def __init__(self, every: int, steps: Steps) -> None:
+    def __init__(self, every: int, steps: SyncClock) -> None:
         self.every = every
         self.steps = steps
         self.pending: list[Deferred] = []

@@ -1,23 +1,5 @@
-"""`--memory-budget`: the memory plan, made from file headers before anything is loaded.
-
-peak RSS = process baseline (interpreter and libraries: RSS before loading)
-         + resident weights (resident.safetensors, in the dtypes the loader keeps)
-         + resident experts (the first MoE layer under `--first-layer resident`;
-           every layer in `resident` mode)
-         + loading them: one record and one field's stored-dtype stack alive while a
-           layer's experts are read and cast (`load_bytes`)
-         + predictor heads (prerouter.safetensors, or the untrained copies of the routers)
-         + slot pool (K x (L + 2) records and their compute-dtype sidecar)
-         + KV cache for the planned context + recurrent state (linear-attention layers)
-         + decode working memory (measured: docs/memory.md)
-         + a prompt chunk (`--prefill-chunk`: its activations; chosen here when not given)
-         + what the budget has left, which goes to more slots or to the RAM cache.
-A RAM cache smaller than one step's reads (L x K records) would almost never hit
-(measured: 15 of 5,391 reads on the 35B shape), so such a remainder buys slots;
-a larger one sizes the tier spec's `ram` stage (one is put in front when the spec
-has none). A `ram` stage with an explicit size (`ram:512MiB`) is kept at that size
-and counted in the plan, the rest buying slots, or refused when it cannot fit.
-`MemoryPlan.line()` says which.
+"""`--memory-budget`: the memory plan, made from file headers before anything is loaded
+(docs/memory.md, "The plan").
 """
 
 from __future__ import annotations

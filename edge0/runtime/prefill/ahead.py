@@ -1,33 +1,13 @@
-"""What a prompt chunk reads early of the next streamed layer (chunks.OVERLAP): router or head.
-
-While a streaming block computes its chunk, the next streamed layer's first group
-of experts can already be read (edge0.runtime.prefill.chunk_moe.read_ahead). Which ones is
-a prediction of that layer's union for the chunk, a lazy graph evaluated with this
-layer's routing, in one of two ways:
-  - "router": the next layer's router on this layer's chunk input, each token's
-    top-K (the next layer's set of the same token, had it this layer's input);
-  - "heads": the prerouter head this layer owns (a `Lookahead`, hint and route
-    modes) on every token of the chunk, with its executed set and the one
-    before it as the head's temporal inputs: each row predicts the next layer's
-    set of the NEXT token, so the rows' union is the next layer's union shifted
-    by one token. Only heads with an MLX graph (`rows`, edge0.routing.predictors)
-    predict here: host predictors (oracle, temporal) and reactive mode (no
-    heads) read nothing early. Untrained lean heads (predictor "init") are the
-    next layer's router logits: with a plain top-K router they predict the sets
-    "router" does (less a request's first token, which has no row).
-Only what is read early changes: routing and compute are the chunk's own.
+"""What a prompt chunk reads early of the next streamed layer (chunks.OVERLAP): router or head
+(docs/runtime.md, "Prompt processing", overlap across layers).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import mlx.core as mx
 
 from edge0.errors import ConfigError
-
-if TYPE_CHECKING:
-    from edge0.runtime.layers.block import StreamingMoE
+from edge0.runtime.layers.block import StreamingMoE
 
 OVERLAPS = ("none", "router", "heads")
 

@@ -1,19 +1,10 @@
-"""Multi-token expert compute: a streamed MoE layer over a prompt chunk, its union staged in groups.
-
-A chunk of T tokens routes to T x K (token, expert) pairs. The union of their
-experts is staged G at a time (`group_size`), each group as its own scheduler
-sub-step, so the slot pool's fence rule holds unchanged: group j computes at
-sub-step s+j while group j+1 is read into other slots for s+j+1. Each group runs
-one sorted `gather_qmm` over the pairs routed to it and is evaluated before the
-next sub-step starts (begin_step moves the pool's fence past it: its slots may
-then be rewritten). The pair outputs are put back in (token, k) order and summed with
-the gate weights exactly as the one-token block sums them.
+"""A streamed MoE layer over a prompt chunk: its union of experts staged in groups, one scheduler
+sub-step each (docs/runtime.md, "Prompt processing", step 3).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
@@ -21,14 +12,11 @@ import numpy as np
 from edge0.kernels.native import module
 from edge0.kernels.ops import expert_ffn_runs
 from edge0.layout.records import projection_quant
-from edge0.runtime.layers.block import expert_ffn, ffn_plan
+from edge0.runtime.layers.block import StreamingMoE, expert_ffn, ffn_plan
 from edge0.runtime.layers.streams import ResidentExperts
 from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, on_cpu
 
 DENSE_EXPERT_ROWS = 4  # rows from which an expert's weights are dequantized (prefill.md); 0: never
-
-if TYPE_CHECKING:
-    from edge0.runtime.layers.block import StreamingMoE
 
 
 def run_pairs(

@@ -1,23 +1,5 @@
-"""Chunked prefill: the prompt runs C tokens per forward; each streamed layer reads its union once.
-
-Per chunk (one model call over C tokens: attention, Gated DeltaNet and the
-resident layers handle multi-token input with the KV cache as they are):
-  1. each streaming block computes the chunk's true routing (every mode: the
-     prompt is known, so route mode needs no prediction here);
-  2. in hint/route the head owned by the layer runs on the chunk's LAST token
-     (its executed set and the one before it as temporal inputs, exactly the
-     inputs one-token prefill gives it), predicting the first decode step;
-  3. the union of the chunk's experts is staged and computed in groups
-     (edge0.runtime.prefill.chunk_moe); the experts predicted for the first decode step
-     are staged last, so they are still in the slots when decode starts;
-  4. with `OVERLAP` "router" or "heads", the next streamed layer's union for the
-     chunk is predicted in the same eval, by its router on this layer's input or
-     by the head this layer owns on every token (edge0.runtime.prefill.ahead),
-     and its first group is read while this layer's last group and the next
-     layer's attention compute, when the chunk is long enough for its union to
-     cover most of a layer (`COVER`; docs/benchmarks/prefill.md measures it).
-After the prompt, the predictions of the last token become the first decode
-step's plan and prefetch, as if the prompt had run one token at a time.
+"""Chunked prefill: the prompt runs C tokens per forward; each streamed layer reads its union once
+(docs/runtime.md, "Prompt processing").
 """
 
 from __future__ import annotations
@@ -25,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import mlx.core as mx
@@ -33,17 +15,14 @@ import mlx.nn as nn
 import numpy as np
 
 from edge0.kernels.native import prompt_threads
-from edge0.runtime.compute.runner import greedy
+from edge0.runtime.compute.runner import Runner, greedy
+from edge0.runtime.compute.steps import Steps
+from edge0.runtime.layers.block import StreamingMoE
+from edge0.runtime.layers.streams import LayerStream
 from edge0.runtime.prefill.ahead import check_overlap, next_union
 from edge0.runtime.prefill.chunk_moe import chunk_experts
 from edge0.runtime.prefill.dense import dense_linears
 from edge0.runtime.prefill.memory import bounded_recurrence
-
-if TYPE_CHECKING:
-    from edge0.runtime.compute.runner import Runner
-    from edge0.runtime.compute.steps import Steps
-    from edge0.runtime.layers.block import StreamingMoE
-    from edge0.runtime.layers.streams import LayerStream
 
 OVERLAP = "router"  # read the next layer's predicted first group early: "router", "heads"; "none"
 # ... when the chunk's T x K picks are at least COVER x E: its union then covers most of a
@@ -102,16 +81,15 @@ class ChunkState:
 
     def block_call(self, block: StreamingMoE, x: mx.array) -> mx.array:
         """A streaming block's multi-token input is this chunk: `block_call` runs it."""
-        return block_call(block, x)
+        return block_call(block, x, self)
 
 
-def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
-    """The streaming block on a chunk `x` (1, T, d): true routing, union staged, experts applied."""
+def block_call(block: StreamingMoE, x: mx.array, st: ChunkState) -> mx.array:
+    """The streaming block on chunk `st`'s input `x` (1, T, d): true routing, union staged,
+    experts applied."""
     stream, fam = block.stream, block.family
     steps, head = stream.steps, stream.head
     t = x.shape[1]
-    st = steps.chunk
-    assert st is not None
     st.check()
     scores = fam.scores(block, x)  # (1, T, E)
     inds, w = fam.select(block, scores, stream.top_k)  # (1, T, K) each
@@ -130,18 +108,21 @@ def block_call(block: StreamingMoE, x: mx.array) -> mx.array:
     true = np.array(inds.reshape(t, -1))  # (T, K)
     if following is not None and nxt is not None:
         st.predicted[following.layer] = by_count(np.array(nxt).reshape(-1))
-    _after_routing(stream, x, true, last, graph)
+    _after_routing(stream, st, x, true, last, graph)
     y = chunk_experts(block, fam.expert_input(x, w), true)  # (1, T, K, d)
     return fam.extra(block, x, fam.combine(y, w))
 
 
 def _after_routing(
-    stream: LayerStream, x: mx.array, true: np.ndarray, last: mx.array, graph: mx.array | None
+    stream: LayerStream,
+    st: ChunkState,
+    x: mx.array,
+    true: np.ndarray,
+    last: mx.array,
+    graph: mx.array | None,
 ) -> None:
     """Record the chunk's routing; keep the last token's prediction for the first decode step."""
     steps, layer = stream.steps, stream.layer
-    st = steps.chunk
-    assert st is not None
     steps.cur.layers += 1
     rows: list[list[int]] = true.tolist()
     if steps.recording is not None:

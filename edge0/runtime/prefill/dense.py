@@ -1,15 +1,5 @@
-"""Resident int4 linears over a prompt chunk without the native kernels: one dequantize, one matmul.
-
-Where the native kernels run a linear (edge0.kernels: its GEMM decodes each weight
-row once for all of a chunk's rows) nothing is swapped. Elsewhere MLX's CPU
-`quantized_matmul` unpacks the whole weight again for every input row: 16 rows
-of the 35B shape's 8192 x 2048 `in_proj_qkv` take ~270 ms and 512 rows 12-18 s,
-while dequantizing the weight once (~95 ms) and one fp32 matmul take ~110 /
-~340 ms with OpenBLAS preloaded (measured; ~4 s with the wheel's reference
-BLAS, still 3x). Decode and the chunk's last-row output head keep the int4
-kernel (`DENSE_ROWS`); the dequantized fp32 weight lives only while its matmul
-runs (`dense_weight_bytes` is what the plan counts). docs/benchmarks/prefill.md
-has the measurements.
+"""Resident int4 linears over a prompt chunk without the native kernels: one dequantize, one matmul
+(docs/runtime.md, "Prompt processing", compute of a chunk).
 """
 
 from __future__ import annotations

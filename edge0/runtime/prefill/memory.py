@@ -1,13 +1,5 @@
-"""What a prompt chunk holds in memory, and the sub-chunked recurrence that bounds it.
-
-On the CPU backend mlx-lm's Gated DeltaNet (the hybrid families' linear attention) runs
-its prompt path as one op graph per token, and MLX keeps every token's
-(value heads x Dv x Dk) fp32 state alive until the graph is evaluated (2 MiB a
-token on the 35B-A3B shape: 556 MiB at 256 tokens, measured with
-`tools/bench/prefill_memory.py`). `bounded_recurrence` runs those layers
-`SUB_TOKENS` tokens at a time within a chunk, evaluating each piece, so a chunk
-holds `SUB_TOKENS` states, not one per token. The recurrence is sequential per
-token either way: the pieces compute the same values (tests/test_prefill_memory.py).
+"""What a prompt chunk holds in memory, and the sub-chunked recurrence that bounds it
+(docs/runtime.md, "Prompt processing", memory of a chunk).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Building an engine: plan the memory, load the model, make it stream, open the tier stack.
-
-The plan comes from edge0.runtime.plan (options, footprint, memory plan); making
-the loaded model stream is `prepare`, on the compute thread.
+"""Building an engine: plan the memory (edge0.runtime.plan), load the model, make it stream
+(`prepare`, on the compute thread), open the tier stack and the scheduler.
 """
 
 from __future__ import annotations
@@ -48,10 +46,10 @@ class Setup:
     scheduler: Scheduler | None = None
     tier: Tier | None = None
     memory_plan: MemoryPlan | None = None
-    # edge0.dist replaces how a request runs (rank 0 of a pipeline) and adds its own shutdown
+    # edge0.ranks replaces how a request runs (rank 0 of a pipeline) and adds its own shutdown
     runner: Callable[..., Any] | None = None  # (request, sampler, settings) -> a Runner
     on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
-    dist: Any = None  # the pipeline node (edge0.dist.build.Node) of rank 0
+    dist: Any = None  # the pipeline node (edge0.ranks.build.Node) of rank 0
     exactness: str = "exact"  # what the stats line says of the output (routing.validation)
 
     def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:

@@ -1,6 +1,7 @@
 """A request joining a running batch: its time to first token and the running requests' tokens.
 
-    .venv/bin/python tools/bench/join_bench.py MODEL [--join-chunk whole --join-chunk 256]
+    .venv/bin/python docs/benchmarks/scripts/join_bench.py MODEL
+        [--join-chunk whole --join-chunk 256]
         [--running 1] [--prompt-len 1024] [--mode route] [--k 4] [--tiers pread]
         [--rounds 2] [--prefill-chunk N] [--lock FILE] [--json out.json]
 
@@ -28,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_lock import held
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools" / "bench"))
+from bench_lock import held  # noqa: E402
 
 SHORT = 8  # prompt tokens of the running requests
 BEFORE = 4  # tokens each running request has when the joiner comes

@@ -1,6 +1,7 @@
 """Held-out recall@K of several sets of heads on the same held-out traces of `edge0 tune`.
 
-    python tools/bench/tune_recall.py WORK_DIR LAYOUT_A [LAYOUT_B ...] [--k K] [--json OUT]
+    python docs/benchmarks/scripts/tune_recall.py WORK_DIR LAYOUT_A [LAYOUT_B ...]
+        [--k K] [--json OUT]
 
 WORK_DIR is a tune run's `--work-dir` (its `heldout/` traces: the int4 model's own routing
 on held-out text); each LAYOUT's token heads (`prerouter.safetensors`) are scored on the

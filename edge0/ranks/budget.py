@@ -1,14 +1,5 @@
-"""Per-rank `--memory-budget`: what each layer holds on its rank, and each rank's memory plan.
-
-The plan of one process (edge0.runtime.plan.memory) covers every layer; on a pipeline
-each rank holds only its own layers' resident tensors, kept experts, predictor
-heads, KV cache and recurrent state, plus a slot pool of K x (L_r + 2) slots for
-its L_r streamed layers, its own process baseline and decode working memory.
-`LayerBytes` splits the one-process `Footprint` by layer (from the file headers:
-nothing is loaded), `LayerBytes.footprint` adds a rank's layers back up, and
-`rank_plan` runs the same `memory.plan` on it: every rank refuses a budget it
-cannot hold before anything is loaded, naming the rank, its layers and the fix.
-The default `--layers` split balances `LayerBytes.costs` (edge0.dist.plan).
+"""Per-rank `--memory-budget`: what each layer holds on its rank, and each rank's memory plan
+(docs/distributed.md, "A memory budget per rank").
 """
 
 from __future__ import annotations
@@ -40,7 +31,12 @@ _HEAD = re.compile(r"^heads\.(\d+)\.")
 
 @attrs.frozen
 class LayerBytes:
-    """Bytes each layer holds on the rank that owns it, and the parts outside the layers."""
+    """Bytes each layer holds on the rank that owns it, and the parts outside the layers.
+
+    The one-process `Footprint` split by layer, from the file headers (nothing is loaded);
+    `footprint` adds a rank's layers back up, for `rank_plan` to run the same
+    `memory.plan` on, and `costs` is what the default `--layers` split balances.
+    """
 
     fp: Footprint  # the one-process footprint (slot size, top-k, working memory, baseline)
     resident: tuple[int, ...]  # per layer: its resident tensors, as loaded

@@ -10,7 +10,7 @@ in `--tokenizer`), the size of the vocabularies of the Qwen, GLM and DeepSeek fa
 Needs the three libraries (`pip install llguidance xgrammar outlines-core`); xgrammar
 needs torch. Writes one JSON file.
 
-Run: python tools/bench/grammar_libs.py --out docs/benchmarks/results/grammar-libs.json
+Run: python docs/benchmarks/scripts/grammar_libs.py --out docs/benchmarks/results/grammar-libs.json
 """
 
 from __future__ import annotations

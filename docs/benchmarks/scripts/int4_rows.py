@@ -8,7 +8,7 @@ dequantize+matmul at each rows-per-expert count. Best of 3 after a warm-up.
 docs/benchmarks/prefill.md ("Why the earlier runs never finished").
 
 Usage: LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \\
-       .venv/bin/python tools/bench/int4_rows.py [--rows 1,16,64,256,512]
+       .venv/bin/python docs/benchmarks/scripts/int4_rows.py [--rows 1,16,64,256,512]
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ import json
 import sys
 import time
 
-from edge0.cli.lora_cmds import _load_pair, _windows
 from edge0.eval.quality import Variant, evaluate_quality, markdown
+from edge0.train.fp32 import load_pair
+from edge0.train.traces import corpus_windows
 
 TOKENS, SEQ_LEN, PROMPTS, PROMPT_LEN, GEN_LEN = 4096, 128, 8, 32, 32
 
@@ -18,10 +19,10 @@ def main() -> None:
     results = {}
     for d in dirs:
         start = time.time()
-        t, s = _load_pair(d, teacher)
+        t, s = load_pair(d, teacher)
         enc = s.tokenizer.encode
-        windows = _windows(corpus, "heldout", enc, TOKENS // SEQ_LEN, SEQ_LEN + 1)
-        prompts = _windows(corpus, "heldout", enc, PROMPTS, PROMPT_LEN)
+        windows = corpus_windows(corpus, "heldout", enc, TOKENS // SEQ_LEN, SEQ_LEN + 1)
+        prompts = corpus_windows(corpus, "heldout", enc, PROMPTS, PROMPT_LEN)
         variants = [Variant("int4-resident", "resident")]
         r = evaluate_quality(t.model, s.model, variants, {}, 4, windows, prompts, GEN_LEN, batch=8)
         results[d] = r

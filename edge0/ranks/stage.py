@@ -1,12 +1,5 @@
-"""The layer-range view of a model: one rank's layers, loaded alone, and their forward pass.
-
-A rank builds the whole mlx-lm model lazily (MLX arrays and `mx.load` are lazy),
-then replaces every layer it does not own by an empty module before anything is
-evaluated, so it reads only its own layers' resident tensors from
-resident.safetensors (plus the embedding on the first rank, the final norm and
-head on the last). Exception, documented: a recovery LoRA adapter is applied on
-the whole model first (its loader evaluates the model), so with an adapter a
-rank reads every resident tensor once while loading and keeps only its own.
+"""The layer-range view of a model: one rank's layers, loaded alone, and their forward pass
+(docs/distributed.md, "One layout directory, not a split copy").
 """
 
 from __future__ import annotations
@@ -94,7 +87,13 @@ def load_stage(
 ) -> tuple[Stage, Any, Any]:
     """Load only `own` layers of an edge0 layout; `before_prune(model)` runs on the whole lazy
     model (predictors read routers of the next rank's first layer). Returns (stage, its result,
-    tokenizer). Every check `load_layout` makes is made (edge0.layout.load._open)."""
+    tokenizer). Every check `load_layout` makes is made (edge0.layout.load._open).
+
+    The whole mlx-lm model is built lazily, then every layer this rank does not own becomes
+    an empty module before anything is evaluated, so only its own resident tensors are read
+    (plus the embedding on the first rank, the final norm and head on the last). A recovery
+    LoRA adapter is applied on the whole model first (its loader evaluates the model): with
+    one, a rank reads every resident tensor once while loading and keeps only its own."""
     from edge0.layout.load import _open, cast_params, read_expert_stacks
     from edge0.model.loaded import activation_dtype, load_tokenizer
     from edge0.model.lora import maybe_apply_adapters

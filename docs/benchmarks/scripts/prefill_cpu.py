@@ -9,7 +9,8 @@ of `--prompt-len` tokens with `max_tokens=1`; variants are interleaved per round
 group during this layer's compute (edge0.runtime.prefill.chunks.OVERLAP), predicted by
 its router or by the prerouter heads (edge0.runtime.prefill.ahead), for each chunk.
 
-Usage: .venv/bin/python tools/bench/prefill_cpu.py MODEL --prompt-len 96 --chunks 1,96,32
+Usage: .venv/bin/python docs/benchmarks/scripts/prefill_cpu.py MODEL --prompt-len 96
+       --chunks 1,96,32
        [--overlap none,router,heads] [--predictor heads] [--json out.json]
        [--tiers 'throttle:bw=80MB/s,lat=100us>pread']
 """

@@ -7,7 +7,7 @@ tokens with `max_tokens=2`. Printed: the peak MLX memory over what was in use
 before the prompt (per chunk token), the generation's peak RSS (VmHWM), MLX's
 active and cached memory at the end, and MiB read per prompt token.
 
-Usage: .venv/bin/python tools/bench/prefill_memory.py MODEL --variants 64:0,64:16,256:16
+Usage: .venv/bin/python docs/benchmarks/scripts/prefill_memory.py MODEL --variants 64:0,64:16,256:16
        [--memory-budget 3GiB] [--tiers 'ram>direct'] [--first-layer wrap]
 """
 

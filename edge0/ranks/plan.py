@@ -13,7 +13,7 @@ class Split:
     """`ranges[r]` = the model layers rank r owns (contiguous, in order, covering all)."""
 
     ranges: tuple[range, ...]
-    cost: tuple[int, ...] = ()  # per rank: the balanced bytes (edge0.dist.budget)
+    cost: tuple[int, ...] = ()  # per rank: the balanced bytes (edge0.ranks.budget)
 
     def owner(self, layer: int) -> int:
         for r, rng in enumerate(self.ranges):
@@ -101,7 +101,7 @@ def balance(costs: list[int], size: int) -> Split:
 
 def plan_split(costs: list[int], size: int, layers: str | None = None) -> Split:
     """The split for `size` ranks: `layers` when given, else balanced by `costs` (bytes per
-    layer: edge0.dist.budget.LayerBytes.costs)."""
+    layer: edge0.ranks.budget.LayerBytes.costs)."""
     if layers:
         return parse_layers(layers, len(costs), size)
     return balance(costs, size)

@@ -1,14 +1,5 @@
-"""The boundary exchange: fixed-size int32 messages between neighbouring ranks over mx.distributed.
-
-Every message is one int32 array of `HEADER + payload` words: a header (kind,
-request, step, position, prefill flag, token, number of predicted experts, then
-the predicted experts of the receiving side's first layer) and a payload (the
-(1, 1, d) hidden state reinterpreted as int32 words, exact for any dtype; or
-sampling settings; or per-rank stats). One size for every kind keeps `recv`
-simple. All transport runs on one "edge0-link" thread, in order, so a call can
-wait with a timeout: a peer that died shows as the ring backend's "connection to
-a peer was lost" (RuntimeError, measured ~0.7 s after the peer exits), a peer
-that hangs only as the timeout (the ring backend has none of its own).
+"""The boundary exchange: fixed-size int32 messages between neighbouring ranks over
+mx.distributed, on one thread so that every call can time out (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ import numpy as np
 from edge0.errors import RankError
 from edge0.log import get_logger
 
-log = get_logger("edge0.dist.link")
+log = get_logger("edge0.ranks.link")
 T = TypeVar("T")
 
 BEGIN, STEP, TOKEN, STATS, PING, STOP = 1, 2, 3, 4, 5, 6
@@ -50,7 +41,14 @@ class Message:
 
 
 class Codec:
-    """Packs messages for one model: `k` predicted experts, `words` payload words."""
+    """Packs messages for one model: `k` predicted experts, `words` payload words.
+
+    Every message is one int32 array of `size` words: a header (kind, request, step,
+    position, prefill flag, token, number of predicted experts, then the predicted experts
+    of the receiving side's first layer) and a payload (the (1, 1, d) hidden state as int32
+    words, exact for any dtype; or sampling settings; or per-rank stats). One size for every
+    kind keeps `recv` simple.
+    """
 
     def __init__(self, k: int, d_model: int, itemsize: int) -> None:
         self.k = k
@@ -114,7 +112,13 @@ def unpack_floats(words: np.ndarray, n: int) -> list[float]:
 
 
 class Link:
-    """This rank's end of the ring: `send(to, msg)` / `recv(src, timeout)` on the link thread."""
+    """This rank's end of the ring: `send(to, msg)` / `recv(src, timeout)` on the link thread.
+
+    All transport runs on that one thread, in order, so a call can wait with a timeout: a
+    peer that died shows as the ring backend's "connection to a peer was lost" (measured
+    ~0.7 s after the peer exits), a peer that hangs only as the timeout (the ring backend
+    has none of its own).
+    """
 
     def __init__(self, codec: Codec, timeout_s: float) -> None:
         self.codec = codec

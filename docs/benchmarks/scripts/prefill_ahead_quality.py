@@ -9,7 +9,7 @@ distinct experts predicted for the chunk and how many of those are the ones
 kept for the first decode step (never read early: they are staged last).
 Reads go through plain `pread`: this counts predictions, it does not time them.
 
-Usage: .venv/bin/python tools/bench/prefill_ahead_quality.py MODEL --prompt-len 128
+Usage: .venv/bin/python docs/benchmarks/scripts/prefill_ahead_quality.py MODEL --prompt-len 128
        --chunk 16 [--overlap router,heads] [--predictor heads] [--json out.json]
 """
 

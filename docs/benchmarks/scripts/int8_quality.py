@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
 import mlx.nn as nn
 
-from edge0.cli.fp32 import blas_hint, load_fp32
-from edge0.cli.lora_cmds import _windows
 from edge0.eval.quality import Variant, evaluate_quality, markdown
 from edge0.kernels import native
 from edge0.kernels.layers import use_native
+from edge0.train.blas import openblas_hint
+from edge0.train.fp32 import load_fp32
+from edge0.train.traces import corpus_windows
 
 SEQ_LEN, PROMPTS, PROMPT_LEN, GEN_LEN = 128, 8, 32, 32
 FORMATS = {"affine int4 g64": ("affine", 64), "mxfp4 g32": ("mxfp4", 32)}
@@ -53,14 +55,15 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--tokens", type=int, default=4096)
     args = ap.parse_args()
-    blas_hint()
+    if hint := openblas_hint():
+        print(hint, file=sys.stderr)
     mod = native.module()
     if mod is None or not mod.has_int8_inputs():
         raise SystemExit(f"no int8 activation path here: {native.status()}")
     t = load_fp32(args.teacher)
     enc = t.tokenizer.encode
-    windows = _windows(args.corpus, "heldout", enc, args.tokens // SEQ_LEN, SEQ_LEN + 1)
-    prompts = _windows(args.corpus, "heldout", enc, PROMPTS, PROMPT_LEN)
+    windows = corpus_windows(args.corpus, "heldout", enc, args.tokens // SEQ_LEN, SEQ_LEN + 1)
+    prompts = corpus_windows(args.corpus, "heldout", enc, PROMPTS, PROMPT_LEN)
     results: dict[str, Any] = {"status": native.status(), "tokens": int(windows[:, 1:].size)}
     for name, (mode, group) in FORMATS.items():
         s = quantized(args.teacher, mode, group)

@@ -8,7 +8,7 @@ log-probabilities recorded per token, no mask). Per request: process CPU seconds
 (every thread) per generated token, and decode tok/s. Medians, per-round ratios
 against `free`, and the load average go into one JSON file.
 
-Run: python tools/bench/constrained_cost.py [MODEL] --rounds 5 --tokens 64 \
+Run: python docs/benchmarks/scripts/constrained_cost.py [MODEL] --rounds 5 --tokens 64 \
         --out docs/benchmarks/results/constrained-cost.json
 """
 

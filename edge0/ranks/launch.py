@@ -1,13 +1,5 @@
-"""Starting a pipeline from rank 0: plan the split, spawn the other ranks, join the ring.
-
-`Engine.open(path, hosts=...)` (and `edge0 run --hosts`) lands here. Rank 0 is
-the calling process; ranks 1..N-1 run `python -m edge0.dist.worker` with the
-same options: local ranks (loopback IPs) as child processes, others through
-`ssh HOST` in the same directory (the hosts need the same checkout, venv and
-model path; `EDGE0_SSH` replaces the `ssh` command, e.g. with options or with
-tools/netns_ranks.py's shim that enters a network namespace instead). Under
-`mlx.launch`, every rank runs `edge0 run` itself instead
-(edge0.dist.worker.main_from_env) and nothing is spawned here.
+"""Starting a pipeline from rank 0: plan the split, spawn the other ranks, join the ring
+(docs/distributed.md, "Running it"; under `mlx.launch` nothing is spawned here).
 """
 
 from __future__ import annotations
@@ -27,26 +19,26 @@ from typing import Any, TypeVar
 
 import attrs
 
-from edge0.dist.budget import LayerBytes, rank_plan
-from edge0.dist.build import Node, build_node
-from edge0.dist.hosts import Cluster, parse_hosts
-from edge0.dist.link import PING, STOP, Codec, Link, Message
-from edge0.dist.pipeline import PipelineRunner
-from edge0.dist.plan import Split, plan_split
 from edge0.errors import ConfigError, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.options.engine import EngineOptions
+from edge0.ranks.budget import LayerBytes, rank_plan
+from edge0.ranks.build import Node, build_node
+from edge0.ranks.hosts import Cluster, parse_hosts
+from edge0.ranks.link import PING, STOP, Codec, Link, Message
+from edge0.ranks.pipeline import PipelineRunner
+from edge0.ranks.plan import Split, plan_split
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.plan.memory import MemoryPlan
 from edge0.runtime.setup.build import Setup
 from edge0.stats import current_rss_bytes
 
-log = get_logger("edge0.dist.launch")
+log = get_logger("edge0.ranks.launch")
 T = TypeVar("T")
 SSH_ENV = "EDGE0_SSH"  # the command that runs a rank on its host: `$EDGE0_SSH HOST 'cd DIR && ...'`
 START_TIMEOUT_S = 600.0  # joining the ring and loading every rank's layers
-JOINING = "rank_joining"  # a worker's log event just before it joins (edge0.dist.worker)
+JOINING = "rank_joining"  # a worker's log event just before it joins (edge0.ranks.worker)
 _OPENED = False  # whether this process has joined a ring (one per process)
 
 
@@ -74,7 +66,7 @@ def split_for(
 ) -> tuple[Split, LayerBytes]:
     """The split (`--layers`, else balanced by each layer's fixed bytes) and the per-layer
     bytes the ranks' memory plans are made from (with this process's `baseline`)."""
-    from edge0.dist.budget import layer_bytes
+    from edge0.ranks.budget import layer_bytes
 
     lb = layer_bytes(path, manifest, opts, baseline)
     return plan_split(lb.costs(), size, opts.layers), lb
@@ -123,7 +115,7 @@ class Ranks:
             argv = [
                 sys.executable,
                 "-m",
-                "edge0.dist.worker",
+                "edge0.ranks.worker",
                 str(path.resolve()),
                 "--rank",
                 str(rank),
@@ -213,7 +205,7 @@ async def _join(link: Link, ranks: Ranks | Launched, timeout: float) -> None:
 
 async def build_pipeline(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
     """Rank 0 of a pipeline: spawn, join, load own layers, wait for every rank; a Setup."""
-    from edge0.dist.hosts import LAUNCHED
+    from edge0.ranks.hosts import LAUNCHED
 
     global _OPENED
     assert opts.hosts is not None

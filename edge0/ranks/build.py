@@ -9,11 +9,6 @@ import attrs
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.dist.budget import LayerBytes, layer_bytes, rank_plan
-from edge0.dist.link import Link
-from edge0.dist.pipeline import StageScheduler
-from edge0.dist.plan import Split
-from edge0.dist.stage import Stage, load_stage
 from edge0.errors import ConfigError
 from edge0.families import family_for
 from edge0.layout.manifest import Manifest
@@ -22,6 +17,11 @@ from edge0.log import get_logger
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
 from edge0.options.engine import EngineOptions
+from edge0.ranks.budget import LayerBytes, layer_bytes, rank_plan
+from edge0.ranks.link import Link
+from edge0.ranks.pipeline import StageScheduler
+from edge0.ranks.plan import Split
+from edge0.ranks.stage import Stage, load_stage
 from edge0.routing.predictors import Predictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.compute.steps import Steps
@@ -42,7 +42,7 @@ from edge0.runtime.setup.prepare import (
 )
 from edge0.storage.spec import open_tiers
 
-log = get_logger("edge0.dist.build")
+log = get_logger("edge0.ranks.build")
 
 
 @attrs.define

@@ -1,12 +1,5 @@
-"""One rank's share of a request: its layers for each step, the messages to its neighbours.
-
-Rank 0 (`PipelineRunner`, what the Engine drives) embeds the token, runs its
-layers and sends the hidden state on; each next rank (`serve`) runs its layers
-and passes the hidden on; the last rank samples and sends the token back to
-rank 0. With every hidden state goes the expert set that the head of the
-sender's last layer predicted for the receiver's first layer at the next step,
-so the receiver prefetches it one token ahead, as on one machine. Everything
-here runs on the rank's compute thread.
+"""One rank's share of a request: its layers for each step, the messages to its neighbours, the
+predicted expert sets sent on with the hidden state (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -17,7 +10,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from edge0.dist.link import (
+from edge0.errors import ConfigError
+from edge0.log import get_logger
+from edge0.model.generate import Sampler, SamplingSettings
+from edge0.model.sparse import sparse_blocks
+from edge0.ranks.link import (
     BEGIN,
     GREEDY,
     PING,
@@ -32,17 +29,13 @@ from edge0.dist.link import (
     unpack_floats,
     words_hidden,
 )
-from edge0.dist.stage import Stage
-from edge0.errors import ConfigError
-from edge0.log import get_logger
-from edge0.model.generate import Sampler, SamplingSettings
-from edge0.model.sparse import sparse_blocks
+from edge0.ranks.stage import Stage
 from edge0.runtime.compute.runner import greedy
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.stats import peak_rss_bytes
 
-log = get_logger("edge0.dist.pipeline")
+log = get_logger("edge0.ranks.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
 # steps, time inside mx.eval, time blocked on reads, expert reads; then the rank's slot pool,
 # the bytes it read while loading (-1: unknown) and the lowest / highest layer whose experts

@@ -1,9 +1,5 @@
-"""A rank > 0 of a pipeline: `python -m edge0.dist.worker MODEL --rank R --ring JSON ...`.
-
-It joins the ring, loads its layers, then runs steps as rank 0's messages arrive
-until rank 0 stops it. Started by rank 0 (edge0.dist.launch), or by `mlx.launch`
-running `edge0 run` on every rank (`run_from_env`). Exit code 0 after STOP,
-1 when a neighbour fails (its error logged), 2 for bad options.
+"""A rank > 0 of a pipeline: `python -m edge0.ranks.worker MODEL --rank R --ring JSON ...`
+(docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -16,25 +12,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edge0.dist.build import build_node
-from edge0.dist.link import Link
-from edge0.dist.pipeline import serve
-from edge0.dist.plan import Split
 from edge0.errors import Edge0Error, RankError
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.loop import run as run_async
 from edge0.options.engine import EngineOptions
+from edge0.ranks.build import build_node
+from edge0.ranks.link import Link
+from edge0.ranks.pipeline import serve
+from edge0.ranks.plan import Split
 from edge0.routing.validation import with_mode
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.stats import current_rss_bytes
 
-log = get_logger("edge0.dist.worker")
+log = get_logger("edge0.ranks.worker")
 
 
 async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) -> None:
     """Join the ring as `rank` (MLX_RANK / MLX_HOSTFILE set), load, serve until STOP."""
-    from edge0.dist.launch import JOINING, START_TIMEOUT_S, codec_for, split_for
+    from edge0.ranks.launch import JOINING, START_TIMEOUT_S, codec_for, split_for
 
     baseline = current_rss_bytes()  # before any weights: this rank's memory plan starts here
     manifest = Manifest.load(path)
@@ -68,11 +64,14 @@ async def work(path: Path, opts: EngineOptions, rank: int, split: Split | None) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Join the ring, load this rank's layers, run steps as rank 0's messages arrive until it
+    stops the ring. Exit code 0 after STOP, 1 when a neighbour fails (its error logged), 2
+    for bad options."""
     from edge0 import log as edge0_log
-    from edge0.dist.launch import options_from_json
-    from edge0.dist.plan import _n_layers, parse_layers
+    from edge0.ranks.launch import options_from_json
+    from edge0.ranks.plan import _n_layers, parse_layers
 
-    p = argparse.ArgumentParser(prog="edge0.dist.worker")
+    p = argparse.ArgumentParser(prog="edge0.ranks.worker")
     p.add_argument("model")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--ring", required=True, help="the ring backend's address list (JSON)")
@@ -111,7 +110,7 @@ def worker_from_cli(path: Path, engine: dict[str, Any]) -> bool:
 
     `engine` holds `Engine.open`'s keywords from the command line; a worker takes them all
     but the trace (rank 0 writes it) and the hosts (it is one of them)."""
-    from edge0.dist.hosts import LAUNCHED, launched_rank
+    from edge0.ranks.hosts import LAUNCHED, launched_rank
 
     rank = launched_rank()
     if engine.get("hosts") != LAUNCHED or rank is None or rank == 0:

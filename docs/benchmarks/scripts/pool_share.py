@@ -9,7 +9,7 @@ the rest of the command line as `edge0 ...`, so a policy is measured at the stag
 share its target will have. `edge0 bench run` needs `--isolate process` here (its
 subprocesses would not see the cap).
 
-Usage: .venv/bin/python tools/bench/pool_share.py --extra-mib 0 -- eval quality M CORPUS ...
+Usage: pool_share.py --extra-mib 0 -- eval quality M CORPUS ...
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
 def main(argv: list[str]) -> None:
