@@ -100,6 +100,9 @@ def test_tune_validates_and_the_record_decides_the_default(layout: Path, tmp_pat
     record = Validation.read(layout)
     assert record is not None and 0.0 <= record.agreement <= 1.0 and record.tokens > 0
     assert "route vs exact on" in res.output and f"{record.agreement:.1%}" in res.output
+    # off a terminal each phase still says where it is: its start and its end, on stderr
+    assert "tune: traces (train) 0/512 tok" in res.stderr
+    assert "tune: traces (train) 512/512 tok" in res.stderr
     if record.agreement >= ROUTE_FLOOR:  # route by default, labelled with its agreement
         assert run().endswith(f"| approximate (route, agreement {record.agreement:.1%})")
     else:  # below the floor the layout keeps exact decoding, and tune says why

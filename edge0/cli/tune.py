@@ -12,8 +12,11 @@ import click
 from edge0.cli.checks import model_arg, runtime_args
 from edge0.cli.options import engine_options, take
 from edge0.errors import ConfigError
+from edge0.log import get_logger
 from edge0.options.engine import EngineOptions
 from edge0.routing.validation import ROUTE_FLOOR
+
+log = get_logger(__name__)
 
 
 @click.command("tune")
@@ -119,26 +122,54 @@ def command(
 
 
 class Bars:
-    """One progress bar a phase, with its ETA (tqdm; only on a terminal)."""
+    """Progress a phase at a time, with its ETA: a tqdm bar on a terminal, else a line on
+    stderr at each phase's start and end and at most once every `every` seconds between."""
 
-    def __init__(self) -> None:
+    def __init__(self, every: float = 60.0) -> None:
         self.bar: Any = None
         self.phase = ""
+        self.tty = sys.stderr.isatty()
+        self.every = every
+        self.started = self.printed = 0.0
 
     def update(self, phase: str, done: int, total: int) -> None:
-        from tqdm import tqdm
-
         if phase != self.phase:
             self.close()
             self.phase = phase
-            self.bar = tqdm(total=total, desc=phase, unit="tok", disable=None, leave=False)
-        self.bar.n = done
-        self.bar.refresh()
+            self.started = self.printed = time.monotonic()
+            if self.tty:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=phase, unit="tok", leave=False)
+            else:
+                self._line(done, total)
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.refresh()
+        elif time.monotonic() - self.printed >= self.every or done >= total:
+            self._line(done, total)
+
+    def _line(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        self.printed = now
+        spent = now - self.started
+        eta = ""
+        if 0 < done < total:
+            eta = f", about {_minutes(spent * (total - done) / done)} left"
+        click.echo(
+            f"tune: {self.phase} {done:,}/{total:,} tok, {_minutes(spent)} in this phase{eta}",
+            err=True,
+        )
+        log.info("tune.progress", phase=self.phase, done=done, total=total, seconds=spent)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _print(path: Path, out: dict[str, Any], seconds: float) -> None:
