@@ -130,7 +130,10 @@ class Backend:
                 sampling = attrs.evolve(sampling, seed=sampling.seed + i)
             hooks = None
             if grammar is not None or request.logprobs is not None:
-                hooks = await asyncio.to_thread(Decoding, self.grammars, grammar, request.logprobs)
+                field = wanted[1] if wanted else None
+                hooks = await asyncio.to_thread(
+                    Decoding, self.grammars, grammar, request.logprobs, field
+                )
             gens.append(Generation(self, api, ids, sampling, hooks))
         return gens
 

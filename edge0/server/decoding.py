@@ -41,14 +41,17 @@ class TokenLogprob:
 
 class Decoding:
     """One request's hooks: `grammar` (an llguidance grammar) masks its draws; `top_logprobs`
-    >= 0 records each draw's log-probability and that many alternatives into `records`."""
+    >= 0 records each draw's log-probability and that many alternatives into `records`;
+    `param` is the request field the grammar enforces (named when the grammar fails)."""
 
     def __init__(
         self,
         grammars: Grammars | None = None,
         grammar: str | None = None,
         top_logprobs: int | None = None,
+        param: str | None = None,
     ) -> None:
+        self.param = param
         self.records: list[TokenLogprob] = []
         self.top_logprobs = top_logprobs
         self._matcher: Any = None
@@ -65,7 +68,10 @@ class Decoding:
         if self._last is not None:
             m.consume_token(int(self._last.item()))  # type: ignore[arg-type]
         if m.is_error():
-            raise RequestError(f"constrained decoding failed: {short(m.get_error())}")
+            raise RequestError(
+                f"constrained decoding failed: {short(m.get_error())}; simplify the schema",
+                param=self.param,
+            )
         m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         vocab = logprobs.shape[-1]
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab]
