@@ -80,7 +80,9 @@ def test_a_killed_run_resumes_after_its_last_window(layout: Path, tmp_path: Path
         asyncio.run(tune(layout, opts, kill_at_third))
     assert _state(tmp_path / "w" / "train")["done"] == 2  # two windows on disk
     again: list[int] = []
-    asyncio.run(tune(layout, opts, lambda p, d, t: again.append(d) if p == "traces (train)" else 0))
+    asyncio.run(
+        tune(layout, opts, lambda p, d, t: again.append(d) if p == "traces (train)" else None)
+    )
     assert again[0] == 2 * opts.seq_len  # started at the third window
     assert Validation.read(layout) is not None
 
@@ -109,3 +111,34 @@ def test_tune_validates_and_the_record_decides_the_default(layout: Path, tmp_pat
         assert run().endswith("| exact") and "keeps hint mode" in res.output
     config = json.loads((layout / "prerouter.json").read_text())
     assert config["trained"] and config["info"]["traces"]["source"] == "student-int4 (streamed)"
+
+
+def test_a_run_stopped_in_validation_does_not_train_again(
+    layout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge0.tune import pipeline
+
+    opts = TuneOptions(work_dir=tmp_path / "w", **SMALL)  # type: ignore[arg-type]
+
+    def stop_in_validation(phase: str, done: int, total: int) -> None:
+        if phase == "validate":
+            raise Stop
+
+    with pytest.raises(Stop):
+        asyncio.run(tune(layout, opts, stop_in_validation))
+    assert Validation.read(layout) is None  # trained, not validated: exact stays the default
+    weights = (layout / "prerouter.safetensors").read_bytes()
+    trained = pipeline.train_heads
+    calls: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return trained(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "train_heads", counted)
+    asyncio.run(tune(layout, opts))
+    assert not calls and (layout / "prerouter.safetensors").read_bytes() == weights
+    assert Validation.read(layout) is not None
+    other = TuneOptions(work_dir=tmp_path / "w", **{**SMALL, "max_steps": 30})  # type: ignore[arg-type]
+    asyncio.run(tune(layout, other))  # other settings: trained anew on the same traces
+    assert calls == [1]

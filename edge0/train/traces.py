@@ -28,6 +28,7 @@ from edge0.errors import ConfigError
 from edge0.log import get_logger
 from edge0.routing.prerouter import block_top_k, moe_blocks, router_weight
 from edge0.train.capture import run_and_record
+from edge0.train.rows import take
 
 log = get_logger(__name__)
 META_FILE = "traces.json"
@@ -204,8 +205,8 @@ def head_rows(
     """
     if lead not in (0, 1):
         raise ValueError(f"lead {lead} is not 0 (layer horizon) or 1 (token horizon)")
-    hidden = ts.hidden[seqs, owner, pos].astype(np.float32)
-    topk_t = ts.topk[seqs, owner, pos].astype(np.int32)
-    prev = ts.topk[seqs, owner, np.maximum(pos - 1, 0)].astype(np.int32)
+    hidden = take(ts.hidden, seqs, owner, pos).astype(np.float32)
+    topk_t = take(ts.topk, seqs, owner, pos).astype(np.int32)
+    prev = take(ts.topk, seqs, owner, np.maximum(pos - 1, 0)).astype(np.int32)
     prev[pos == 0] = NO_EXPERT
-    return hidden, topk_t, prev, ts.logits[seqs, target, pos + lead]
+    return hidden, topk_t, prev, take(ts.logits, seqs, target, pos + lead)

@@ -4,7 +4,8 @@
    exact mode under the run's memory budget; every window's routing goes to disk
    (edge0.tune.capture, edge0.tune.store). A killed run resumes after its last window.
 2. The heads (token horizon) start from the model's routers and are trained on the
-   calibration traces, memory-mapped, with early stopping on windows held out of them.
+   calibration traces (rows read from disk by edge0.train.rows), with early stopping on
+   windows held out of them. A run stopped after training does not train again.
 3. The trained heads are written into the layout, then validated on the held-out text:
    recall@K per layer, and route mode against exact mode (agreement, KL). The validation
    record is written last: until it is, the layout's default mode stays exact (`hint`).
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -21,14 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import mlx.core as mx
 import numpy as np
 
+from edge0.errors import Edge0Error
+from edge0.heap import trim
 from edge0.layout.artifacts import record_artifacts
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.routing.prerouter import PrerouterSet
-from edge0.routing.prerouter_config import FILES
+from edge0.routing.prerouter_config import FILES, PrerouterConfig
 from edge0.routing.validation import KEY, Validation
+from edge0.train import rows
 from edge0.train.heads import HeadTrainConfig, train_heads
 from edge0.train.traces import sample_windows, text_encoder
 from edge0.tune import corpus as corpora
@@ -74,8 +80,8 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     train, held = (s.trace_set("student-int4 (streamed)", str(layout)) for s in stores)
     k = opts.top_k or init.config.top_k
     untrained = head_recall(init, held, k, opts.seed)["recall"]  # init is trained in place
-    rows = int(train.meta.windows * 0.9) * (train.meta.seq_len - 1)  # 10% held out of them
-    epoch = max(1, rows // TRAIN_BATCH)
+    n_rows = int(train.meta.windows * 0.9) * (train.meta.seq_len - 1)  # 10% held out of them
+    epoch = max(1, n_rows // TRAIN_BATCH)
     cfg = HeadTrainConfig(
         k=k,
         max_steps=opts.max_steps,
@@ -85,11 +91,20 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
         eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
         patience=4,
     )
-    trained, summary = train_heads(train, init, cfg, progress=progress is not None)
-    summary["traces"]["corpus"] = text.source
-    _write_heads(layout, trained)  # trained, not validated: the default mode stays exact
+    before = _trained_before(layout, stores[0].key, cfg)
+    if before is None:
+        trained, summary = train_heads(train, init, cfg, progress=progress is not None)
+        summary["traces"].update(corpus=text.source, key=stores[0].key)
+        trained = PrerouterSet(attrs.evolve(trained.config, info=summary), trained.heads)
+        _write_heads(layout, trained)  # trained, not validated: the default mode stays exact
+    else:
+        trained, summary = before
+        log.info("tune.trained_before", layout=str(layout), traces=stores[0].key)
     record = head_recall(trained, held, k, opts.seed)
     record["recall_untrained"] = untrained
+    config = trained.config
+    del train, held, init, trained  # the validation's engines plan their memory from here
+    _release()
     windows = stores[1].tokens()[: max(1, opts.validate_tokens // opts.seq_len)]
     prompt = opts.seq_len // 4
     report("validate", 0, 2)
@@ -103,7 +118,7 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     record["k"] = k
     record["corpus"] = text.source
     record["seconds"] = round(time.monotonic() - started, 1)
-    _write_validation(layout, trained, summary, record)
+    _write_validation(layout, config, summary, record)
     log.info("tune.done", layout=str(layout), **{f: record[f] for f in ("agreement", "recall")})
     return {"training": summary, "validation": record}
 
@@ -157,6 +172,7 @@ async def _trace(
                 ids = list(map(int, windows[i]))
                 hidden, topk, logits = await eng.run_on_compute(prefill_job(eng, ids))
                 store.write(i, hidden, topk, logits, windows[i])
+            store.close()  # its writable maps: their pages would count as this process's
             report(f"traces ({name})", n * opts.seq_len, n * opts.seq_len)
             stores.append(store)
     return (stores[0], stores[1]), init
@@ -183,16 +199,44 @@ def _write_heads(layout: Path, heads: PrerouterSet) -> None:
 
 
 def _write_validation(
-    layout: Path, heads: PrerouterSet, training: dict[str, Any], record: dict[str, Any]
+    layout: Path, config: PrerouterConfig, training: dict[str, Any], record: dict[str, Any]
 ) -> None:
     """prerouter.json again, now with the validation record (the default mode's switch)."""
     info = dict(training, **{KEY: record})
-    config = attrs.evolve(heads.config, trained=True, info=info).to_json()
+    out = attrs.evolve(config, trained=True, info=info).to_json()
     path = layout / FILES["token"][1]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    tmp.write_text(json.dumps(out, indent=2) + "\n")
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     record_artifacts(layout)
     assert Validation.read(layout) is not None  # the record reads back as the engine reads it
+
+
+def _trained_before(
+    layout: Path, traces: str, cfg: HeadTrainConfig
+) -> tuple[PrerouterSet, dict[str, Any]] | None:
+    """The layout's heads and their training summary when an earlier run of the same tune
+    trained them on these traces with these settings (it stopped in validation): training
+    is the longest phase, and is not done twice."""
+    if not PrerouterSet.exists(layout):
+        return None
+    try:
+        heads = PrerouterSet.load(layout)
+    except Edge0Error:
+        return None
+    info = {k: v for k, v in heads.config.info.items() if k != KEY}
+    same = json.loads(json.dumps(attrs.asdict(cfg))) == info.get("hparams")
+    if not (heads.config.trained and same and info.get("traces", {}).get("key") == traces):
+        return None
+    return heads, info
+
+
+def _release() -> None:
+    """Memory the traces and training held goes back before the validation's engines open
+    (each plans its budget from the process's size at that moment)."""
+    gc.collect()
+    rows.close()
+    mx.clear_cache()
+    trim()

@@ -93,6 +93,10 @@ class TraceStore:
             maps[name].flush()
         self._save_state(index + 1)
 
+    def close(self) -> None:
+        """Unmap the files written (write() maps them again when needed)."""
+        self._maps = {}
+
     def trace_set(self, source: str, model: str) -> TraceSet:
         """The complete windows as a TraceSet over read-only memory maps."""
         s = self.shape

@@ -17,6 +17,7 @@ import numpy as np
 
 from edge0.routing.prerouter import PrerouterSet, multi_hot
 from edge0.routing.validation import quietly
+from edge0.train.rows import take
 from edge0.train.traces import TraceSet, head_rows
 
 ROWS = 4096  # held-out rows per head for recall (all of them when fewer)
@@ -55,8 +56,8 @@ def head_recall(heads: PrerouterSet, ts: TraceSet, k: int, seed: int = 0) -> dic
 def _truth(ts: TraceSet, seqs: np.ndarray, layer: int, pos: np.ndarray, k: int) -> np.ndarray:
     """The experts layer `layer` ran (at capacity k: the top k of its router's logits)."""
     if k == ts.meta.top_k:
-        return np.asarray(ts.topk[seqs, layer, pos], dtype=np.int64)
-    logits = np.asarray(ts.logits[seqs, layer, pos])
+        return np.asarray(take(ts.topk, seqs, layer, pos), dtype=np.int64)
+    logits = take(ts.logits, seqs, layer, pos)
     return np.argpartition(-logits, k - 1, axis=-1)[:, :k]
 
 
