@@ -111,6 +111,10 @@ def test_tune_validates_and_the_record_decides_the_default(layout: Path, tmp_pat
         assert run().endswith("| exact") and "keeps hint mode" in res.output
     config = json.loads((layout / "prerouter.json").read_text())
     assert config["trained"] and config["info"]["traces"]["source"] == "student-int4 (streamed)"
+    layer = json.loads((layout / "prerouter-layer.json").read_text())  # the deadline policy's
+    assert layer["trained"] and layer["horizon"] == "layer" and not layer["wrap"]
+    assert layer["info"]["traces"]["key"] == config["info"]["traces"]["key"]
+    assert "layer-horizon heads" in res.output and "layer_recall" in config["info"]["validation"]
 
 
 def test_a_run_stopped_in_validation_does_not_train_again(
@@ -141,4 +145,4 @@ def test_a_run_stopped_in_validation_does_not_train_again(
     assert Validation.read(layout) is not None
     other = TuneOptions(work_dir=tmp_path / "w", **{**SMALL, "max_steps": 30})  # type: ignore[arg-type]
     asyncio.run(tune(layout, other))  # other settings: trained anew on the same traces
-    assert calls == [1]
+    assert calls == [1, 1]  # the token horizon, then the layer horizon

@@ -179,6 +179,11 @@ def _print(path: Path, out: dict[str, Any], seconds: float) -> None:
         f"{v['recall']:.3f} on held-out text (same experts as the last token: "
         f"{v['temporal_recall']:.3f}); {t['steps_run']} steps"
     )
+    if "layer_recall" in v:
+        click.echo(
+            f"layer-horizon heads (the deadline policy's): recall@{v['k']} "
+            f"{v['layer_recall_untrained']:.3f} (untrained) -> {v['layer_recall']:.3f}"
+        )
     click.echo(
         f"route vs exact on {v['tokens']} held-out tokens: next-token agreement "
         f"{v['agreement']:.1%}, KL mean {v['kl_mean']:.4f} (p99 {v['kl_p99']:.4f})"

@@ -111,6 +111,35 @@ class PrerouterSet:
         mx.eval([h.parameters() for h in heads.values()])
         return cls(config, heads)
 
+    def layer_horizon(self) -> PrerouterSet:
+        """Untrained layer-horizon heads from these untrained token heads: a layer head has
+        the same target (the next MoE layer, at the same token instead of the next), so it
+        starts from the same weights; no wrap-around head. The arrays are shared, and
+        training either set replaces its own heads' arrays, not the other's."""
+        if self.config.horizon != "token" or self.config.trained:
+            raise ValueError("layer-horizon heads start from untrained token-horizon heads")
+        c = self.config
+        config = PrerouterConfig(
+            d_model=c.d_model,
+            num_experts=c.num_experts,
+            top_k=c.top_k,
+            hidden=c.hidden,
+            moe_layers=c.moe_layers,
+            wrap=False,
+            horizon="layer",
+            router_bias=c.router_bias,
+        )
+        heads: dict[int, Any] = {}
+        for owner, _ in config.heads():
+            src = self.heads[owner]
+            if isinstance(src, PrerouterHead):
+                head: Any = PrerouterHead(c.d_model, c.num_experts, c.hidden, c.router_bias)
+            else:
+                head = RouterCopyHead(c.d_model, c.num_experts, c.router_bias)
+            head.update(src.parameters())
+            heads[owner] = head
+        return PrerouterSet(config, heads)
+
     # inference ----------------------------------------------------------------------------
 
     def predict(

@@ -3,9 +3,10 @@
 1. Calibration and held-out windows (edge0.tune.corpus) are prefilled by the engine in an
    exact mode under the run's memory budget; every window's routing goes to disk
    (edge0.tune.capture, edge0.tune.store). A killed run resumes after its last window.
-2. The heads (token horizon) start from the model's routers and are trained on the
-   calibration traces (rows read from disk by edge0.train.rows), with early stopping on
-   windows held out of them. A run stopped after training does not train again.
+2. The heads start from the model's routers and are trained on the calibration traces
+   (rows read from disk by edge0.train.rows), with early stopping on windows held out of
+   them: the token horizon (route and hint modes), then the layer horizon (the deadline
+   policy). A run stopped after training does not train again.
 3. The trained heads are written into the layout, then validated on the held-out text:
    recall@K per layer, and route mode against exact mode (agreement, KL). The validation
    record is written last: until it is, the layout's default mode stays exact (`hint`).
@@ -36,7 +37,7 @@ from edge0.routing.prerouter_config import FILES, PrerouterConfig
 from edge0.routing.validation import KEY, Validation
 from edge0.train import rows
 from edge0.train.heads import HeadTrainConfig, train_heads
-from edge0.train.traces import sample_windows, text_encoder
+from edge0.train.traces import TraceSet, sample_windows, text_encoder
 from edge0.tune import corpus as corpora
 from edge0.tune.capture import prefill_job
 from edge0.tune.store import Shape, TraceStore
@@ -77,9 +78,10 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
         for part in ("train", "heldout"):
             (work / part / "state.json").unlink(missing_ok=True)
     stores, init = await _trace(layout, manifest, text, opts, work, report)
+    layer_init = init.layer_horizon()  # before init is trained in place
     train, held = (s.trace_set("student-int4 (streamed)", str(layout)) for s in stores)
     k = opts.top_k or init.config.top_k
-    untrained = head_recall(init, held, k, opts.seed)["recall"]  # init is trained in place
+    untrained = head_recall(init, held, k, opts.seed)["recall"]
     n_rows = int(train.meta.windows * 0.9) * (train.meta.seq_len - 1)  # 10% held out of them
     epoch = max(1, n_rows // TRAIN_BATCH)
     cfg = HeadTrainConfig(
@@ -91,19 +93,17 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
         eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
         patience=4,
     )
-    before = _trained_before(layout, stores[0].key, cfg)
-    if before is None:
-        trained, summary = train_heads(train, init, cfg, progress=progress is not None)
-        summary["traces"].update(corpus=text.source, key=stores[0].key)
-        trained = PrerouterSet(attrs.evolve(trained.config, info=summary), trained.heads)
-        _write_heads(layout, trained)  # trained, not validated: the default mode stays exact
-    else:
-        trained, summary = before
-        log.info("tune.trained_before", layout=str(layout), traces=stores[0].key)
+    trained, summary = _heads(layout, train, init, cfg, stores[0].key, text.source, progress)
     record = head_recall(trained, held, k, opts.seed)
     record["recall_untrained"] = untrained
     config = trained.config
-    del train, held, init, trained  # the validation's engines plan their memory from here
+    del init, trained
+    report("heads (layer horizon)", 0, 1)
+    layer, _ = _heads(layout, train, layer_init, cfg, stores[0].key, text.source, progress)
+    record["layer_recall"] = head_recall(layer, held, k, opts.seed)["recall"]
+    record["layer_recall_untrained"] = head_recall(layer_init, held, k, opts.seed)["recall"]
+    report("heads (layer horizon)", 1, 1)
+    del train, held, layer, layer_init  # the validation's engines plan from here
     _release()
     windows = stores[1].tokens()[: max(1, opts.validate_tokens // opts.seq_len)]
     prompt = opts.seq_len // 4
@@ -187,12 +187,12 @@ def _key(manifest: Manifest, windows: np.ndarray) -> str:
 
 
 def _write_heads(layout: Path, heads: PrerouterSet) -> None:
-    """The heads' two files, each replaced atomically (weights first: a config always
-    describes weights at least as new as itself)."""
+    """The heads' two files (of their horizon), each replaced atomically (weights first: a
+    config always describes weights at least as new as itself)."""
     tmp = layout / ".tune-heads.tmp"
     tmp.mkdir(exist_ok=True)
     heads.save(tmp)
-    for name in FILES["token"]:
+    for name in FILES[heads.config.horizon]:
         os.replace(tmp / name, layout / name)
     tmp.rmdir()
     record_artifacts(layout)  # edge0.json's CRC32s of the heads (`edge0 verify`)
@@ -214,16 +214,39 @@ def _write_validation(
     assert Validation.read(layout) is not None  # the record reads back as the engine reads it
 
 
+def _heads(
+    layout: Path,
+    train: TraceSet,
+    init: PrerouterSet,
+    cfg: HeadTrainConfig,
+    key: str,
+    corpus: str,
+    progress: Progress | None,
+) -> tuple[PrerouterSet, dict[str, Any]]:
+    """`init`'s horizon trained on the traces and written into the layout; or, when an earlier
+    run of the same tune trained it (it stopped later), those heads as written."""
+    horizon = init.config.horizon
+    before = _trained_before(layout, key, cfg, horizon)
+    if before is not None:
+        log.info("tune.trained_before", layout=str(layout), horizon=horizon, traces=key)
+        return before
+    trained, summary = train_heads(train, init, cfg, progress=progress is not None)
+    summary["traces"].update(corpus=corpus, key=key)
+    trained = PrerouterSet(attrs.evolve(trained.config, info=summary), trained.heads)
+    _write_heads(layout, trained)  # trained, not validated: the default mode stays exact
+    return trained, summary
+
+
 def _trained_before(
-    layout: Path, traces: str, cfg: HeadTrainConfig
+    layout: Path, traces: str, cfg: HeadTrainConfig, horizon: str
 ) -> tuple[PrerouterSet, dict[str, Any]] | None:
     """The layout's heads and their training summary when an earlier run of the same tune
     trained them on these traces with these settings (it stopped in validation): training
     is the longest phase, and is not done twice."""
-    if not PrerouterSet.exists(layout):
+    if not PrerouterSet.exists(layout, horizon):
         return None
     try:
-        heads = PrerouterSet.load(layout)
+        heads = PrerouterSet.load(layout, horizon)
     except Edge0Error:
         return None
     info = {k: v for k, v in heads.config.info.items() if k != KEY}

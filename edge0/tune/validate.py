@@ -18,33 +18,35 @@ import numpy as np
 from edge0.routing.prerouter import PrerouterSet, multi_hot
 from edge0.routing.validation import quietly
 from edge0.train.rows import take
-from edge0.train.traces import TraceSet, head_rows
+from edge0.train.traces import TraceSet, head_rows, horizon_lead
 
 ROWS = 4096  # held-out rows per head for recall (all of them when fewer)
 
 
 def head_recall(heads: PrerouterSet, ts: TraceSet, k: int, seed: int = 0) -> dict[str, Any]:
     """Recall@k per head over held-out traces, against the executed experts of the target
-    layer at the next token; `temporal` is the same figure for "the target's experts at
-    this token" (what a prefetcher without heads would guess)."""
+    layer at the next token (at this token for layer-horizon heads); `temporal` is the same
+    figure for "the target's experts at the token before" (what a prefetcher without heads
+    would guess)."""
     n, s = ts.hidden.shape[0], ts.meta.seq_len
+    lead = horizon_lead(heads.config.horizon)
     rng = np.random.default_rng(seed)
     rows = min(ROWS, n * (s - 1))
-    seqs, pos = rng.integers(0, n, rows), rng.integers(0, s - 1, rows)
+    seqs, pos = rng.integers(0, n, rows), rng.integers(1 - lead, s - lead, rows)
     e = ts.meta.num_experts
     per: dict[str, float] = {}
     temporal: dict[str, float] = {}
     for (a, b), (owner, _) in zip(ts.pairs(heads.config.wrap), heads.config.heads(), strict=True):
-        hidden, top_t, prev, _ = head_rows(ts, seqs, pos, a, b, lead=1)
+        hidden, top_t, prev, _ = head_rows(ts, seqs, pos, a, b, lead=lead)
         z = heads.heads[owner](
             mx.array(hidden),
             multi_hot(mx.array(top_t), e, (rows,)),
             multi_hot(mx.array(prev), e, (rows,)),
         )
         guess = np.array(mx.argpartition(-z, kth=k - 1, axis=-1)[:, :k])
-        truth = _truth(ts, seqs, b, pos + 1, k)
+        truth = _truth(ts, seqs, b, pos + lead, k)
         per[str(owner)] = _overlap(guess, truth, k)
-        temporal[str(owner)] = _overlap(_truth(ts, seqs, b, pos, k), truth, k)
+        temporal[str(owner)] = _overlap(_truth(ts, seqs, b, pos + lead - 1, k), truth, k)
     return {
         "recall": float(np.mean(list(per.values()))),
         "recall_per_layer": {o: round(r, 4) for o, r in per.items()},
