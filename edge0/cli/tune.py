@@ -56,7 +56,7 @@ log = get_logger(__name__)
     "--max-minutes",
     type=click.FloatRange(0.1),
     default=None,
-    help="Stop training after this long (the best heads so far are kept).",
+    help="Stop training each horizon after this long (the best heads so far are kept).",
 )
 @click.option(
     "--work-dir",
