@@ -170,3 +170,31 @@ def test_the_plans_kv_bytes_are_what_the_caches_hold(tmp_path: Path, model_type:
     full = [i for i, c in enumerate(caches) if type(c) is KVCache]
     assert full, model_type
     assert [caches[i].nbytes for i in full] == [planned[i] for i in full]
+
+
+@pytest.mark.parametrize("name", ["qwen3_next-hybrid", "qwen3_5_moe-hybrid"])
+def test_hybrid_layers_follow_layer_types_in_their_caches_and_the_plan(
+    tmp_path: Path, name: str
+) -> None:
+    """An irregular `layer_types` (full attention first, where mlx-lm's every-n-th rule has
+    none): each layer's cache is its kind's, the plan counts a KV cache for a full layer and
+    the DeltaNet state for a linear one; each DeltaNet names its conv's activation."""
+    from edge0.runtime.plan.memory import layer_state_bytes, layers_kv_bytes
+
+    loaded = load(write_family(fixture_file(FIXTURES, name), tmp_path / "hf"))
+    config = loaded.config
+    text = config.get("text_config") or config
+    linear = [kind == "linear_attention" for kind in text["layer_types"]]
+    assert linear == [False, True, False, True]
+    caches = make_prompt_cache(loaded.model)
+    mx.eval(loaded.model(mx.array([[5, 17, 42, 8]]), cache=caches))
+    assert [type(c) is not KVCache for c in caches] == linear
+    planned = layers_kv_bytes(config, KV_STEP)
+    state = layer_state_bytes(config)
+    for c, lin, kv in zip(caches, linear, planned, strict=True):
+        assert (kv, c.nbytes) == ((0, state) if lin else (c.nbytes, kv))
+    deltanets = [
+        layer.linear_attn for layer, lin in zip(loaded.model.layers, linear, strict=True) if lin
+    ]
+    acts = [gdn.conv_activation for gdn in deltanets]
+    assert acts == [text["hidden_act"]] * 2

@@ -22,7 +22,7 @@ from edge0.families.audit import ROPE_WHY, Fields, Rope, edge0
 from edge0.families.base import Family
 from edge0.families.probes import longrope
 from edge0.families.qwen3_moe import qwen3_fields
-from edge0.families.qwen3_next import HYBRID, Qwen3Next
+from edge0.families.qwen3_next import HYBRID, IRREGULAR, Qwen3Next
 
 ARCH = "Qwen3_5MoeForConditionalGeneration"
 UNREAD = "not read by transformers' Qwen3.5 (every layer sparse, top-k always renormalised)"
@@ -116,6 +116,8 @@ class Qwen3_5Moe(Qwen3Next):
         "conv_kernel": {"text_config.linear_conv_kernel_dim": 3},
         "no_norm_topk": {"text_config.norm_topk_prob": False},
         "mlp_only": {"text_config.mlp_only_layers": [1]},
+        "gelu": {"text_config.hidden_act": "gelu"},
+        "layer_types": {"text_config.layer_types": list(IRREGULAR)},
         "rope-longrope": {
             "text_config.rope_parameters": longrope(pairs=2, partial_rotary_factor=0.25)
         },
@@ -126,6 +128,7 @@ class Qwen3_5Moe(Qwen3Next):
             "text_config.linear_conv_kernel_dim": 3,
             "text_config.mlp_only_layers": [1],
         },
+        "hybrid": {"text_config.hidden_act": "gelu", "text_config.layer_types": list(IRREGULAR)},
     }
 
     def tiny(self, vocab: int) -> Any:

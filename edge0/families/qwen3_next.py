@@ -1,9 +1,10 @@
 """Qwen3-Next: Qwen3-MoE's routing plus a sigmoid-gated shared expert; Gated DeltaNet layers.
 
-Linear attention (Gated DeltaNet) and full attention interleave by `layer_types`;
-mlx-lm places full attention every n-th layer (`full_attention_interval`), so only
-that pattern runs. A linear-attention layer keeps a recurrent state instead of a
-KV cache (`state_layer_bytes`). RMSNorms multiply by (1 + w).
+Linear attention (Gated DeltaNet) and full attention interleave by `layer_types`, any
+pattern (edge0.model.hybrid rebuilds the layers mlx-lm's every-n-th rule got wrong); the
+DeltaNet's causal conv takes `hidden_act` as transformers' does. A linear-attention layer
+keeps a recurrent state instead of a KV cache (`state_layer_bytes`). RMSNorms multiply by
+(1 + w).
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ from typing import Any, ClassVar
 import mlx.core as mx
 import mlx.nn as nn
 
-from edge0.errors import ModelLoadError
 from edge0.families import tiny
-from edge0.families.audit import ROPE_PARTIAL, SHAPE, Fields, computed, edge0, only
+from edge0.families.audit import ROPE_PARTIAL, SHAPE, Fields, checked, computed
 from edge0.families.base import FULL, LINEAR
 from edge0.families.probes import DYNAMIC, LONGROPE, longrope
 from edge0.families.qwen3_moe import Qwen3Moe, qwen3_fields
+from edge0.model import hybrid
+from edge0.model.activations import ACTIVATIONS
 
 HYBRID: Fields = {
-    "layer_types": edge0(
-        "linear (Gated DeltaNet) or full attention per layer; mlx-lm places full attention "
-        "every n-th layer, so only that pattern is accepted (full_attention_interval)"
+    "layer_types": checked(
+        lambda v, c: _hybrid(v, c),
+        "one linear_attention or full_attention a layer, at least one full_attention",
+        "linear (Gated DeltaNet) or full attention per layer, any pattern (edge0/model/"
+        "hybrid.py; golden-tested irregular); transformers has no mask for another kind and "
+        "fails without a full-attention layer",
     ),
     "linear_conv_kernel_dim": computed("the DeltaNet's causal conv width (golden-tested at 3)"),
     "linear_key_head_dim": computed(SHAPE),
@@ -32,13 +37,16 @@ HYBRID: Fields = {
     "linear_num_value_heads": computed(SHAPE),
     "shared_expert_intermediate_size": computed(SHAPE + " (sigmoid-gated shared expert)"),
     "attention_bias": computed("mlx-lm's gated attention takes it (golden-tested)"),
-    "hidden_act": only(
-        "silu",
-        "swish",
-        why="transformers' Gated DeltaNet applies it to its causal conv too, where mlx-lm's "
-        "hard-codes SiLU (a subclass of that layer is not written yet)",
+    "hidden_act": checked(
+        lambda v, _: v in ACTIVATIONS,
+        "an activation without weights of its own",
+        "the gated MLPs', experts' and Gated DeltaNet causal conv's activation as transformers' "
+        "ACT2FN computes it (edge0/model/activations.py, hybrid.py; golden-tested gelu)",
     ),
 }
+KINDS = {FULL, LINEAR}
+# full attention where mlx-lm's every-n-th rule has none (layer 0) and a DeltaNet after it
+IRREGULAR = (FULL, LINEAR, FULL, LINEAR)
 PARTIAL_HALF = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
 
 
@@ -83,6 +91,8 @@ class Qwen3Next(Qwen3Moe):
         "partial_rotary": {"rope_parameters": dict(PARTIAL_HALF)},
         "conv_kernel": {"linear_conv_kernel_dim": 3},
         "gelu": {"hidden_act": "gelu"},
+        "layer_types": {"layer_types": list(IRREGULAR)},
+        "all_linear": {"layer_types": [LINEAR] * 4},
         "rope-longrope": {"rope_parameters": longrope(pairs=2, partial_rotary_factor=0.25)},
     }
     variants: ClassVar[dict[str, dict[str, Any]]] = {
@@ -94,9 +104,10 @@ class Qwen3Next(Qwen3Moe):
             "rope_parameters": {**DYNAMIC, "partial_rotary_factor": 0.5},
             "max_position_embeddings": 16,
         },
+        "hybrid": {"hidden_act": "gelu", "layer_types": list(IRREGULAR)},
     }
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
-        ({"hidden_act": "gelu"}, 'hidden_act="gelu": transformers\' Gated DeltaNet applies it'),
+        ({"layer_types": [FULL, "sliding_attention", FULL, LINEAR]}, 'layer_types=["'),
         ({"rope_parameters": dict(LONGROPE)}, "rope_parameters.short_factor=[1.0"),
     ]
 
@@ -107,7 +118,11 @@ class Qwen3Next(Qwen3Moe):
         return [None] * int(tc["num_hidden_layers"])
 
     def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
-        """Nothing: mlx-lm's gated attention computes every field (its biases included)."""
+        """Each layer's kind from `layer_types`, the DeltaNet conv's `hidden_act`
+        (edge0.model.hybrid); mlx-lm's gated attention computes the rest (biases included)."""
+        text: Any = getattr(model, "language_model", model)  # Qwen3.5: under the wrapper
+        hybrid.layer_pattern(text.model, text.args, [k == LINEAR for k in self.layer_kinds(tc)])
+        hybrid.conv_activation(model, str(tc.get("hidden_act", "silu")))
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         super().normalize(tc)
@@ -145,13 +160,22 @@ class Qwen3Next(Qwen3Moe):
         return (conv + hv * dk * dv) * itemsize
 
 
+def _hybrid(layer_types: Any, config: dict[str, Any]) -> bool:
+    """One linear or full attention a layer and some full attention (transformers' mask
+    needs a full-attention layer's cache)."""
+    return (
+        isinstance(layer_types, list)
+        and set(layer_types) <= KINDS
+        and FULL in layer_types
+        and len(layer_types) == config.get("num_hidden_layers")
+    )
+
+
 def _interval(layer_types: list[str]) -> int:
-    """The period of full-attention layers; mlx-lm's Qwen3-Next/3.5 support a regular one only."""
-    n = layer_types.index(FULL) + 1 if FULL in layer_types else 0
-    expected = [FULL if n and (i + 1) % n == 0 else LINEAR for i in range(len(layer_types))]
-    if n == 0 or expected != layer_types:
-        raise ModelLoadError(
-            f"layer_types {layer_types} is not 'every n-th layer is full attention'; "
-            "mlx-lm's qwen3_5_moe cannot run this layer pattern"
-        )
-    return n
+    """mlx-lm's `full_attention_interval` for `layer_types`: its period where full attention is
+    every n-th layer, else one past the last layer (all built linear; `adapt` makes the rest)."""
+    n = len(layer_types)
+    for every in range(1, n + 1):
+        if layer_types == [FULL if (i + 1) % every == 0 else LINEAR for i in range(n)]:
+            return every
+    return n + 1
