@@ -1,4 +1,4 @@
-"""Llama-4 edges: the q/k norm eps correction, configs mlx-lm cannot compute, top-1 only."""
+"""Llama-4 edges: the q/k norm eps correction, configs Edge0 refuses, top-1 only."""
 
 from __future__ import annotations
 
@@ -55,23 +55,16 @@ def _edited(hf: Path, dst: Path, **text: Any) -> Path:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ({"num_experts_per_tok": 2}, "num_experts_per_tok=2: mlx-lm's llama4 block routes one"),
-        ({"moe_layers": [0, 1]}, r"moe_layers \[0, 1\] is not every 2-th layer"),
-        ({"no_rope_layers": [1, 0, 1, 1]}, r"no_rope_layers \[1, 0, 1, 1\] is not 'NoPE every"),
-        ({"attention_chunk_size": None}, "without attention_chunk_size"),
+        ({"num_experts_per_tok": 2}, "num_experts_per_tok=2: transformers runs each of a token"),
+        ({"moe_layers": [0, 4]}, r"moe_layers=\[0, 4\] is invalid: llama4's moe_layers must be"),
+        ({"no_rope_layers": [1, 0, 1]}, r"no_rope_layers=\[1, 0, 1\] is invalid"),
         (
-            {
-                "num_hidden_layers": 3,
-                "layer_types": None,
-                "no_rope_layers": None,
-                "moe_layers": None,
-            },
-            "with 3 layers: mlx-lm's llama4 takes its global attention",
+            {"attention_chunk_size": None, "layer_types": ["chunked_attention"] * 4},
+            "chunked only with an attention_chunk_size",
         ),
-        ({"layer_types": ["full_attention"] * 4}, "are not chunked attention on the RoPE layers"),
     ],
 )
-def test_configs_mlx_lm_computes_otherwise_are_refused(
+def test_configs_transformers_cannot_run_are_refused(
     hf: Path, tmp_path: Path, text: dict[str, Any], message: str
 ) -> None:
     path = _edited(hf, tmp_path / "edited", **text)

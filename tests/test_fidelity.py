@@ -198,3 +198,28 @@ def test_hybrid_layers_follow_layer_types_in_their_caches_and_the_plan(
     ]
     acts = [gdn.conv_activation for gdn in deltanets]
     assert acts == [text["hidden_act"]] * 2
+
+
+def test_llama4_layer_patterns_follow_their_caches_and_the_plan(tmp_path: Path) -> None:
+    """Llama-4 with 3 layers, global attention on a RoPE layer and chunks on the last: the
+    chunked layer's cache (mlx-lm's ChunkedKVCache) keeps its chunk past a long prompt, the
+    global ones the context; the memory plan counts a chunk plus one growth step there."""
+    from mlx_lm.models.cache import ChunkedKVCache
+
+    from edge0.runtime.plan.memory import layers_kv_bytes
+
+    loaded = load(write_family(fixture_file(FIXTURES, "llama4-layers"), tmp_path / "hf"))
+    text = loaded.config["text_config"]
+    assert text["layer_types"] == ["full_attention", "full_attention", "chunked_attention"]
+    caches = make_prompt_cache(loaded.model)
+    assert [type(c) for c in caches] == [KVCache, KVCache, ChunkedKVCache]
+    prompt = 300  # past mlx-lm's growth step of 256
+    loaded.model(mx.array(np.arange(prompt) % 250 + 3)[None], cache=caches)
+    mx.eval(loaded.model(mx.array([[5]]), cache=caches))
+    chunk = int(text["attention_chunk_size"])
+    assert caches[2].offset - caches[2].start_position == chunk + 1  # trimmed, then the step
+    planned = layers_kv_bytes(loaded.config, prompt + 1)
+    per_token = 2 * int(text["num_key_value_heads"]) * int(text["head_dim"]) * 4
+    assert planned == [per_token * 2 * KV_STEP] * 2 + [per_token * (chunk + KV_STEP)]
+    assert [c.nbytes for c in caches[:2]] == planned[:2]
+    assert caches[2].nbytes <= planned[2]

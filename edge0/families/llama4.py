@@ -7,9 +7,10 @@ expert runs on `x * sigmoid(logit)` (computed in fp32, cast back), not `expert(x
 = every `interleave_moe_layer_step`-th layer (mlx-lm's rule), the others a dense MLP of
 `intermediate_size_mlp`. The text model nests under `text_config`; the vision tower is
 dropped. HF experts are fused: `experts.gate_up_proj` (E, d, 2F), gate the first half of
-the last axis, up the second, and `experts.down_proj` (E, F, d). Attention (mlx-lm's
-model): RoPE and chunked attention on three layers of four, NoPE with global attention
-and temperature tuning on every fourth.
+the last axis, up the second, and `experts.down_proj` (E, F, d). Attention: RoPE layers
+(`no_rope_layers`) with q/k norms, NoPE ones with temperature tuning; chunked attention on
+the `layer_types` chunked_attention layers, global elsewhere (edge0.families.llama4_layers
+rebuilds what mlx-lm's every-4th-layer rule gets wrong).
 """
 
 from __future__ import annotations
@@ -22,19 +23,29 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.errors import ConfigError, ModelLoadError
-from edge0.families.audit import EXPERTS, ROPE, SHAPE, TIED_OK, Fields, computed, edge0
-from edge0.families.base import Family
+from edge0.errors import ConfigError
+from edge0.families import llama4_layers
+from edge0.families.audit import (
+    EXPERTS,
+    ROPE,
+    SHAPE,
+    TIED_OK,
+    Fields,
+    checked,
+    computed,
+    edge0,
+    only,
+)
+from edge0.families.base import FULL, Family
 from edge0.families.llama4_shapes import ROPE_SCOUT, flagship, tiny_config
 from edge0.families.probes import YARN
 
 _FUSED = re.compile(
     r"^.*layers\.(?P<layer>\d+)\.feed_forward\.experts\.(?P<kind>gate_up_proj|down_proj)$"
 )
-NOPE_INTERVAL = 4  # mlx-lm's llama4 hard-codes NoPE + global attention on every 4th layer
 QK_EPS = 1e-6  # mlx-lm's llama4 q/k norm eps, whatever rms_norm_eps says
-
-LAYOUT = "mlx-lm's llama4 hard-codes the pattern: checked by the family (one line)"
+CHUNKED = llama4_layers.CHUNKED
+PATTERN = "any pattern (edge0/families/llama4_layers.py; golden-tested irregular)"
 
 
 class Llama4(Family):
@@ -50,20 +61,47 @@ class Llama4(Family):
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
+        "num_experts_per_tok": only(
+            1,
+            why="transformers runs each of a token's experts on the input scaled by its own "
+            "gate; Edge0's expert path feeds a token's experts one input (every release "
+            "routes one)",
+        ),
         "rope_parameters": ROPE,
         "attention_bias": computed("q/k/v/o biases (golden-tested)"),
         "head_dim": computed(SHAPE),
         "intermediate_size_mlp": computed(SHAPE + " (the dense layers' MLP)"),
-        "attention_chunk_size": computed("chunked attention of the RoPE layers (fixture: 4)"),
+        "attention_chunk_size": checked(
+            lambda v, _: v is None or (isinstance(v, int) and v > 0),
+            "null or a positive integer",
+            "the chunked_attention layers' chunk (fixture: 4); null: every layer attends "
+            "over the whole context, as transformers' layer_types then says",
+        ),
         "attn_temperature_tuning": computed("NoPE layers' query temperature (fixture: on)"),
         "floor_scale": computed("the temperature's floor (fixture: 4)"),
         "attn_scale": computed("the temperature's slope (fixture: 0.1)"),
         "use_qk_norm": computed("q/k RMSNorm on the RoPE layers (eps from rms_norm_eps)"),
-        "interleave_moe_layer_step": edge0("every n-th layer is sparse (fixture: 2)"),
-        "moe_layers": edge0(LAYOUT),
-        "no_rope_layers": edge0(LAYOUT),
-        "no_rope_layer_interval": edge0(LAYOUT + " (through no_rope_layers)"),
-        "layer_types": edge0(LAYOUT),
+        "interleave_moe_layer_step": computed("every n-th layer is sparse, through moe_layers"),
+        "moe_layers": checked(
+            lambda v, c: v is None or _indices(v, c),
+            "null or layer indices",
+            "the sparse layers, the others a dense MLP: " + PATTERN,
+        ),
+        "no_rope_layers": checked(
+            lambda v, c: not v or _flags(v, c),
+            "empty or one 0 or 1 a layer",
+            "1 on the layers that rotate q/k (and norm them), 0 on the NoPE ones (temperature "
+            "tuning): " + PATTERN,
+        ),
+        "no_rope_layer_interval": computed("NoPE every n-th layer, through no_rope_layers"),
+        "layer_types": checked(
+            lambda v, c: v is None or _kinds(v, c),
+            "one chunked_attention or full_attention a layer, chunked only with an "
+            "attention_chunk_size",
+            "chunked or global attention per layer (a chunked layer's cache keeps its chunk): "
+            + PATTERN
+            + "; transformers has no chunk mask without a chunk size",
+        ),
         "tie_word_embeddings": computed(TIED_OK),
     }
     # its chunked-attention caches have no batch form that keeps each row's chunk
@@ -75,8 +113,8 @@ class Llama4(Family):
         "llama-4-maverick-17b-128e": lambda: flagship(
             128, 2, False, {"rope_type": "default", "rope_theta": 500000.0}
         ),
-        # Scout's tensors, 4 layers (the fewest mlx-lm's llama4 runs), MoE every 2nd: 4 GB on
-        # disk, a streamed run at Scout's width (67.5 MiB records) on this machine
+        # Scout's tensors, 4 layers, MoE every 2nd: 4 GB on disk, a streamed run at Scout's
+        # width (67.5 MiB records) on this machine
         "llama-4-scout-4layers": lambda: flagship(16, 2, True, ROPE_SCOUT, layers=4),
     }
     probes: ClassVar[dict[str, dict[str, Any]]] = {
@@ -84,6 +122,24 @@ class Llama4(Family):
         "no_qk_norm": {"text_config.use_qk_norm": False},
         "attention_bias": {"text_config.attention_bias": True},
         "tied": {"text_config.tie_word_embeddings": True},
+        "moe_layers": {"text_config.moe_layers": [0, 3]},
+        "no_rope_layers": {
+            "text_config.no_rope_layers": [0, 1, 1, 0],
+            "text_config.layer_types": None,
+        },
+        "layer_types": {"text_config.layer_types": [CHUNKED, FULL, FULL, CHUNKED]},
+        "no_chunks": {"text_config.attention_chunk_size": None, "text_config.layer_types": None},
+        "top_k": {"text_config.num_experts_per_tok": 2},
+        "chunked_no_size": {
+            "text_config.attention_chunk_size": None,
+            "text_config.layer_types": [CHUNKED, CHUNKED, CHUNKED, FULL],
+        },
+        "layers_3": {
+            "text_config.num_hidden_layers": 3,
+            "text_config.moe_layers": None,
+            "text_config.no_rope_layers": None,
+            "text_config.layer_types": None,
+        },
     }
     variants: ClassVar[dict[str, dict[str, Any]]] = {
         "variant": {
@@ -91,6 +147,13 @@ class Llama4(Family):
             "text_config.attn_temperature_tuning": False,
             "text_config.rope_parameters": dict(YARN),
             "text_config.tie_word_embeddings": True,
+        },
+        # NoPE first, MoE on 0 and 3, global attention on a RoPE layer, 3 layers
+        "layers": {
+            "text_config.num_hidden_layers": 3,
+            "text_config.moe_layers": [0, 2],
+            "text_config.no_rope_layers": [0, 1, 1],
+            "text_config.layer_types": [FULL, FULL, CHUNKED],
         },
     }
 
@@ -100,49 +163,42 @@ class Llama4(Family):
 
     def normalize(self, tc: dict[str, Any]) -> dict[str, Any]:
         n = int(tc["num_hidden_layers"])
-        k = int(tc.get("num_experts_per_tok", 1))
-        if k != 1:
-            raise ModelLoadError(
-                f"llama4 with num_experts_per_tok={k}: mlx-lm's llama4 block routes one expert "
-                "per token only"
-            )
-        if n < NOPE_INTERVAL:
-            raise ModelLoadError(
-                f"llama4 with {n} layers: mlx-lm's llama4 takes its global attention mask from "
-                f"layer {NOPE_INTERVAL - 1}, so it needs at least {NOPE_INTERVAL} layers"
-            )
         step = int(tc.get("interleave_moe_layer_step") or 1)
         tc["interleave_moe_layer_step"] = step
-        rule = _interleaved(n, step)
-        if tc.get("moe_layers") is not None and list(tc["moe_layers"]) != rule:
-            raise ModelLoadError(
-                f"llama4 moe_layers {tc['moe_layers']} is not every {step}-th layer: mlx-lm's "
-                "llama4 places MoE layers by interleave_moe_layer_step only"
-            )
-        nope = [int((i + 1) % NOPE_INTERVAL != 0) for i in range(n)]
-        if tc.get("no_rope_layers") and [int(v) for v in tc["no_rope_layers"]] != nope:
-            raise ModelLoadError(
-                f"llama4 no_rope_layers {tc['no_rope_layers']} is not 'NoPE every "
-                f"{NOPE_INTERVAL}th layer', the only pattern mlx-lm's llama4 computes"
-            )
-        kinds = ["chunked_attention" if rope else "full_attention" for rope in nope]
-        if tc.get("layer_types") and list(tc["layer_types"]) != kinds:
-            raise ModelLoadError(
-                f"llama4 layer_types {tc['layer_types']} are not chunked attention on the RoPE "
-                "layers and full attention on the NoPE ones, which mlx-lm's llama4 computes"
-            )
-        if tc.get("attention_chunk_size") is None:
-            raise ModelLoadError(
-                "llama4 without attention_chunk_size: mlx-lm's llama4 always chunks the "
-                "attention of its RoPE layers"
-            )
+        # transformers' defaults (Llama4TextConfig.__post_init__) where the file has none
+        if tc.get("moe_layers") is None:
+            tc["moe_layers"] = list(range(step - 1, n, step))
+        if not tc.get("no_rope_layers"):
+            every = int(tc.get("no_rope_layer_interval") or 4)
+            tc["no_rope_layers"] = [int((i + 1) % every != 0) for i in range(n)]
+        if tc.get("layer_types") is None:
+            chunk = tc.get("attention_chunk_size") is not None
+            tc["layer_types"] = [
+                CHUNKED if rope and chunk else FULL for rope in tc["no_rope_layers"]
+            ]
         tc.setdefault("attention_bias", False)
         tc.setdefault("rope_scaling", None)  # mlx-lm requires the key (Maverick: no scaling)
         tc.setdefault("use_qk_norm", True)
         return tc
 
+    def mlx_config(self, tc: dict[str, Any]) -> dict[str, Any]:
+        """mlx-lm's llama4 needs a chunk size; without one no layer is chunked (`adapt`)."""
+        out = super().mlx_config(tc)
+        if out.get("attention_chunk_size") is None:
+            out = {**out, "attention_chunk_size": int(tc["max_position_embeddings"])}
+        return out
+
     def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
-        """mlx-lm normalises q and k with eps 1e-6, transformers with `rms_norm_eps`."""
+        """Each layer's rope, experts and attention chunks as transformers' config says
+        (edge0.families.llama4_layers); mlx-lm normalises q and k with eps 1e-6,
+        transformers with `rms_norm_eps`."""
+        n, moe = int(tc["num_hidden_layers"]), set(tc["moe_layers"])
+        llama4_layers.layer_pattern(
+            model,
+            rope=[bool(v) for v in tc["no_rope_layers"]],
+            moe=[i in moe for i in range(n)],
+            chunked=[k == CHUNKED for k in tc["layer_types"]],
+        )
         eps = float(tc.get("rms_norm_eps", QK_EPS))
         if eps == QK_EPS:
             return
@@ -159,8 +215,11 @@ class Llama4(Family):
         return [chunk if k == "chunked_attention" else None for k in self.layer_kinds(tc)]
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
-        step = int(tc.get("interleave_moe_layer_step") or 1)
-        return _interleaved(int(tc["num_hidden_layers"]), step)
+        moe = tc.get("moe_layers")
+        if moe is None:
+            step = int(tc.get("interleave_moe_layer_step") or 1)
+            moe = range(step - 1, int(tc["num_hidden_layers"]), step)
+        return sorted(set(moe))
 
     # -- checkpoint tensors --------------------------------------------------------------
     def fused_expert(self, name: str) -> tuple[int, str] | None:
@@ -239,5 +298,28 @@ def _qk_norm_class() -> type:
     return type("QkEpsAttention", (Attention,), {"__call__": __call__})
 
 
-def _interleaved(n: int, step: int) -> list[int]:
-    return list(range(step - 1, n, step))
+def _indices(value: Any, config: dict[str, Any]) -> bool:
+    """A list of layer indices."""
+    n = config.get("num_hidden_layers")
+    return isinstance(value, list) and all(
+        isinstance(i, int) and isinstance(n, int) and 0 <= i < n for i in value
+    )
+
+
+def _flags(value: Any, config: dict[str, Any]) -> bool:
+    """One 0 or 1 a layer."""
+    return (
+        isinstance(value, list)
+        and len(value) == config.get("num_hidden_layers")
+        and all(v in (0, 1) for v in value)
+    )
+
+
+def _kinds(value: Any, config: dict[str, Any]) -> bool:
+    """One chunked or full attention a layer, chunked only with a chunk size."""
+    kinds = {FULL} if config.get("attention_chunk_size") is None else {FULL, CHUNKED}
+    return (
+        isinstance(value, list)
+        and len(value) == config.get("num_hidden_layers")
+        and set(value) <= kinds
+    )

@@ -1,0 +1,99 @@
+"""Llama-4's layer patterns as transformers builds them, on mlx-lm's llama4 classes.
+
+mlx-lm's llama4 hard-codes them: NoPE (and global attention) on every 4th layer, MoE on
+every `interleave_moe_layer_step`-th, the chunk mask and its caches by the same rule (so
+at least 4 layers). `layer_pattern` rebuilds each layer's attention and feed-forward as
+`no_rope_layers` and `moe_layers` say, and swaps in subclasses of the text model (the
+chunk mask on the `layer_types` chunked_attention layers, global attention elsewhere) and
+of the model (their caches: a chunked layer's keeps its chunk, mlx-lm's ChunkedKVCache).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import ChunkedKVCache, KVCache
+
+CHUNKED = "chunked_attention"
+# a layer index mlx-lm's llama4 Attention builds with and without rope ((i + 1) % 4 != 0)
+ROPE_INDEX, NOPE_INDEX = 0, 3
+
+
+def layer_pattern(
+    model: nn.Module, rope: Sequence[bool], moe: Sequence[bool], chunked: Sequence[bool]
+) -> None:
+    """Make layer i of mlx-lm's llama4 `model` rotate where `rope[i]`, route experts where
+    `moe[i]` (else the dense MLP) and attend within chunks where `chunked[i]` (else over
+    the whole context). Runs before the weights load."""
+    from mlx_lm.models import llama4
+
+    text = model.language_model
+    inner, args = text.model, text.args
+    for i, layer in enumerate(inner.layers):
+        if bool(layer.self_attn.use_rope) != rope[i]:
+            layer.self_attn = llama4.Attention(args, ROPE_INDEX if rope[i] else NOPE_INDEX)
+        if layer.is_moe_layer != moe[i]:
+            layer.feed_forward = (
+                llama4.MoE(args) if moe[i] else llama4.MLP(args, args.intermediate_size_mlp)
+            )
+            layer.is_moe_layer = moe[i]
+    object.__setattr__(inner, "edge0_chunked", tuple(chunked))
+    inner.__class__ = _text_class(inner.__class__)
+    model.__class__ = _caching_class(type(model))
+
+
+def _masks(inner: Any, h: mx.array, cache: list[Any] | None) -> tuple[Any, Any]:
+    """(chunk mask, global mask) of a forward over `h` (None where no layer needs it)."""
+    chunked: tuple[bool, ...] = inner.edge0_chunked
+    first = next((i for i, c in enumerate(chunked) if c), None)
+    full = next((i for i, c in enumerate(chunked) if not c), None)
+    offset = cache[0].offset if cache is not None else 0
+    chunk_mask = None
+    if first is not None:
+        start = cache[first].start_position if cache is not None else 0
+        end = offset + h.shape[1]
+        keys, queries = mx.arange(start, end), mx.arange(offset, end)[:, None]
+        size = inner.attention_chunk_size
+        chunk_mask = ((keys // size) == (queries // size)) & (keys <= queries)
+    global_mask = None
+    if full is not None:
+        global_mask = create_attention_mask(h, cache[full] if cache is not None else None)
+    return chunk_mask, global_mask
+
+
+@functools.cache
+def _text_class(cls: type) -> type:
+    """`cls` (mlx-lm's llama4 LlamaModel) masking each layer by its `edge0_chunked` kind."""
+
+    def __call__(self: Any, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        h = self.embed_tokens(inputs)
+        chunked: tuple[bool, ...] = self.edge0_chunked
+        if cache is not None:
+            for c, kind in zip(cache, chunked, strict=True):
+                if kind:
+                    c.maybe_trim_front()
+        chunk_mask, global_mask = _masks(self, h, cache)
+        caches = cache if cache is not None else [None] * len(self.layers)
+        for layer, c, kind in zip(self.layers, caches, chunked, strict=True):
+            h = layer(h, chunk_mask if kind else global_mask, cache=c)
+        out: mx.array = self.norm(h)
+        return out
+
+    return type(f"Patterned{cls.__name__}", (cls,), {"__call__": __call__})
+
+
+@functools.cache
+def _caching_class(cls: type) -> type:
+    """`cls` (mlx-lm's llama4 Model) whose chunked layers' caches keep their chunk only."""
+
+    def make_cache(self: Any) -> list[Any]:
+        inner = self.language_model.model
+        size = inner.attention_chunk_size
+        return [ChunkedKVCache(size) if c else KVCache() for c in inner.edge0_chunked]
+
+    return type(f"Patterned{cls.__name__}", (cls,), {"make_cache": make_cache})
