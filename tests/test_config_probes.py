@@ -1,8 +1,8 @@
 """tools/config_probe.py over every probe, against the committed transformers references:
 each config value off a family's defaults is computed within 1e-4 of transformers (the
 greedy chain equal) or refused where transformers refuses or fails too; no silent
-difference, no escaped exception. The one refusal of a value transformers computes is
-named here and in docs/models.md with its reason."""
+difference, no escaped exception. A refusal of a value transformers computes would be
+named here and in docs/models.md with its reason; there is none."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from tool_helpers import load_tool
 from edge0.synth.fidelity_probes import PROBES
 
 # probes transformers computes and Edge0 refuses, each with its reason in docs/models.md
-# llama4 top-k 2: transformers runs each expert on the input scaled by its own gate; Edge0's
-# expert path gives a token's experts one input
-REFUSED = {"llama4-top_k"}
+REFUSED: set[str] = set()
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier
+from runtime_helpers import MockTier
 from test_reference import edge0_logits
 
-from edge0.errors import ConfigError, ModelLoadError
+from edge0.errors import ModelLoadError
 from edge0.layout.convert import ConvertOptions, convert
 from edge0.model.loader import load
 from edge0.runtime.engine.api import Engine
@@ -55,8 +56,7 @@ def _edited(hf: Path, dst: Path, **text: Any) -> Path:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ({"num_experts_per_tok": 2}, "num_experts_per_tok=2: transformers runs each of a token"),
-        ({"moe_layers": [0, 4]}, r"moe_layers=\[0, 4\] is invalid: llama4's moe_layers must be"),
+        ({"moe_layers": [0, 1.5]}, "refuses it .*Field 'moe_layers' with value \\[0, 1.5\\]"),
         ({"no_rope_layers": [1, 0, 1]}, r"no_rope_layers=\[1, 0, 1\] is invalid"),
         (
             {"attention_chunk_size": None, "layer_types": ["chunked_attention"] * 4},
@@ -73,17 +73,37 @@ def test_configs_transformers_cannot_run_are_refused(
     assert "\n" not in str(err.value) and str(path / "config.json") in str(err.value)
 
 
-def test_top_k_other_than_one_is_refused(hf: Path, tmp_path: Path) -> None:
+def test_top_two_runs_each_expert_on_its_own_gated_input(tmp_path: Path) -> None:
+    """The top-2 variant (transformers' golden logits: tests/test_config_fidelity.py): one
+    token at a time and in prompt chunks of 3, resident and reactive give one mlx-lm pass's
+    tokens; `--top-k 1` lowers it; routed training's logits are the model's."""
+    from layout_helpers import greedy
+
+    from edge0.layout.load import load_layout
+    from edge0.train.routed import plan_logits, replay_logits, routed
+
+    hf = write_family(fixture_file(FIXTURES, "llama4-top2"), tmp_path / "hf")
     e0 = tmp_path / "e0"
     convert(hf, e0, ConvertOptions(group_size=32))
+    model = load_layout(e0).model
+    prompt = [5 + (7 * i) % 250 for i in range(30)]
+    want = greedy(model, prompt, 10)
 
-    async def run(mode: str) -> None:
-        async with Engine.open(e0, tiers=MockTier(e0), mode=mode, top_k=2) as eng:
-            [t async for t in eng.tokens(PROMPT, max_tokens=2, stop=False)]
+    async def run(mode: str, **opts: Any) -> list[int]:
+        async with Engine.open(e0, tiers=MockTier(e0), mode=mode, **opts) as eng:
+            return [t async for t in eng.tokens(prompt, max_tokens=10, stop=False)]
 
     for mode in ("resident", "reactive"):
-        with pytest.raises(ConfigError, match="--top-k 2: llama4 routes one expert per token"):
-            asyncio.run(run(mode))
+        for chunk in (1, 3):
+            assert asyncio.run(run(mode, prefill_chunk=chunk)) == want, (mode, chunk)
+    assert asyncio.run(run("reactive", top_k=1)) != want  # a top-1 model decodes otherwise
+    tokens = mx.array([prompt[:12]])
+    ref = model(tokens)
+    with routed(model, None, k=2) as state:
+        planned, plan = plan_logits(model, state, tokens, prefill=12)
+        replayed = replay_logits(model, state, tokens, plan)
+    for got in (planned, replayed):
+        assert float(mx.abs(got - ref).max()) < 1e-4
 
 
 def test_chunked_prefill_and_decode_equal_one_plain_run(hf: Path, tmp_path: Path) -> None:

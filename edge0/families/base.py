@@ -221,7 +221,8 @@ class Family:
         return w
 
     def expert_input(self, x: mx.array, w: mx.array) -> mx.array:
-        """What the routed experts run on, given gate weights `w` (..., k): `x` (Llama-4: x * w)."""
+        """What the routed experts run on, given gate weights `w` (..., k): `x` (..., d) for
+        all k, or (..., k, d), an input per expert (Llama-4: x * w)."""
         return x
 
     def combine(self, y: mx.array, w: mx.array) -> mx.array:

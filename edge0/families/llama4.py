@@ -1,11 +1,11 @@
-"""Llama-4 (Scout, Maverick): top-1 of the router logits, its sigmoid scales the expert's *input*.
+"""Llama-4 (Scout, Maverick): top-k of the router logits, a sigmoid scales each expert's *input*.
 
 The block is `feed_forward` (mlx-lm's MoE: `router` Linear without bias, `experts`
-SwitchGLU, `shared_expert` MLP always added). The router picks the top-1 logit and the
-expert runs on `x * sigmoid(logit)` (computed in fp32, cast back), not `expert(x) * w`:
-`expert_input` scales, `combine` only sums. Sparse layers are `moe_layers` (transformers)
-= every `interleave_moe_layer_step`-th layer (mlx-lm's rule), the others a dense MLP of
-`intermediate_size_mlp`. The text model nests under `text_config`; the vision tower is
+SwitchGLU, `shared_expert` MLP always added). The router picks the top-k logits (1 in
+every release) and each expert runs on `x * sigmoid(logit)` (computed in fp32, cast back),
+not `expert(x) * w`: `expert_input` scales, `combine` only sums. Sparse layers are
+`moe_layers` (by default every `interleave_moe_layer_step`-th layer), the others a dense
+MLP of `intermediate_size_mlp`. The text model nests under `text_config`; the vision tower is
 dropped. HF experts are fused: `experts.gate_up_proj` (E, d, 2F), gate the first half of
 the last axis, up the second, and `experts.down_proj` (E, F, d). Attention: RoPE layers
 (`no_rope_layers`) with q/k norms, NoPE ones with temperature tuning; chunked attention on
@@ -15,7 +15,6 @@ rebuilds what mlx-lm's every-4th-layer rule gets wrong).
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any, ClassVar
 
@@ -23,7 +22,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from edge0.errors import ConfigError
 from edge0.families import llama4_layers
 from edge0.families.audit import (
     EXPERTS,
@@ -34,7 +32,6 @@ from edge0.families.audit import (
     checked,
     computed,
     edge0,
-    only,
 )
 from edge0.families.base import FULL, Family
 from edge0.families.llama4_shapes import ROPE_SCOUT, flagship, tiny_config
@@ -61,12 +58,6 @@ class Llama4(Family):
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
-        "num_experts_per_tok": only(
-            1,
-            why="transformers runs each of a token's experts on the input scaled by its own "
-            "gate; Edge0's expert path feeds a token's experts one input (every release "
-            "routes one)",
-        ),
         "rope_parameters": ROPE,
         "attention_bias": computed("q/k/v/o biases (golden-tested)"),
         "head_dim": computed(SHAPE),
@@ -84,12 +75,12 @@ class Llama4(Family):
         "interleave_moe_layer_step": computed("every n-th layer is sparse, through moe_layers"),
         "moe_layers": checked(
             lambda v, c: v is None or _indices(v, c),
-            "null or layer indices",
+            "null or a list of layer indices",
             "the sparse layers, the others a dense MLP: " + PATTERN,
         ),
         "no_rope_layers": checked(
             lambda v, c: not v or _flags(v, c),
-            "empty or one 0 or 1 a layer",
+            "empty or an integer a layer",
             "1 on the layers that rotate q/k (and norm them), 0 on the NoPE ones (temperature "
             "tuning): " + PATTERN,
         ),
@@ -122,7 +113,7 @@ class Llama4(Family):
         "no_qk_norm": {"text_config.use_qk_norm": False},
         "attention_bias": {"text_config.attention_bias": True},
         "tied": {"text_config.tie_word_embeddings": True},
-        "moe_layers": {"text_config.moe_layers": [0, 3]},
+        "moe_layers": {"text_config.moe_layers": [0, 3, 7]},  # 7: past the last layer
         "no_rope_layers": {
             "text_config.no_rope_layers": [0, 1, 1, 0],
             "text_config.layer_types": None,
@@ -148,7 +139,8 @@ class Llama4(Family):
             "text_config.rope_parameters": dict(YARN),
             "text_config.tie_word_embeddings": True,
         },
-        # NoPE first, MoE on 0 and 3, global attention on a RoPE layer, 3 layers
+        "top2": {"text_config.num_experts_per_tok": 2},
+        # NoPE first, MoE on 0 and 2, global attention on a RoPE layer, 3 layers
         "layers": {
             "text_config.num_hidden_layers": 3,
             "text_config.moe_layers": [0, 2],
@@ -182,30 +174,35 @@ class Llama4(Family):
         return tc
 
     def mlx_config(self, tc: dict[str, Any]) -> dict[str, Any]:
-        """mlx-lm's llama4 needs a chunk size; without one no layer is chunked (`adapt`)."""
-        out = super().mlx_config(tc)
+        """mlx-lm's llama4 needs a chunk size (without one no layer is chunked: `adapt`) and
+        builds top-1 blocks only (`adapt` sets the config's top-k)."""
+        out = {**super().mlx_config(tc), "num_experts_per_tok": 1}
         if out.get("attention_chunk_size") is None:
-            out = {**out, "attention_chunk_size": int(tc["max_position_embeddings"])}
+            out["attention_chunk_size"] = int(tc["max_position_embeddings"])
         return out
 
     def adapt(self, model: nn.Module, tc: dict[str, Any]) -> None:
         """Each layer's rope, experts and attention chunks as transformers' config says
         (edge0.families.llama4_layers); mlx-lm normalises q and k with eps 1e-6,
         transformers with `rms_norm_eps`."""
-        n, moe = int(tc["num_hidden_layers"]), set(tc["moe_layers"])
+        n, moe = int(tc["num_hidden_layers"]), set(self.sparse_layers(tc))
         llama4_layers.layer_pattern(
             model,
-            rope=[bool(v) for v in tc["no_rope_layers"]],
+            rope=[bool(v) for v in tc["no_rope_layers"][:n]],
             moe=[i in moe for i in range(n)],
             chunked=[k == CHUNKED for k in tc["layer_types"]],
         )
+        k = int(tc.get("num_experts_per_tok", 1))
+        if k != 1:
+            for i in sorted(moe):
+                self.set_top_k(model.layers[i].feed_forward, k)
         eps = float(tc.get("rms_norm_eps", QK_EPS))
         if eps == QK_EPS:
             return
         for layer in model.layers:
             attn = layer.self_attn
             if getattr(attn, "use_qk_norm", False):
-                attn.__class__ = _qk_norm_class()
+                attn.__class__ = llama4_layers.qk_norm_class()
                 object.__setattr__(attn, "qk_eps", eps)
 
     def windows(self, tc: dict[str, Any]) -> list[int | None]:
@@ -215,11 +212,11 @@ class Llama4(Family):
         return [chunk if k == "chunked_attention" else None for k in self.layer_kinds(tc)]
 
     def sparse_layers(self, tc: dict[str, Any]) -> list[int]:
-        moe = tc.get("moe_layers")
+        n, moe = int(tc["num_hidden_layers"]), tc.get("moe_layers")
         if moe is None:
             step = int(tc.get("interleave_moe_layer_step") or 1)
-            moe = range(step - 1, int(tc["num_hidden_layers"]), step)
-        return sorted(set(moe))
+            moe = range(step - 1, n, step)
+        return sorted({i for i in moe if 0 <= i < n})
 
     # -- checkpoint tensors --------------------------------------------------------------
     def fused_expert(self, name: str) -> tuple[int, str] | None:
@@ -249,9 +246,8 @@ class Llama4(Family):
         return mx.sigmoid(w.astype(mx.float32)).astype(scores.dtype)
 
     def expert_input(self, x: mx.array, w: mx.array) -> mx.array:
-        if w.shape[-1] != 1:
-            raise ConfigError(f"llama4 routes one expert per token, got a set of {w.shape[-1]}")
-        return x * w
+        """x * w for one expert; for k, each expert its own (..., k, d), as transformers."""
+        return x * w if w.shape[-1] == 1 else mx.expand_dims(x, -2) * w[..., None]
 
     def combine(self, y: mx.array, w: mx.array) -> mx.array:
         return y.sum(axis=-2)  # the gate weight already scaled the input
@@ -259,60 +255,32 @@ class Llama4(Family):
     def extra(self, block: nn.Module, x: mx.array, y: mx.array) -> mx.array:
         return y + block.shared_expert(x)
 
-    def check_top_k(self, k: int) -> None:
-        if k != 1:
-            raise ConfigError(
-                f"--top-k {k}: llama4 routes one expert per token (its gate weight scales the "
-                "expert's input); use --top-k 1 or leave it out"
-            )
-
     def set_top_k(self, block: nn.Module, k: int) -> None:
-        self.check_top_k(k)
+        """The resident block routes `k` experts, each on the input scaled by its own gate
+        (mlx-lm's block scales one input: top-1 only)."""
+        block.top_k = k
+        if k != 1:
+            block.__class__ = llama4_layers.top_k_class()
 
 
-@functools.cache
-def _qk_norm_class() -> type:
-    """mlx-lm's llama4 attention on a RoPE layer, q/k normalised with the config's eps."""
-    from mlx_lm.models.base import scaled_dot_product_attention
-    from mlx_lm.models.llama4 import Attention
-
-    def __call__(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        b, t, _ = x.shape
-        offset = cache.offset if cache is not None else 0
-
-        def heads(proj: Any, n: int) -> mx.array:
-            return proj(x).reshape(b, t, n, -1).transpose(0, 2, 1, 3)
-
-        q = mx.fast.rms_norm(
-            self.rope(heads(self.q_proj, self.n_heads), offset=offset), None, self.qk_eps
-        )
-        k = mx.fast.rms_norm(
-            self.rope(heads(self.k_proj, self.n_kv_heads), offset=offset), None, self.qk_eps
-        )
-        v = heads(self.v_proj, self.n_kv_heads)
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
-        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1))
-
-    return type("QkEpsAttention", (Attention,), {"__call__": __call__})
-
-
-def _indices(value: Any, config: dict[str, Any]) -> bool:
-    """A list of layer indices."""
-    n = config.get("num_hidden_layers")
-    return isinstance(value, list) and all(
-        isinstance(i, int) and isinstance(n, int) and 0 <= i < n for i in value
-    )
+def _indices(value: Any, _: dict[str, Any]) -> bool:
+    """A list of layer indices (transformers ignores those past the last layer)."""
+    return isinstance(value, list) and all(_integer(i) for i in value)
 
 
 def _flags(value: Any, config: dict[str, Any]) -> bool:
-    """One 0 or 1 a layer."""
+    """An integer a layer, 0 for NoPE (transformers reads the first num_hidden_layers)."""
+    n = config.get("num_hidden_layers")
     return (
         isinstance(value, list)
-        and len(value) == config.get("num_hidden_layers")
-        and all(v in (0, 1) for v in value)
+        and isinstance(n, int)
+        and len(value) >= n
+        and all(_integer(v) for v in value)
     )
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _kinds(value: Any, config: dict[str, Any]) -> bool:

@@ -6,6 +6,8 @@ at least 4 layers). `layer_pattern` rebuilds each layer's attention and feed-for
 `no_rope_layers` and `moe_layers` say, and swaps in subclasses of the text model (the
 chunk mask on the `layer_types` chunked_attention layers, global attention elsewhere) and
 of the model (their caches: a chunked layer's keeps its chunk, mlx-lm's ChunkedKVCache).
+`top_k_class` routes more than mlx-lm's one expert, `qk_norm_class` norms q/k with the
+config's eps.
 """
 
 from __future__ import annotations
@@ -97,3 +99,51 @@ def _caching_class(cls: type) -> type:
         return [ChunkedKVCache(size) if c else KVCache() for c in inner.edge0_chunked]
 
     return type(f"Patterned{cls.__name__}", (cls,), {"make_cache": make_cache})
+
+
+@functools.cache
+def top_k_class() -> type:
+    """mlx-lm's llama4 MoE routing top-k: expert j runs on x * sigmoid(logit_j) (transformers'
+    Llama4TextMoe, whose other experts see zeros and add nothing)."""
+    from mlx_lm.models.llama4 import MoE
+
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        logits = self.router(x)
+        k = self.top_k
+        inds = mx.stop_gradient(mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k])
+        gates = mx.take_along_axis(logits, inds, axis=-1)
+        gates = mx.sigmoid(gates.astype(mx.float32)).astype(x.dtype)  # (..., k)
+        out = self.shared_expert(x)
+        for j in range(k):
+            out = out + self.experts(x * gates[..., j : j + 1], inds[..., j : j + 1]).squeeze(-2)
+        return out
+
+    return type("TopKMoE", (MoE,), {"__call__": __call__})
+
+
+@functools.cache
+def qk_norm_class() -> type:
+    """mlx-lm's llama4 attention on a RoPE layer, q/k normalised with the config's eps."""
+    from mlx_lm.models.base import scaled_dot_product_attention
+    from mlx_lm.models.llama4 import Attention
+
+    def __call__(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        b, t, _ = x.shape
+        offset = cache.offset if cache is not None else 0
+
+        def heads(proj: Any, n: int) -> mx.array:
+            return proj(x).reshape(b, t, n, -1).transpose(0, 2, 1, 3)
+
+        q = mx.fast.rms_norm(
+            self.rope(heads(self.q_proj, self.n_heads), offset=offset), None, self.qk_eps
+        )
+        k = mx.fast.rms_norm(
+            self.rope(heads(self.k_proj, self.n_kv_heads), offset=offset), None, self.qk_eps
+        )
+        v = heads(self.v_proj, self.n_kv_heads)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, t, -1))
+
+    return type("QkEpsAttention", (Attention,), {"__call__": __call__})

@@ -101,7 +101,12 @@ class RoutedMoE(nn.Module):
             inds = self._plan_sets(x, scores)
         inds = mx.stop_gradient(inds)  # (B, S, K)
         w = self.family.weights(self, scores, inds)  # (B, S, K)
-        y = self[self.family.switch_attr](self.family.expert_input(x, w), inds)  # (B, S, K, d)
+        h, switch = self.family.expert_input(x, w), self[self.family.switch_attr]
+        if h.ndim == x.ndim:  # one input for the K experts
+            y = switch(h, inds)  # (B, S, K, d)
+        else:  # an input per expert (Llama-4 top-k): one top-1 call each
+            k = inds.shape[-1]
+            y = mx.concatenate([switch(h[..., j, :], inds[..., j : j + 1]) for j in range(k)], -2)
         y = self.family.combine(y, w.astype(y.dtype))
         return self.family.extra(self, x, y)
 

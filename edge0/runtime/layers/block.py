@@ -88,7 +88,8 @@ class StreamingMoE(nn.Module):
         return fam.extra(self, x, y)
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
-        h = mx.expand_dims(x, (-2, -3))  # (1, 1, 1, 1, d_model)
+        # (1, 1, 1, 1, d_model), or (1, 1, K, 1, d_model): an input per expert (Llama-4 top-k)
+        h = mx.expand_dims(x, (-2, -3)) if x.ndim == idx.ndim else mx.expand_dims(x, -2)
         views = self.stream.views
         plan = self._plan
         if plan is None or plan[0] is not views:  # the slot views do not change: built once

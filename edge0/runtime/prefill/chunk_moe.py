@@ -144,14 +144,16 @@ def group_size(n_slots: int, layers: int, top_k: int) -> int:
 
 
 def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.array:
-    """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d) for routing `inds` (T, K)."""
+    """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d), or (1, T, K, d) with an
+    input per expert, for routing `inds` (T, K)."""
     stream = block.stream
     steps, layer = stream.steps, stream.layer
     st = steps.chunk
     assert st is not None
     t, k = inds.shape
     flat = inds.reshape(-1)  # (T*K,) pair p = (token p // K, slot p % K)
-    x2 = x.reshape(t, x.shape[-1])  # (T, d)
+    x2 = x.reshape(-1, x.shape[-1])  # (T, d), or (T*K, d): an input per expert (Llama-4)
+    per_pair = x.ndim == 4
     resident = isinstance(stream.experts, ResidentExperts)
     assert steps.memory is not None
     g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
@@ -179,7 +181,7 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
             if j + 1 == len(groups):
                 read_ahead(block, g)  # the next layer's first group, into the other half
         pairs, slot_ids = slot_pairs(slot_of, by_expert, starts)
-        pairs, out = group_pairs(block, x2, pairs // k, pairs, slot_ids)
+        pairs, out = group_pairs(block, x2, pairs if per_pair else pairs // k, pairs, slot_ids)
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval(out)  # before the next sub-step: nothing pending may read these slots
         steps.span("eval", layer, t0, time.perf_counter(), time.thread_time() - c0)
