@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import MockTier
+from runtime_helpers import PROMPT, MockTier
 from test_reference import edge0_logits
 
 from edge0.errors import ModelLoadError
@@ -124,3 +124,26 @@ def test_chunked_prefill_and_decode_equal_one_plain_run(hf: Path, tmp_path: Path
 
     assert asyncio.run(run("resident")) == want
     assert asyncio.run(run("reactive")) == want
+
+
+@pytest.mark.parametrize("name", ["llama4", "llama4-top2"])
+def test_the_in_graph_route_choice_gates_each_experts_input(tmp_path: Path, name: str) -> None:
+    """Route mode, available-first chosen in the graph, every expert staged: the choice is
+    the true top-k, and each expert runs on its gated input as in resident mode."""
+    from test_route_policy_graph import N, _decode_staged
+
+    hf = write_family(fixture_file(FIXTURES, name), tmp_path / "hf")
+    e0 = tmp_path / "e0"
+    convert(hf, e0, ConvertOptions(group_size=32))
+
+    async def resident() -> list[int]:
+        async with Engine.open(e0, tiers=MockTier(e0), mode="resident") as eng:
+            return [t async for t in eng.tokens(PROMPT, max_tokens=N, stop=False)]
+
+    ref = asyncio.run(resident())
+    got, eng = asyncio.run(
+        _decode_staged(e0, mode="route", predictor="init", route_policy="available-first")
+    )
+    assert eng.setup.ctx.policy.on_device
+    assert eng.last_stats.route_recall == 1.0
+    assert got == ref

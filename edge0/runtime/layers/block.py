@@ -84,8 +84,8 @@ class StreamingMoE(nn.Module):
         inds, w = choice.graph(self, fam, scores, true_inds, w, cands, len(planned))
         stream.route(x, true_inds, inds, w, planned)  # deferred: read back with its group
         idx = choice.slots(stream, cands, inds, scores.shape[-1])
-        y = (self._experts(x, idx) * w[..., None]).sum(axis=-2)
-        return fam.extra(self, x, y)
+        y = self._experts(fam.expert_input(x, w), idx)  # (1, 1, K, d)
+        return fam.extra(self, x, fam.combine(y, w))
 
     def _experts(self, x: mx.array, idx: mx.array) -> mx.array:
         # (1, 1, 1, 1, d_model), or (1, 1, K, 1, d_model): an input per expert (Llama-4 top-k)
