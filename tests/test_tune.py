@@ -105,6 +105,8 @@ def test_tune_validates_and_the_record_decides_the_default(layout: Path, tmp_pat
     # off a terminal each phase still says where it is: its start and its end, on stderr
     assert "tune: traces (train) 0/512 tok" in res.stderr
     assert "tune: traces (train) 512/512 tok" in res.stderr
+    assert "tune: heads (token horizon) started" in res.stderr
+    assert "tune: heads (layer horizon) done in" in res.stderr
     if record.agreement >= ROUTE_FLOOR:  # route by default, labelled with its agreement
         assert run().endswith(f"| approximate (route, agreement {record.agreement:.1%})")
     else:  # below the floor the layout keeps exact decoding, and tune says why
@@ -146,3 +148,18 @@ def test_a_run_stopped_in_validation_does_not_train_again(
     other = TuneOptions(work_dir=tmp_path / "w", **{**SMALL, "max_steps": 30})  # type: ignore[arg-type]
     asyncio.run(tune(layout, other))  # other settings: trained anew on the same traces
     assert calls == [1, 1]  # the token horizon, then the layer horizon
+
+
+def test_a_phase_found_done_says_so_once(capsys: pytest.CaptureFixture[str]) -> None:
+    from edge0.cli.tune import Bars
+
+    bars = Bars()
+    bars.tty = False  # the lines, as under nohup or a scheduler
+    bars.update("traces (train)", 512, 512)  # resumed with every window on disk
+    bars.update("traces (train)", 512, 512)
+    bars.update("heads (layer horizon)", 0, 1)
+    bars.update("heads (layer horizon)", 1, 1)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("tune: traces (train) 512/512 tok") and len(lines) == 3
+    assert lines[1:] == ["tune: heads (layer horizon) started", lines[2]]
+    assert lines[2].startswith("tune: heads (layer horizon) done in ")

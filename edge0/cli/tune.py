@@ -131,6 +131,7 @@ class Bars:
         self.tty = sys.stderr.isatty()
         self.every = every
         self.started = self.printed = 0.0
+        self.last: tuple[str, int] = ("", -1)
 
     def update(self, phase: str, done: int, total: int) -> None:
         if phase != self.phase:
@@ -150,16 +151,23 @@ class Bars:
             self._line(done, total)
 
     def _line(self, done: int, total: int) -> None:
+        if (self.phase, done) == self.last:
+            return  # a phase found done on start (resumed): one line, not two
+        self.last = (self.phase, done)
         now = time.monotonic()
         self.printed = now
         spent = now - self.started
         eta = ""
         if 0 < done < total:
             eta = f", about {_minutes(spent * (total - done) / done)} left"
-        click.echo(
-            f"tune: {self.phase} {done:,}/{total:,} tok, {_minutes(spent)} in this phase{eta}",
-            err=True,
-        )
+        if total == 1:  # a phase without a count (training): its start and its end
+            where = "started" if done == 0 else f"done in {_minutes(spent)}"
+            click.echo(f"tune: {self.phase} {where}", err=True)
+        else:
+            click.echo(
+                f"tune: {self.phase} {done:,}/{total:,} tok, {_minutes(spent)} in this phase{eta}",
+                err=True,
+            )
         log.info("tune.progress", phase=self.phase, done=done, total=total, seconds=spent)
 
     def close(self) -> None:

@@ -93,7 +93,9 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
         eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
         patience=4,
     )
+    report("heads (token horizon)", 0, 1)
     trained, summary = _heads(layout, train, init, cfg, stores[0].key, text.source, progress)
+    report("heads (token horizon)", 1, 1)
     record = head_recall(trained, held, k, opts.seed)
     record["recall_untrained"] = untrained
     config = trained.config
