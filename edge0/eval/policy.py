@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,17 @@ class PolicyVariant:
         return f"{self.policy}{dl}"
 
 
-async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[np.ndarray, dict]:
+async def forced_decode(
+    eng: Any,
+    window: list[int],
+    prompt_len: int,
+    sink: Callable[[np.ndarray], None] | None = None,
+) -> tuple[np.ndarray, dict]:
     """On `eng`'s compute thread: prefill `window[:prompt_len]`, then feed every later token
     but the last as a decode step. Returns the (T, V) logits of those steps (predicting
-    `window[prompt_len + 1:]`) and the steps' counters."""
+    `window[prompt_len + 1:]`) and the steps' counters; with `sink`, each step's (V,) row
+    goes to it instead and none are kept (a large vocabulary's rows add up to hundreds of
+    MiB, more than a memory budget leaves)."""
     from edge0.runtime.compute.runner import Runner, greedy
     from edge0.runtime.prefill.chunks import prefill
 
@@ -65,7 +73,11 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
         rows = []
         for i in range(prompt_len, last + 1):
             runner.feed(window[i], prefill=False, prefetch=i < last)
-            rows.append(np.array(logits.pop()[0], dtype=np.float32))
+            row = np.array(logits.pop()[0], dtype=np.float32)
+            if sink is None:
+                rows.append(row)
+            else:
+                sink(row)
         wall = time.perf_counter() - t0
         runner.finish()
         decode = [r for r in steps.records if not r.prefill]
@@ -77,7 +89,7 @@ async def forced_decode(eng: Any, window: list[int], prompt_len: int) -> tuple[n
             "recall_hits": sum(r.recall_hits for r in decode),
             "recall_slots": sum(r.recall_slots for r in decode),
         }
-        return np.stack(rows), counters
+        return (np.stack(rows) if rows else np.zeros((0, 0), np.float32)), counters
 
     out: tuple[np.ndarray, dict] = await eng.run_on_compute(job)
     return out

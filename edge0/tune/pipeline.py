@@ -109,14 +109,16 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     _release()
     windows = stores[1].tokens()[: max(1, opts.validate_tokens // opts.seq_len)]
     prompt = opts.seq_len // 4
-    report("validate", 0, 2)
+    report("validate (hint, then route)", 0, 1)
     engine = {k_: v for k_, v in opts.engine.items() if k_ != "prefill_chunk"}
     engine["top_k"] = k
-    exact = await decode_logits(layout, "hint", windows, prompt, engine)
-    report("validate", 1, 2)
-    route = await decode_logits(layout, "route", windows, prompt, engine)
-    report("validate", 2, 2)
+    exact = await decode_logits(layout, "hint", windows, prompt, engine, work / "exact.npy")
+    route = await decode_logits(layout, "route", windows, prompt, engine, work / "route.npy")
     record.update(agreement(exact, route))
+    del exact, route
+    for name in ("exact.npy", "route.npy"):
+        (work / name).unlink(missing_ok=True)
+    report("validate (hint, then route)", 1, 1)
     record["k"] = k
     record["corpus"] = text.source
     record["seconds"] = round(time.monotonic() - started, 1)

@@ -14,6 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from numpy.lib.format import open_memmap
 
 from edge0.routing.prerouter import PrerouterSet, multi_hot
 from edge0.routing.validation import quietly
@@ -68,12 +69,18 @@ def _overlap(guess: np.ndarray, truth: np.ndarray, k: int) -> float:
     return float(np.mean(hits)) / k
 
 
-def agreement(exact: np.ndarray, route: np.ndarray) -> dict[str, float]:
-    """Greedy next-token agreement and KL(exact || route) over (T, V) logits rows."""
-    lp = exact - _logsumexp(exact)
-    lq = route - _logsumexp(route)
-    kl = np.sum(np.exp(lp) * (lp - lq), axis=-1)
-    same = np.argmax(exact, axis=-1) == np.argmax(route, axis=-1)
+def agreement(exact: np.ndarray, route: np.ndarray, chunk: int = 16) -> dict[str, float]:
+    """Greedy next-token agreement and KL(exact || route) over (T, V) logits rows, `chunk`
+    rows at a time (the rows may be memory maps of files larger than the budget leaves)."""
+    kl_rows, same_rows = [], []
+    for i in range(0, len(exact), chunk):
+        e = np.asarray(exact[i : i + chunk], dtype=np.float64)
+        r = np.asarray(route[i : i + chunk], dtype=np.float64)
+        lp = e - _logsumexp(e)
+        lq = r - _logsumexp(r)
+        kl_rows.append(np.sum(np.exp(lp) * (lp - lq), axis=-1))
+        same_rows.append(np.argmax(e, axis=-1) == np.argmax(r, axis=-1))
+    kl, same = np.concatenate(kl_rows), np.concatenate(same_rows)
     return {
         "agreement": float(np.mean(same)),
         "kl_mean": float(np.mean(kl)),
@@ -89,17 +96,34 @@ def _logsumexp(x: np.ndarray) -> np.ndarray:
 
 
 async def decode_logits(
-    layout: Path, mode: str, windows: np.ndarray, prompt_len: int, engine: dict[str, Any]
+    layout: Path,
+    mode: str,
+    windows: np.ndarray,
+    prompt_len: int,
+    engine: dict[str, Any],
+    path: Path,
 ) -> np.ndarray:
-    """The (T, V) logits of every held-out window decoded teacher-forced in `mode`."""
+    """The (T, V) logits of every held-out window decoded teacher-forced in `mode`, written
+    row by row into `path` (.npy) and returned memory-mapped: the rows of a large vocabulary
+    (248k x 4 bytes a token) would not fit beside the model in its budget."""
     from edge0.eval.policy import forced_decode
     from edge0.runtime.engine.api import Engine
 
-    rows = []
+    total = sum(len(w) - 1 - prompt_len for w in windows)
+    out: list[np.memmap] = []
+    done = [0]
+
+    def sink(row: np.ndarray) -> None:
+        if not out:
+            out.append(open_memmap(path, mode="w+", dtype=np.float32, shape=(total, len(row))))
+        out[0][done[0]] = row
+        done[0] += 1
+
     opts = dict(engine, mode=mode, predictor="heads")
     with quietly():  # the heads are being validated: no "not validated" warning
         async with Engine.open(layout, **opts) as eng:
             for w in windows:
-                got, _ = await forced_decode(eng, list(map(int, w)), prompt_len)
-                rows.append(got)
-    return np.concatenate(rows)
+                await forced_decode(eng, list(map(int, w)), prompt_len, sink)
+    out[0].flush()
+    del out[:]
+    return np.load(path, mmap_mode="r")
