@@ -152,9 +152,10 @@ def test_a_chat_streams_an_answer_and_the_timeline_draws_its_steps(page: Page, s
     page.until("document.getElementById('feed').textContent === 'events: live'")
     page.page.fill("#system", "You are terse.")
     page.page.fill("#temperature", "0")
-    page.page.fill("#max-tokens", "12")
-    page.page.evaluate(  # count the answer's updates: a streamed answer grows in pieces
-        """() => { window.pieces = 0; new MutationObserver(() => { window.pieces += 1; })
+    page.page.fill("#max-tokens", "48")
+    page.page.evaluate(  # the answer's texts as it was drawn: a streamed answer grows
+        """() => { window.seen = []; new MutationObserver(() => { const a =
+            document.querySelector('.msg.assistant'); if (a) window.seen.push(a.textContent); })
             .observe(document.getElementById('log'), {subtree: true, childList: true,
                      characterData: true}); }"""
     )
@@ -170,7 +171,7 @@ def test_a_chat_streams_an_answer_and_the_timeline_draws_its_steps(page: Page, s
             {"role": "system", "content": "You are terse."},
             {"role": "user", "content": "def fibonacci(n):"},
         ],
-        "max_tokens": 12,
+        "max_tokens": 48,
         "temperature": 0,
     }
     r = httpx.post(
@@ -178,15 +179,16 @@ def test_a_chat_streams_an_answer_and_the_timeline_draws_its_steps(page: Page, s
     )
     assert r.status_code == 200
     assert answer == r.json()["choices"][0]["message"]["content"] and answer
-    assert page.page.evaluate("window.pieces") > 3  # pieces as the tokens came
+    seen = [t for t in page.page.evaluate("window.seen") if t]
+    assert all(answer.startswith(t) for t in seen) and len(set(seen)) >= 2, seen
     usage = page.page.text_content("#usage")
     assert f"{r.json()['usage']['completion_tokens']} completion" in usage
     # the timeline: that request's steps, drawn
     page.until("document.getElementById('final').textContent.startsWith('engine: prompt')")
     steps = int(page.page.get_attribute("#timeline", "data-steps") or 0)
-    assert steps >= 12  # a prompt step, then a step per token after the first
+    assert steps >= 48  # a prompt step, then a step per token after the first
     stats = page.page.text_content("#stats")
-    assert "11 decode steps" in stats and stats.endswith("| exact"), stats
+    assert "47 decode steps" in stats and stats.endswith("| exact"), stats
     drawn = page.page.evaluate(
         """() => { const c = document.getElementById('timeline');
             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;

@@ -1,8 +1,9 @@
 """`GET /v1/edge0/events`: the engine's steps as server-sent events, each listener bounded
 (docs/server.md, "The event stream").
 
-The compute thread hands one raw trace per step to the event loop (call_soon_threadsafe);
-the loop sums it up once and offers the encoded event to every listener. A listener whose
+The compute thread queues one raw trace per step; the first of a window wakes the event loop
+(call_soon_threadsafe), which FLUSH_S later sums up every queued step once and offers them, as
+one encoded `steps` event, to every listener. A listener whose
 backlog reaches `limit` events is dropped (a last `dropped` event, then the stream ends):
 a slow reader never slows decoding. With no listener the feed is detached and the compute
 thread does no work for it.
@@ -30,6 +31,7 @@ from edge0.server.timeline import Timeline
 log = get_logger("edge0.server.events")
 PATH = "/v1/edge0/events"
 BACKLOG = 256  # events a listener may leave unread before it is dropped
+FLUSH_S = 0.1  # queued steps reach the listeners together, this long after the first
 
 
 class Listener:
@@ -68,18 +70,24 @@ class EventHub:
         self.dropped = 0  # listeners dropped for reading too slowly
         self.timeline = Timeline()
         self._loop = asyncio.get_running_loop()
+        self._traces: deque[StepTrace] = deque()  # handed over, not yet published
+        self._waking = False  # a flush is scheduled
         setup = engine.setup
         self.feed = LiveFeed(setup.ctx, setup.tracer, self._hand_over)
 
     def _hand_over(self, trace: StepTrace) -> None:
-        """On the compute thread: queue the trace for the loop (never blocks)."""
-        self._loop.call_soon_threadsafe(self._take, trace)
+        """On the compute thread: queue the trace; the first of a window wakes the loop."""
+        self._traces.append(trace)
+        if not self._waking:
+            self._waking = True
+            self._loop.call_soon_threadsafe(self._loop.call_later, FLUSH_S, self.flush)
 
     def subscribe(self) -> Listener:
         listener = Listener(self.limit)
         listener.offer("engine", json.dumps(self.info))
         if not self.listeners:
             self.timeline = Timeline()
+            self._traces.clear()
             self.feed.attach()
         self.listeners.add(listener)
         return listener
@@ -95,7 +103,7 @@ class EventHub:
             listener.close()
         self.feed.detach()
 
-    def publish(self, event: str, payload: dict[str, Any]) -> None:
+    def publish(self, event: str, payload: Any) -> None:
         data = json.dumps(payload, separators=(",", ":"))
         for listener in list(self.listeners):
             listener.offer(event, data)
@@ -104,14 +112,20 @@ class EventHub:
                 log.info("events.listener_dropped", backlog=self.limit)
                 self.unsubscribe(listener)
 
-    def _take(self, trace: StepTrace) -> None:
-        if self.listeners:
-            self.publish("step", self.timeline.event(trace))
+    def flush(self) -> None:
+        """Publish the queued steps (on the loop): one `steps` event."""
+        self._waking = False  # before draining: a trace queued from now on schedules a flush
+        traces = []
+        while self._traces:
+            traces.append(self._traces.popleft())
+        if traces and self.listeners:
+            self.publish("steps", [self.timeline.event(t) for t in traces])
 
     def finished(self, gen: Finished) -> None:
         """A generation ended: its usage and, when it ran to its end, the stats line."""
         if not self.listeners:
             return
+        self.flush()  # the generation's last steps come before its `done`
         stats = gen.stats
         self.publish(
             "done",

@@ -80,7 +80,7 @@ class Timeline:
                 r[key] = round(r[key], 3)
         hits, slots = trace.recall
         return {
-            "request": trace.request,
+            "request": None if trace.batch else trace.request,  # a batch: several requests
             "step": trace.step,
             "prefill": trace.prefill,
             "batch": trace.batch,

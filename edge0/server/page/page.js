@@ -29,7 +29,7 @@ function onEngine(info) {
 }
 
 function onStep(ev) {
-  if (ev.request !== state.request) {  // a new request: a new timeline
+  if (ev.request !== null && ev.request !== state.request) {  // a new request: a new timeline
     state.request = ev.request;
     state.steps = [];
     state.totals = newTotals();
@@ -38,6 +38,7 @@ function onStep(ev) {
   }
   state.steps.push(ev);
   if (state.steps.length > 2000) state.steps.shift();
+  if (state.totals === null) state.totals = newTotals();
   const t = state.totals;
   if (!ev.prefill) {
     t.decode += 1; t.wall += ev.wall_ms; t.compute += ev.compute_ms;
@@ -56,8 +57,6 @@ function onStep(ev) {
     t.cache += r.cache_hits; t.predicted += r.predicted; t.hits += r.predicted_hits;
   }
   statsLine(ev);
-  draw();
-  table();
 }
 
 function statsLine(ev) {
@@ -67,7 +66,7 @@ function statsLine(ev) {
     ? (t.recallSlots ? `route recall ${pct(t.recallHits, t.recallSlots)}` : "route recall -")
     : `prediction recall ${pct(t.hits, t.predicted)}`;
   const mode = state.info ? state.info.exactness : "";
-  $("stats").textContent = `request ${ev.request}: ${n} decode steps, ${fix(tps, 1)} tok/s ` +
+  $("stats").textContent = `request ${state.request}: ${n} decode steps, ${fix(tps, 1)} tok/s ` +
     `(step time) | compute ${fix(n ? t.compute / n : 0, 1)} ms/step | blocked ` +
     `${fix(n ? t.blocked / n : 0, 1)} ms/step | reads ${fix(n ? t.bytes / n / MIB : 0, 2)} ` +
     `MiB/step | slot hits ${pct(t.staged, t.asked)} | RAM cache hits ${pct(t.cache, t.reads)} ` +
@@ -107,8 +106,11 @@ function draw() {
   const steps = state.steps;
   const colW = Math.max(3, Math.min(14, Math.floor(cv.width / Math.max(1, steps.length))));
   const shown = steps.slice(-Math.floor(cv.width / colW));
-  let peak = 0.001;
-  for (const s of shown) for (const r of s.layers) peak = Math.max(peak, r.compute_ms + r.blocked_ms);
+  // the scale: the 95th percentile of the decode steps' layers (taller bars are cut at the top)
+  const scaled = shown.some((s) => !s.prefill) ? shown.filter((s) => !s.prefill) : shown;
+  const sizes = scaled.flatMap((s) => s.layers.map((r) => r.compute_ms + r.blocked_ms));
+  sizes.sort((a, b) => a - b);
+  const peak = Math.max(0.001, sizes.length ? sizes[Math.floor(0.95 * (sizes.length - 1))] : 0);
   const index = new Map(layers.map((l, i) => [l, i]));
   shown.forEach((s, i) => {
     const x = i * colW;
@@ -118,7 +120,8 @@ function draw() {
       const y = top + rowH * index.get(r.layer);
       if (y === undefined || Number.isNaN(y)) continue;
       if (s.prefill) { ctx.fillStyle = "#eeeeee"; ctx.fillRect(x, y, colW - 1, rowH - 1); }
-      const h = rowH - 4, hc = h * r.compute_ms / peak, hb = h * r.blocked_ms / peak;
+      const h = rowH - 4, hc = Math.min(h, h * r.compute_ms / peak);
+      const hb = Math.min(h - hc, h * r.blocked_ms / peak);
       ctx.fillStyle = "#3b6fd8"; ctx.fillRect(x, y + h - hc, colW - 1, hc);
       ctx.fillStyle = "#d8443b"; ctx.fillRect(x, y + h - hc - hb, colW - 1, hb);
       if (r.ahead || r.demand) {
@@ -139,7 +142,11 @@ function listen() {
   es.addEventListener("open", () => feed("events: live", true));
   es.addEventListener("error", () => feed("events: reconnecting", false));
   es.addEventListener("engine", (e) => onEngine(JSON.parse(e.data)));
-  es.addEventListener("step", (e) => onStep(JSON.parse(e.data)));
+  es.addEventListener("steps", (e) => {
+    for (const ev of JSON.parse(e.data)) onStep(ev);
+    draw();
+    table();
+  });
   es.addEventListener("done", (e) => {
     const d = JSON.parse(e.data);
     if (d.line) $("final").textContent = `engine: ${d.line}`;
