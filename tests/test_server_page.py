@@ -51,7 +51,7 @@ def _playwright() -> Any:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = demo_model(tmp_path_factory)
     env = {**os.environ, "EDGE0_API_KEY": KEY}
-    proc, url = _start([str(model), "--max-batch", "1"], env)
+    proc, url = _start([str(model), "--max-batch", "1", "--memory-budget", "1GiB"], env)
     assert proc.stderr is not None
     drain = threading.Thread(target=proc.stderr.read, daemon=True)  # a full pipe would stall it
     drain.start()
@@ -128,7 +128,8 @@ def test_the_page_loads_with_no_console_errors_and_reaches_only_the_server(
     page.until("document.getElementById('mode').textContent === 'exact'")
     page.until("document.getElementById('feed').textContent === 'events: live'")
     assert "hint" in page.page.text_content("#model")
-    assert page.page.text_content("#plan")  # the memory plan's line, or why there is none
+    plan = page.page.text_content("#plan") or ""
+    assert plan.startswith("memory budget 1024 MiB = resident") and "slots" in plan, plan
     rows = page.page.locator("#layers tbody tr")
     assert rows.count() == 8  # the demo's streamed layers
     # the page's own policy: script may reach the server alone

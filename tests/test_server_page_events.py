@@ -20,7 +20,7 @@ from server_helpers import KEY, TIERS, LiveServer, demo_model
 
 from edge0.server import page
 from edge0.server.app import ServerConfig
-from edge0.server.events import EventHub, Listener
+from edge0.server.events import EventHub, Listener, _stream
 
 AUTH = {"x-api-key": KEY}
 BODY = {"prompt": "def parse(s):", "max_tokens": 10, "temperature": 0}
@@ -194,3 +194,27 @@ def test_the_page_weight_is_small_and_stated_in_the_docs() -> None:
     weight = page.weight(files)
     assert weight < 24 * 1024, weight
     assert f"{weight:,} bytes" in DOCS.read_text(), f"docs/server.md: state {weight:,} bytes"
+
+
+def test_a_stream_ends_with_dropped_or_with_end_after_its_events() -> None:
+    class Hub:
+        limit = 2
+        left: list[Listener] = []
+
+        def unsubscribe(self, listener: Listener) -> None:
+            self.left.append(listener)
+
+    async def read(listener: Listener) -> list[str]:
+        hub: Any = Hub()
+        return [e["event"] async for e in _stream(hub, listener)]
+
+    async def run() -> tuple[list[str], list[str]]:
+        slow, stopping = Listener(2), Listener(2)
+        for listener in (slow, stopping):
+            listener.offer("engine", "{}")
+        slow.offer("steps", "[]")
+        slow.offer("steps", "[]")  # the third: over the backlog
+        stopping.close()
+        return await read(slow), await read(stopping)
+
+    assert asyncio.run(run()) == (["dropped"], ["engine", "end"])
