@@ -32,6 +32,7 @@ log = get_logger("edge0.server.events")
 PATH = "/v1/edge0/events"
 BACKLOG = 256  # events a listener may leave unread before it is dropped
 FLUSH_S = 0.1  # queued steps reach the listeners together, this long after the first
+QUEUED = 4096  # steps kept for the loop at most (a stalled loop loses the oldest, never blocks)
 
 
 class Listener:
@@ -70,7 +71,7 @@ class EventHub:
         self.dropped = 0  # listeners dropped for reading too slowly
         self.timeline = Timeline()
         self._loop = asyncio.get_running_loop()
-        self._traces: deque[StepTrace] = deque()  # handed over, not yet published
+        self._traces: deque[StepTrace] = deque(maxlen=QUEUED)  # handed over, not published
         self._waking = False  # a flush is scheduled
         setup = engine.setup
         self.feed = LiveFeed(setup.ctx, setup.tracer, self._hand_over)
