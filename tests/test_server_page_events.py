@@ -218,3 +218,21 @@ def test_a_stream_ends_with_dropped_or_with_end_after_its_events() -> None:
         return await read(slow), await read(stopping)
 
     assert asyncio.run(run()) == (["dropped"], ["engine", "end"])
+
+
+def test_an_open_stream_ends_when_the_server_stops_and_does_not_hold_it(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    config = ServerConfig(
+        model=demo_model(tmp_path_factory),
+        engine={"tiers": TIERS, "max_batch": 1},
+        api_key=KEY,
+    )
+    server = LiveServer(config, grace=30.0)  # a stream that held the server would wait 30 s
+    with server:
+        reader = Reader(server.url)
+        reader.wait_for("engine")
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 10
+    reader.thread.join(timeout=10)
+    assert [n for n, _ in reader.events] == ["engine", "end"]
