@@ -1,6 +1,6 @@
 """The README's picture of `edge0 serve`'s page: the demo model, one chat, its timeline.
 
-Starts `edge0 serve` (the demo model, one request at a time), opens its page in the OS's
+Starts `edge0 serve` (the demo model, one request at a time, under a memory budget), opens its page in the OS's
 headless Chromium (Playwright), asks one greedy question and, once the engine's stats line
 is in, saves a screenshot of the page.
 
@@ -35,11 +35,14 @@ def main() -> None:
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     ap.add_argument("--prompt", default="def fibonacci(n):")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--budget", default="1GiB", help="--memory-budget (the page shows its plan)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     edge0 = str(Path(sys.executable).with_name("edge0"))
     proc = subprocess.Popen(
-        [edge0, "serve", "--port", "0", "--max-batch", "1"], stderr=subprocess.PIPE, text=True
+        [edge0, "serve", "--port", "0", "--max-batch", "1", "--memory-budget", args.budget],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stderr is not None
     url = ""
