@@ -108,6 +108,7 @@ def test_step_events_agree_with_the_stats_line_and_a_listener_changes_no_token(
     reader = Reader(live.url)
     info = reader.wait_for("engine")
     assert info["exactness"] == "exact" and info["streamed_layers"]
+    assert live.app.state.metrics.http_active == 0  # a watcher keeps no request in flight
     watched = complete(live)
     assert watched["choices"][0]["text"] == alone["choices"][0]["text"]  # the same tokens
     done = reader.wait_for("done")
