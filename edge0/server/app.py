@@ -10,6 +10,8 @@ of that loop, whose default executor (bodies, prompts, grammars) has a few threa
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hmac
 from collections.abc import AsyncIterator, Callable
@@ -28,9 +30,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edge0.log import get_logger
 from edge0.runtime.engine.api import Engine
-from edge0.server import anthropic_api, openai_api
+from edge0.server import anthropic_api, openai_api, page
 from edge0.server.backend import Backend
 from edge0.server.drain import Drain
+from edge0.server.events import PATH as EVENTS_PATH
+from edge0.server.events import EventHub, engine_info, events
 from edge0.server.http import api_route, error_response
 from edge0.server.idle import WORKER_THREADS, IdleTrim, give_back
 from edge0.server.limits import Limits
@@ -66,11 +70,7 @@ class ApiKeyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        given = headers.get(b"x-api-key", b"")
-        auth = headers.get(b"authorization", b"")
-        if auth[:7].lower() == b"bearer ":
-            given = auth[7:].strip()
+        given = _given_key(dict(scope["headers"]))
         if given and hmac.compare_digest(given, self.key):
             await self.app(scope, receive, send)
             return
@@ -78,10 +78,26 @@ class ApiKeyMiddleware:
         response = error_response(
             scope["path"],
             401,
-            f"the request has {what}; send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+            f"the request has {what}; send it as `Authorization: Bearer KEY` or `x-api-key: KEY` "
+            "(a browser: as the password it asks for)",
             code="invalid_api_key",
+            headers={"www-authenticate": 'Basic realm="edge0", charset="UTF-8"'},
         )
         await response(scope, receive, send)
+
+
+def _given_key(headers: dict[bytes, bytes]) -> bytes:
+    """The key a request sends: `x-api-key`, a bearer token, or a browser's Basic password."""
+    given = headers.get(b"x-api-key", b"")
+    auth = headers.get(b"authorization", b"")
+    if auth[:7].lower() == b"bearer ":
+        given = auth[7:].strip()
+    elif auth[:6].lower() == b"basic ":
+        try:
+            given = base64.b64decode(auth[6:].strip(), validate=True).partition(b":")[2]
+        except binascii.Error:
+            given = b""
+    return given
 
 
 async def health(request: Request) -> Response:
@@ -124,11 +140,15 @@ def create_app(config: ServerConfig) -> Starlette:
 
                 trim = IdleTrim(lambda: server_metrics.http_active == 0, trimmed)
                 server_metrics.on_idle = trim.soon
+                hub = app.state.events = EventHub(engine, engine_info(engine, config.model_id))
+                server_metrics.on_finished = hub.finished
+                config.drain.on_stop.append(hub.close)
                 log.info("server.ready", model=str(config.model), model_id=config.model_id)
                 if config.on_ready is not None:
                     config.on_ready(engine)
                 yield
-                server_metrics.on_idle = None
+                hub.close()
+                server_metrics.on_idle = server_metrics.on_finished = None
                 await trim.close()  # before the engine closes
         except BaseException as exc:
             if getattr(app.state, "backend", None) is None:  # `edge0 serve` reports it
@@ -139,8 +159,10 @@ def create_app(config: ServerConfig) -> Starlette:
     routes = [
         Route("/health", api_route(health), methods=["GET"]),
         Route("/metrics", api_route(metrics), methods=["GET"]),
+        Route(EVENTS_PATH, api_route(events), methods=["GET"]),
         *openai_api.ROUTES,
         *anthropic_api.ROUTES,
+        *page.routes(page.load()),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
@@ -154,5 +176,10 @@ def create_app(config: ServerConfig) -> Starlette:
     AppStatus.disable_automatic_graceful_drain()
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
-    app.add_middleware(CountResponses, metrics=server_metrics, routes=routes)  # outermost
+    app.add_middleware(  # outermost
+        CountResponses,
+        metrics=server_metrics,
+        routes=routes,
+        watching=frozenset({EVENTS_PATH}),
+    )
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 
 import uvicorn
 
@@ -29,6 +30,7 @@ class Drain:
         self.stopping = False
         self._cut: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.on_stop: list[Callable[[], None]] = []  # called once shutdown begins (event streams)
 
     @property
     def cut(self) -> asyncio.Event:
@@ -43,6 +45,8 @@ class Drain:
             return
         self.stopping = True
         log.info("server.draining", grace_s=grace)
+        for stop in self.on_stop:
+            stop()
         self._timer = asyncio.get_running_loop().call_later(grace, self.cut.set)
 
     def error(self) -> RequestError:

@@ -68,6 +68,7 @@ class ServerMetrics:
         self.active = 0  # generations started and not finished
         self.http_active = 0  # HTTP requests in the app (streams until their last event)
         self.on_idle: Callable[[], None] | None = None  # called when none is left
+        self.on_finished: Callable[[Finished], None] | None = None  # after each generation
         ProcessCollector(registry=reg)  # process_resident_memory_bytes, cpu seconds, fds
         self.requests = Counter(
             "edge0_requests",
@@ -204,6 +205,8 @@ class ServerMetrics:
         self.duration.observe(time.perf_counter() - gen.started)
         if gen.first_token_s is not None:
             self.ttft.observe(gen.first_token_s)
+        if self.on_finished is not None:
+            self.on_finished(gen)
         s = gen.stats
         if s is None:
             return
@@ -223,10 +226,17 @@ class ServerMetrics:
 class CountResponses:
     """ASGI middleware: counts each HTTP response into `metrics` as its status line goes out."""
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics, routes: Sequence[BaseRoute]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: ServerMetrics,
+        routes: Sequence[BaseRoute],
+        watching: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.routes = routes
+        self.watching = watching  # paths that stay open to watch (never in flight: idle trims)
 
     def route_of(self, scope: Scope) -> str:
         for route in self.routes:
@@ -247,7 +257,9 @@ class CountResponses:
                 self.metrics.response(self.route_of(scope), scope["method"], status[0])
             await send(message)
 
-        self.metrics.http_active += 1
+        counts = scope["path"] not in self.watching
+        if counts:
+            self.metrics.http_active += 1
         try:
             await self.app(scope, receive, counted)
         except Exception:  # starlette's outer handler answers 500: count it here
@@ -255,4 +267,5 @@ class CountResponses:
                 self.metrics.response(self.route_of(scope), scope["method"], 500)
             raise
         finally:
-            self.metrics.request_over()
+            if counts:
+                self.metrics.request_over()

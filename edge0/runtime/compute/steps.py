@@ -31,6 +31,14 @@ class Stream(Protocol):
     def attach(self, scheduler: Scheduler) -> None: ...
 
 
+class StepWatch(Protocol):
+    """Told of each step's start and end on the compute thread (edge0.runtime.compute.live)."""
+
+    def begin(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
 class Steps:
     """The step clock of one model's streaming layers: counters, request boundaries, timings.
 
@@ -69,6 +77,7 @@ class Steps:
         self.chunk: ChunkCall | None = None  # the prompt chunk being computed (prefill.chunks)
         self.batch: BatchJoin | None = None  # a batched decode step (edge0.runtime.compute.batch)
         self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
+        self.watch: StepWatch | None = None  # set only while someone watches the steps
 
     def count_recall(self, used: list[int], true: list[int]) -> None:
         """A routed layer ran `used` where the true top-K was `true` (recall of the true set)."""
@@ -109,6 +118,8 @@ class Steps:
         self.cur = StepRecord(self.step, prefill)
         if self.scheduler is not None:
             self.scheduler.begin_step(self.step)
+        if self.watch is not None:
+            self.watch.begin()
 
     def fence(self, out: mx.array) -> None:
         """Evaluate `out` and everything deferred: every graph of the step has run after it."""
@@ -123,6 +134,8 @@ class Steps:
     def end_step(self, wall: float) -> None:
         self.cur.wall = wall
         self.records.append(self.cur)
+        if self.watch is not None:
+            self.watch.end()
 
     def span(self, kind: str, layer: int, start: float, end: float, cpu: float = 0.0) -> None:
         """Account a compute-thread span; `cpu` is its thread CPU time (eval and wait)."""

@@ -9,13 +9,21 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from edge0.log import get_logger
 from edge0.runtime.io.tickets import FetchTicket
 
 PID = 1
 COMPUTE_TID = 0
+
+
+class TraceSink(Protocol):
+    """Something that also sees every read and compute span (edge0.runtime.compute.live)."""
+
+    def read(self, ticket: FetchTicket) -> None: ...
+
+    def compute(self, kind: str, step: int, layer: int, start: float, end: float) -> None: ...
 
 
 class Tracer:
@@ -30,12 +38,16 @@ class Tracer:
         self._log = get_logger("edge0.runtime.io.trace").bind()
         self.logging = bool(self._log.is_enabled_for(logging.DEBUG))
         self._lock = threading.Lock()
+        self.sink: TraceSink | None = None  # set only while someone watches (one check per event)
 
     def _us(self, t: float) -> float:
         return round((t - self.origin) * 1e6, 1)
 
     def read(self, ticket: FetchTicket) -> None:
         """A ticket finished (ok, error or cancelled)."""
+        sink = self.sink
+        if sink is not None:
+            sink.read(ticket)
         if self.logging:
             self._log.debug("read", **ticket.fields())
         if not self.chrome or not ticket.started:
@@ -57,6 +69,9 @@ class Tracer:
 
     def compute(self, kind: str, step: int, layer: int, start: float, end: float) -> None:
         """A span of the compute thread: `kind` is eval, wait, predict or sample."""
+        sink = self.sink
+        if sink is not None:
+            sink.compute(kind, step, layer, start, end)
         if self.logging:
             self._log.debug(
                 "compute", kind=kind, step=step, layer=layer, ms=round((end - start) * 1e3, 3)
