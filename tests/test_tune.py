@@ -193,3 +193,25 @@ def test_validation_rows_on_disk_equal_the_decoded_rows(layout: Path, tmp_path: 
     whole = agreement(want, other, chunk=len(want))
     assert agreement(got, other, chunk=3) == pytest.approx(whole, rel=1e-12)
     assert agreement(got, got) == {"agreement": 1.0, "kl_mean": 0.0, "kl_p99": 0.0, "tokens": 14}
+
+
+def test_heads_that_recall_less_than_the_untrained_rule_are_not_kept(
+    layout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge0.tune import pipeline
+
+    real = pipeline.head_recall
+
+    def worse_when_trained(heads: Any, *args: Any) -> dict[str, Any]:
+        out = real(heads, *args)
+        return {**out, "recall": 0.0} if heads.config.trained else out
+
+    monkeypatch.setattr(pipeline, "head_recall", worse_when_trained)
+    args = ["tune", str(layout), "--work-dir", str(tmp_path / "w"), "--tiers", "pread"]
+    args += ["--tokens", "512", "--heldout-tokens", "256", "--seq-len", "32"]
+    res = CliRunner().invoke(main, [*args, "--max-minutes", "0.2"])
+    assert res.exit_code == 0, res.output
+    assert "below the untrained rule, which stays" in res.output  # the layer horizon
+    assert "kept the rule and wrote no heads" in res.output  # the token horizon
+    assert not any((layout / n).exists() for n in ("prerouter.json", "prerouter-layer.json"))
+    assert Validation.read(layout) is None  # exact stays the default

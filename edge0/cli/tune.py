@@ -188,10 +188,19 @@ def _print(path: Path, out: dict[str, Any], seconds: float) -> None:
         f"{v['temporal_recall']:.3f}); {t['steps_run']} steps"
     )
     if "layer_recall" in v:
+        kept = "" if v["layer_heads"] == "trained" else "; below the untrained rule, which stays"
         click.echo(
             f"layer-horizon heads (the deadline policy's): recall@{v['k']} "
-            f"{v['layer_recall_untrained']:.3f} (untrained) -> {v['layer_recall']:.3f}"
+            f"{v['layer_recall_untrained']:.3f} (untrained) -> {v['layer_recall']:.3f}{kept}"
         )
+    if v.get("token_heads") == "untrained":
+        click.echo(
+            f"the trained heads recall less than the untrained rule they started from, so tune "
+            f"kept the rule and wrote no heads into {path} in {seconds / 60:.1f} min; `edge0 "
+            "run` on it stays in hint mode (exact). More --tokens or a longer --max-minutes "
+            "may train better ones"
+        )
+        return
     click.echo(
         f"route vs exact on {v['tokens']} held-out tokens: next-token agreement "
         f"{v['agreement']:.1%}, KL mean {v['kl_mean']:.4f} (p99 {v['kl_p99']:.4f})"

@@ -93,20 +93,25 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
         eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
         patience=4,
     )
+    layer_untrained = head_recall(layer_init, held, k, opts.seed)["recall"]
     report("heads (token horizon)", 0, 1)
     trained, summary = _heads(layout, train, init, cfg, stores[0].key, text.source, progress)
     report("heads (token horizon)", 1, 1)
     record = head_recall(trained, held, k, opts.seed)
-    record["recall_untrained"] = untrained
+    record.update(recall_untrained=untrained, k=k)
     config = trained.config
     del init, trained
     report("heads (layer horizon)", 0, 1)
     layer, _ = _heads(layout, train, layer_init, cfg, stores[0].key, text.source, progress)
     record["layer_recall"] = head_recall(layer, held, k, opts.seed)["recall"]
-    record["layer_recall_untrained"] = head_recall(layer_init, held, k, opts.seed)["recall"]
+    record["layer_recall_untrained"] = layer_untrained
     report("heads (layer horizon)", 1, 1)
     del train, held, layer, layer_init  # the validation's engines plan from here
     _release()
+    record["layer_heads"] = _keep(layout, "layer", record["layer_recall"], layer_untrained)
+    record["token_heads"] = _keep(layout, "token", record["recall"], untrained)
+    if record["token_heads"] == "untrained":  # nothing to validate: exact stays the default
+        return {"training": summary, "validation": record}
     windows = stores[1].tokens()[: max(1, opts.validate_tokens // opts.seq_len)]
     prompt = opts.seq_len // 4
     report("validate (hint, then route)", 0, 1)
@@ -239,6 +244,22 @@ def _heads(
     trained = PrerouterSet(attrs.evolve(trained.config, info=summary), trained.heads)
     _write_heads(layout, trained)  # trained, not validated: the default mode stays exact
     return trained, summary
+
+
+def _keep(layout: Path, horizon: str, trained: float, untrained: float) -> str:
+    """Which heads of `horizon` the layout keeps: the trained ones, unless they recall less
+    on held-out text than the untrained rule they started from (training stopped early, or
+    a model whose routing they cannot learn); then their files go and the runtime's
+    untrained rule stays."""
+    if trained >= untrained:
+        return "trained"
+    log.warning(
+        "tune.untrained_kept", horizon=horizon, recall=round(trained, 4), rule=round(untrained, 4)
+    )
+    for name in FILES[horizon]:
+        (layout / name).unlink(missing_ok=True)
+    record_artifacts(layout)
+    return "untrained"
 
 
 def _trained_before(
