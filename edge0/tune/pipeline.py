@@ -118,6 +118,7 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     engine = {k_: v for k_, v in opts.engine.items() if k_ != "prefill_chunk"}
     engine["top_k"] = k
     exact = await decode_logits(layout, "hint", windows, prompt, engine, work / "exact.npy")
+    _release()  # the hint engine's buffers, kept in MLX's cache after it closed
     route = await decode_logits(layout, "route", windows, prompt, engine, work / "route.npy")
     record.update(agreement(exact, route))
     del exact, route
