@@ -165,6 +165,11 @@ def install(parts: Parts, model: Any) -> None:
     wrap(nn.Embedding, "__call__", "embedding")
     wrap(nn.Conv1d, "__call__", "GDN: conv1d")
     wrap(qwen3_5.GatedDeltaNet, "__call__", "GDN: other (splits, silu, state)")
+    for native_gdn in ("NativeGatedDeltaNet", "NativeQwen3NextGatedDeltaNet"):
+        if hasattr(kl, native_gdn):
+            wrap(getattr(kl, native_gdn), "__call__", "GDN: other (splits, silu, state)")
+    if hasattr(kl, "gated_delta"):  # the native op: conv, gates, recurrence and gated norm
+        kl.gated_delta = parts.timed(kl.gated_delta, "GDN: native conv, gates, recurrence, norm")
     wrap(qwen3_next.Qwen3NextRMSNormGated, "__call__", "GDN: gated norm")
     wrap(qwen3_next.Qwen3NextAttention, "__call__", "attention: other (cache, gate)")
     wrap(qwen3_next.Qwen3NextMLP, "__call__", "MoE: shared expert (int4)")
