@@ -25,7 +25,9 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/backend/cpu/simd/simd.h"
 #include "mlx/backend/cpu/unary_ops.h"
+#include "mlx/fast.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 #include "operands.h"
 #include "pool.h"
 #include "primitives.h"
@@ -177,6 +179,24 @@ class GatedDelta : public mx::Primitive {
     });
   }
 
+  // Gradients (LoRA training through the layer) are MLX's own: the same computation as
+  // mlx-lm's composed ops, differentiated.
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>&) override {
+    const Dims d = d_;
+    const float qs = q_scale_, ks = k_scale_, qe = qk_eps_, ne = norm_eps_;
+    const mx::Stream s = stream();
+    auto fun = [d, qs, ks, qe, ne, s](const std::vector<mx::array>& in) {
+      return composed(in, d, qs, ks, qe, ne, s);
+    };
+    auto grads = mx::vjp(fun, primals, cotangents).second;
+    std::vector<mx::array> out;
+    for (int a : argnums) out.push_back(grads[a]);
+    return out;
+  }
+
   const char* name() const override { return "Edge0GatedDelta"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
@@ -269,6 +289,49 @@ class GatedDelta : public mx::Primitive {
         yr[i] = gate * yr[i];
       }
     }
+  }
+
+  // mlx-lm's composed layer (between its projections) in MLX ops: what the gradient follows
+  static std::vector<mx::array> composed(const std::vector<mx::array>& in, const Dims& d,
+                                         float qs, float ks, float qe, float ne, mx::Stream s) {
+    const int B = int(d.B), T = int(d.T), K = int(d.K), C = int(d.conv()), key = int(d.key());
+    const int Hk = int(d.Hk), Dk = int(d.Dk), Hv = int(d.Hv), Dv = int(d.Dv);
+    const mx::array xin = mx::concatenate({in[4], in[0]}, 1, s);  // (B, T + K - 1, C)
+    const mx::array kept = mx::slice(xin, {0, T, 0}, {B, T + K - 1, C}, s);
+    mx::array conv = mx::conv1d(xin, mx::astype(in[5], mx::float32, s), 1, 0, 1, C, s);
+    conv = mx::multiply(conv, mx::sigmoid(conv, s), s);
+    auto part = [&](int a, int b, int h, int dim) {
+      return mx::reshape(mx::slice(conv, {0, 0, a}, {B, T, b}, s), {B, T, h, dim}, s);
+    };
+    mx::array q = part(0, key, Hk, Dk), k = part(key, 2 * key, Hk, Dk);
+    const mx::array v = part(2 * key, C, Hv, Dv);
+    q = mx::multiply(mx::array(qs), mx::fast::rms_norm(q, std::nullopt, qe, s), s);
+    k = mx::multiply(mx::array(ks), mx::fast::rms_norm(k, std::nullopt, qe, s), s);
+    if (Hv / Hk > 1) {
+      q = mx::repeat(q, Hv / Hk, 2, s);
+      k = mx::repeat(k, Hv / Hk, 2, s);
+    }
+    const mx::array beta = mx::sigmoid(in[2], s);
+    const mx::array A = mx::negative(mx::exp(mx::astype(in[7], mx::float32, s), s), s);
+    const mx::array sp = mx::logaddexp(mx::add(in[3], in[8], s), mx::array(0.0f), s);
+    const mx::array g = mx::exp(mx::multiply(A, sp, s), s);  // (B, T, Hv)
+    mx::array state = in[6];
+    std::vector<mx::array> ys;
+    for (int t = 0; t < T; ++t) {
+      auto at = [&](const mx::array& x) { return mx::take(x, mx::array(t), 1, s); };
+      const mx::array qt = at(q), kt = mx::expand_dims(at(k), 2, s), vt = at(v);
+      state = mx::multiply(state, mx::expand_dims(at(g), {2, 3}, s), s);
+      const mx::array kv = mx::sum(mx::multiply(state, kt, s), -1, false, s);
+      const mx::array delta =
+          mx::multiply(mx::subtract(vt, kv, s), mx::expand_dims(at(beta), 2, s), s);
+      state = mx::add(state, mx::multiply(kt, mx::expand_dims(delta, 3, s), s), s);
+      ys.push_back(mx::sum(mx::multiply(state, mx::expand_dims(qt, 2, s), s), -1, false, s));
+    }
+    mx::array y = mx::stack(ys, 1, s);  // (B, T, Hv, Dv)
+    const mx::array z = mx::reshape(in[1], {B, T, Hv, Dv}, s);
+    y = mx::fast::rms_norm(y, mx::astype(in[9], mx::float32, s), ne, s);
+    y = mx::multiply(mx::multiply(z, mx::sigmoid(z, s), s), y, s);
+    return {y, kept, state};
   }
 
   Dims d_;
