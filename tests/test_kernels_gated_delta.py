@@ -79,6 +79,9 @@ def _pair(
         m.eval()
     assert layers.use_native(nat) >= 1
     assert type(nat).__name__.startswith("Native")
+    for _, m in nat.named_modules():  # the float projections stay MLX's: the node is tested
+        if type(m) is layers.NativeLinear:  # (the native linear reassociates its sums)
+            m.__class__ = nn.Linear
     return ref, nat
 
 

@@ -1,10 +1,11 @@
 """Makes a loaded model's layers call the native kernels (edge0.kernels.ops).
 
-`use_native(model)` changes the class of each `nn.QuantizedLinear`, `nn.QuantizedEmbedding`
-(its `as_linear`, tied output heads), mlx-lm `SwitchGLU` over quantized experts, mlx-lm's
-Qwen3-MoE sparse block (`moe`: routing, experts and weighted sum in one node),
-`nn.RMSNorm`, `nn.RoPE` and the Qwen3-Next / Qwen3.5 Gated-DeltaNet to a subclass whose call
-goes through `qmm` / `expert_ffn` / `rms_norm` / `rope` / `gated_delta`. Attention has no
+`use_native(model)` changes the class of each `nn.QuantizedLinear`, `nn.Linear` (float
+weights), `nn.QuantizedEmbedding` (its `as_linear`, tied output heads), mlx-lm `SwitchGLU`
+over quantized experts, mlx-lm's Qwen3-MoE sparse block (`moe`: routing, experts and weighted
+sum in one node), `nn.RMSNorm`, `nn.RoPE` and the Qwen3-Next / Qwen3.5 Gated-DeltaNet to a
+subclass whose call goes through `qmm` / `linear` / `expert_ffn` / `moe` / `rms_norm` / `rope`
+/ `gated_delta`. Attention has no
 layer of its own in mlx-lm: each model module calls the function
 `scaled_dot_product_attention` it imported from `mlx_lm.models.base`, so
 `use_native` points that name, in the modules of the model's own classes, at
@@ -27,7 +28,17 @@ from mlx_lm.models.qwen3_next import Qwen3NextGatedDeltaNet
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU
 
 from edge0.kernels import native
-from edge0.kernels.ops import Proj, expert_ffn, gated_delta, moe, qmm, rms_norm, rope, sdpa
+from edge0.kernels.ops import (
+    Proj,
+    expert_ffn,
+    gated_delta,
+    linear,
+    moe,
+    qmm,
+    rms_norm,
+    rope,
+    sdpa,
+)
 
 _MLX_LM_ATTENTION = mlx_lm_base.scaled_dot_product_attention
 
@@ -46,6 +57,13 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
             self.mode,
         )
         return y + self["bias"] if "bias" in self else y
+
+
+class NativeLinear(nn.Linear):
+    """nn.Linear (float weights) whose product runs `linear`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return linear(x, self["weight"], self.get("bias"))
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -221,6 +239,7 @@ class NativeQwen3NextGatedDeltaNet(Qwen3NextGatedDeltaNet):
 _SWAPS: tuple[tuple[type, type], ...] = (
     (nn.QuantizedLinear, NativeQuantizedLinear),
     (nn.QuantizedEmbedding, NativeQuantizedEmbedding),
+    (nn.Linear, NativeLinear),
     (SwitchGLU, NativeSwitchGLU),
     (Qwen3MoeSparseMoeBlock, NativeQwen3MoeBlock),
     (nn.RMSNorm, NativeRMSNorm),

@@ -137,6 +137,19 @@ def moe(
 _NORM_WEIGHTS = (mx.float32, mx.float16, mx.bfloat16)
 
 
+def linear(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x @ w.T (+ bias) for a float weight (rows, cols): one native node where it can run
+    (MLX's reference-BLAS product of one row reads float weights at ~2 GB/s here), the same
+    values to float rounding; MLX's ops otherwise."""
+    mod = _native_float(x)
+    if mod is not None and w.ndim == 2 and w.dtype in _NORM_WEIGHTS and x.shape[-1] == w.shape[1]:
+        if bias is None or (bias.ndim == 1 and bias.dtype in _NORM_WEIGHTS):
+            out: mx.array = mod.linear(x, w, bias)
+            return out
+    y = x @ w.T
+    return y if bias is None else y + bias
+
+
 def _native_float(x: mx.array) -> ModuleType | None:
     mod = module()
     return mod if mod is not None and x.dtype == mx.float32 and x.size > 0 and on_cpu() else None

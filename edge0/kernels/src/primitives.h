@@ -51,6 +51,11 @@ mx::array moe(const mx::array& x, const mx::array& logits,
               const std::vector<int>& meta, const std::string& activation, float alpha,
               float limit, int k, bool norm, mx::StreamOrDevice s = {});
 
+// x (..., cols) float32 @ w.T (+ bias) for a float32/float16/bfloat16 weight (rows, cols):
+// nn.Linear in one CPU node (agrees to float rounding)
+mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                 mx::StreamOrDevice s = {});
+
 // A Gated-DeltaNet layer between its projections (mlx-lm's Qwen3-Next / Qwen3.5 linear
 // attention): conv over the kept rows and qkv (B, T, 2 Hk Dk + Hv Dv), SiLU, q/k L2 norms
 // (times q_scale / k_scale, eps qk_eps), the gates from a, b (B, T, Hv), the delta-rule
