@@ -144,6 +144,19 @@ def test_a_padding_mask_runs_mlx_lm_s_path() -> None:
     assert _same(nat(x, mask, c_nat), ref(x, mask, c_ref))
 
 
+def test_a_subclass_keeps_its_own_call() -> None:
+    """A family's subclass of the layer (another conv activation than SiLU, say) is not
+    switched: the native node computes SiLU, so the subclass's own call must run."""
+
+    class OtherActivation(qwen3_5.GatedDeltaNet):
+        pass
+
+    layer, _ = _pair(qwen3_5.GatedDeltaNet, 1, 8, 1, 8, 4, "float32", 0)
+    layer.__class__ = OtherActivation
+    layers.use_native(layer)
+    assert type(layer) is OtherActivation
+
+
 def test_a_bad_shape_is_one_clear_error() -> None:
     mod = native.module()
     assert mod is not None
