@@ -24,6 +24,7 @@ from edge0.errors import ConfigError
 @click.option(
     "--top-k", type=int, default=None, help="Routed experts per token (default: the model's)."
 )
+@click.option("--tiers", default=None, help="Tier stack of every run (default: the engine's).")
 @click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt.")
 @click.option("--prompts", default=2, show_default=True, help="Prompts per run.")
 @click.option("--repeats", default=1, show_default=True, help="Runs per budget.")
@@ -41,6 +42,7 @@ def command(
     budgets: str,
     mode: str,
     top_k: int | None,
+    tiers: str | None,
     tokens: int,
     prompts: int,
     repeats: int,
@@ -63,6 +65,8 @@ def command(
     run_args += ["--repeats", str(repeats)]
     if top_k is not None:
         run_args += ["--top-k", str(top_k)]
+    if tiers is not None:
+        run_args += ["--tiers", tiers]
     rows = bench_budget.sweep(model, sizes, run_args)
     load = os.getloadavg()[0]
     click.echo(f"{model}: {mode}, {len(sizes)} budgets; load average {load:.1f} at the end")
