@@ -157,6 +157,27 @@ def test_a_subclass_keeps_its_own_call() -> None:
     assert type(layer) is OtherActivation
 
 
+def test_a_replaced_norm_runs_mlx_lm_s_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node computes the gated norm itself: a module put in the norm's place (a wrapper,
+    another norm) must be called, so the layer runs mlx-lm's path."""
+    ref, nat = _pair(qwen3_5.GatedDeltaNet, 2, 16, 2, 16, 4, "float32", 5)
+    calls: list[int] = []
+
+    class Wrapped(nn.Module):
+        def __init__(self, real: nn.Module) -> None:
+            super().__init__()
+            self.real = real
+
+        def __call__(self, *args: mx.array) -> mx.array:
+            calls.append(1)
+            return self.real(*args)
+
+    nat.norm = Wrapped(nat.norm)
+    monkeypatch.setattr(layers, "gated_delta", lambda *a, **k: pytest.fail("native node ran"))
+    x = mx.random.normal((1, 3, 48))
+    assert _same(nat(x), ref(x)) and calls
+
+
 def test_a_bad_shape_is_one_clear_error() -> None:
     mod = native.module()
     assert mod is not None

@@ -24,7 +24,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 from mlx_lm.models.qwen3_moe import Qwen3MoeSparseMoeBlock
-from mlx_lm.models.qwen3_next import Qwen3NextGatedDeltaNet
+from mlx_lm.models.qwen3_next import Qwen3NextGatedDeltaNet, Qwen3NextRMSNormGated
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU
 
 from edge0.kernels import native
@@ -154,9 +154,13 @@ class NativeRoPE(nn.RoPE):
 
 def _gdn_runs(layer: Any, x: mx.array, mask: Any, cache: Any) -> bool:
     """Whether a Gated-DeltaNet call runs the native op: no padding mask, no per-row lengths,
-    no tensor sharding, not training, float32 on the CPU with the kernels loaded."""
+    no tensor sharding, not training, float32 on the CPU with the kernels loaded, and the
+    layer's own conv and gated norm (the node computes them: a module put in their place,
+    a wrapper or another norm, runs in mlx-lm's path)."""
     return (
         mask is None
+        and type(layer.conv1d) is nn.Conv1d
+        and type(layer.norm) is Qwen3NextRMSNormGated
         and getattr(layer, "sharding_group", None) is None
         and not layer.training
         and getattr(cache, "lengths", None) is None
