@@ -157,6 +157,26 @@ def test_a_subclass_keeps_its_own_call() -> None:
     assert type(layer) is OtherActivation
 
 
+def test_another_conv_activation_runs_mlx_lm_s_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer whose `conv_activation` (edge0.model.hybrid) is not SiLU keeps its own call,
+    whatever its class: the node computes SiLU."""
+    _, nat = _pair(qwen3_5.GatedDeltaNet, 1, 8, 1, 8, 4, "float32", 1)
+    object.__setattr__(nat, "conv_activation", "gelu")
+
+    class NodeRan(Exception):
+        pass
+
+    def node(*_: object, **__: object) -> None:
+        raise NodeRan
+
+    monkeypatch.setattr(layers, "gated_delta", node)
+    monkeypatch.setattr(qwen3_5.GatedDeltaNet, "__call__", lambda self, *a, **k: "mlx-lm")
+    assert nat(mx.zeros((1, 2, 48))) == "mlx-lm"
+    object.__setattr__(nat, "conv_activation", "silu")
+    with pytest.raises(NodeRan):  # SiLU: the node
+        nat(mx.zeros((1, 2, 48)))
+
+
 def test_a_replaced_norm_runs_mlx_lm_s_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The node computes the gated norm itself: a module put in the norm's place (a wrapper,
     another norm) must be called, so the layer runs mlx-lm's path."""

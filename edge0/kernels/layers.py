@@ -41,6 +41,7 @@ from edge0.kernels.ops import (
 )
 
 _MLX_LM_ATTENTION = mlx_lm_base.scaled_dot_product_attention
+_SILU = ("silu", "swish")  # a Gated-DeltaNet's `conv_activation` names the node computes
 
 
 class NativeQuantizedLinear(nn.QuantizedLinear):
@@ -155,10 +156,11 @@ class NativeRoPE(nn.RoPE):
 def _gdn_runs(layer: Any, x: mx.array, mask: Any, cache: Any) -> bool:
     """Whether a Gated-DeltaNet call runs the native op: no padding mask, no per-row lengths,
     no tensor sharding, not training, float32 on the CPU with the kernels loaded, and the
-    layer's own conv and gated norm (the node computes them: a module put in their place,
-    a wrapper or another norm, runs in mlx-lm's path)."""
+    layer's own conv with SiLU and gated norm (the node computes them: another activation,
+    or a module put in their place, a wrapper or another norm, runs in mlx-lm's path)."""
     return (
         mask is None
+        and getattr(layer, "conv_activation", "silu") in _SILU  # edge0.model.hybrid sets it
         and type(layer.conv1d) is nn.Conv1d
         and type(layer.norm) is Qwen3NextRMSNormGated
         and getattr(layer, "sharding_group", None) is None
