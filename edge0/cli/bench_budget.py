@@ -69,7 +69,8 @@ def command(
         run_args += ["--tiers", tiers]
     rows = bench_budget.sweep(model, sizes, run_args)
     load = os.getloadavg()[0]
-    click.echo(f"{model}: {mode}, {len(sizes)} budgets; load average {load:.1f} at the end")
+    n = f"{len(sizes)} budget{'s' if len(sizes) != 1 else ''}"
+    click.echo(f"{model}: {mode}, {n}; load average {load:.1f} at the end")
     click.echo(bench_budget.table(rows))
     for r in rows:
         for err in r["errors"]:
