@@ -1,5 +1,5 @@
-"""The ops the engine calls: quantized matmul, the experts' FFN (or a whole MoE block), RMSNorm,
-RoPE, attention, a Gated-DeltaNet layer's recurrent part.
+"""The ops the engine calls: quantized matmul, the experts' FFN (or a whole MoE block), a float
+linear, RMSNorm, RoPE, attention, a Gated-DeltaNet layer's recurrent part.
 
 Each runs the native kernel when it can (extension loaded, CPU device, float32 input, a
 quantization it knows) and MLX's own op otherwise; the caller never knows which ran.
