@@ -25,6 +25,9 @@ from edge0.errors import ConfigError
     "--top-k", type=int, default=None, help="Routed experts per token (default: the model's)."
 )
 @click.option("--tiers", default=None, help="Tier stack of every run (default: the engine's).")
+@click.option(
+    "--first-layer", default=None, help="First MoE layer's policy (default: the engine's)."
+)
 @click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt.")
 @click.option("--prompts", default=2, show_default=True, help="Prompts per run.")
 @click.option("--repeats", default=1, show_default=True, help="Runs per budget.")
@@ -43,6 +46,7 @@ def command(
     mode: str,
     top_k: int | None,
     tiers: str | None,
+    first_layer: str | None,
     tokens: int,
     prompts: int,
     repeats: int,
@@ -67,6 +71,8 @@ def command(
         run_args += ["--top-k", str(top_k)]
     if tiers is not None:
         run_args += ["--tiers", tiers]
+    if first_layer is not None:
+        run_args += ["--first-layer", first_layer]
     rows = bench_budget.sweep(model, sizes, run_args)
     load = os.getloadavg()[0]
     n = f"{len(sizes)} budget{'s' if len(sizes) != 1 else ''}"
