@@ -129,23 +129,18 @@ def plan(
         )
     tokens, prompt = prompt_chunk(total, left, fp, chunk)
     left -= prompt
-    step = fp.layers * fp.top_k * fp.record  # one decode step's reads
     if cache is not None and fp.layers:
         return _with_cache(total, fp, n_min, kv, resident, tokens, prompt, left, cache)
     extra, cache = 0, 0
     if not fp.layers:
         choice = "nothing is streamed: the rest is unused"
-    elif left < step:
+    else:  # free slots keep their experts: a cache with no copy (docs/memory.md)
         extra = _capped(fp, n_min, left // fp.slot)
         choice = (
-            f"the {left / _MIB:.0f} MiB left buy {extra} more slots (a RAM cache smaller than "
-            f"one step's reads, {step / _MIB:.0f} MiB, would almost never hit)"
+            f"the {left / _MIB:.0f} MiB left buy {extra} more slots (they keep their experts "
+            f"with no copy; a RAM cache only where --tiers gives its size)"
         )
         choice += _unspent(fp, left - extra * fp.slot)
-    else:
-        cache = left if fp.store is None else min(left, fp.store)
-        choice = f"the {cache / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
-        choice += _unspent(fp, left - cache)
     n = n_min + extra
     return MemoryPlan(
         total,
@@ -217,7 +212,7 @@ def _capped(fp: Footprint, n_min: int, extra: int) -> int:
 
 def _unspent(fp: Footprint, spare: int) -> str:
     """What the plan says of budget it could not use (the store is smaller than it)."""
-    if spare < _MIB or fp.store is None:
+    if spare < max(_MIB, fp.slot) or fp.store is None:  # less than a slot: not the cap
         return ""
     return (
         f"; {spare / _MIB:.0f} MiB left unspent: the {fp.layers * fp.experts} streamed records "
