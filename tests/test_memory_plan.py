@@ -16,6 +16,7 @@ from runtime_helpers import PROMPT
 
 from edge0.errors import ConfigError
 from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.slotmem import POOL_LIMIT
 from edge0.runtime.plan.memory import Footprint, given_cache, plan, with_ram
 from edge0.storage.spec import format_spec, parse_spec
 
@@ -74,6 +75,17 @@ def test_the_remainder_buys_slots_a_ram_cache_only_when_the_spec_sizes_it() -> N
     assert big.cache == 0 and big.extra_slots == 150 and "150 more slots" in big.choice
     with pytest.raises(ConfigError, match="below the .* MiB that resident weights"):
         plan(fixed * _MIB, fp)
+
+
+def test_the_pool_stops_where_mlx_can_address_it() -> None:
+    """A field's word view of the pool has int32 dimensions: the 35B shape at 12 GiB asked
+    for a 9 GB pool and MLX refused it. Past the cap the budget is left unspent."""
+    slot = 64 * _MIB
+    fp = _fp(slot=slot, record=slot, experts=1000)
+    cap = (POOL_LIMIT - 4096) // slot
+    p = plan(20 << 30, fp)
+    assert p.n_slots == cap and p.slots <= POOL_LIMIT and p.cache == 0
+    assert "a slot pool holds at most 8 GiB" in p.line()
 
 
 def test_a_ram_size_given_in_the_spec_is_kept_and_counted_or_refused() -> None:
