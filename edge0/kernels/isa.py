@@ -20,10 +20,12 @@ import structlog
 log = structlog.get_logger("edge0.kernels")
 
 UNITS = ("avx512", "avx2", "neon")  # widest first; `portable` runs where none of them can
-ROUNDS = 7  # interleaved rounds of one pass over the matrices per unit
+ROUNDS = 9  # interleaved rounds of one pass over the matrices per unit
 MARGIN = 0.03  # a narrower unit must beat the widest by this share to be chosen
 CACHE_NAME = "kernels-isa.json"
-_ROWS, _COLS, _MATRICES = 2048, 2048, 16  # 40 MiB of int4 g64: from DRAM, as in decode
+# 2.5 MiB of int4 g64 with its scales: small, so the timing adds little to a process's peak
+# RSS (40 MiB of it put a tight memory budget's run over its promise)
+_ROWS, _COLS, _MATRICES = 1024, 2048, 2
 
 
 def cache_file() -> Path:
