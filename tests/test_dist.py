@@ -104,14 +104,16 @@ def test_two_ranks_under_a_per_rank_memory_budget_match_one_process(hybrid4: Pat
     want = single(hybrid4, **opts)
     got = result(proc)
     assert got["tokens"] == want
-    assert got["plan"].startswith("memory budget 2048 MiB") and "RAM cache" in got["plan"]
-    assert_own_reads(got)
+    assert got["plan"].startswith("memory budget 2048 MiB") and "more slots" in got["plan"]
     manifest = Manifest.load(hybrid4)
     k = int((manifest.config.get("text_config") or manifest.config)["num_experts_per_tok"])
     for s, (a, b) in zip(got["stats"], got["split"], strict=True):
-        # the rank's own streamed layers (layer 0's experts stay on rank 0): its plan's pool
+        # the rank's own streamed layers (layer 0's experts stay on rank 0): at least its
+        # plan's minimum pool (the budget's rest buys more, up to its own records), and any
+        # read is of its own layers
         streamed = [i for i in manifest.moe_layers[1:] if a <= i < b]
-        assert s["slots"] == pool_size(k, len(streamed)), (s, a, b)
+        assert s["slots"] >= pool_size(k, len(streamed)), (s, a, b)
+        assert not s["reads"] or a <= s["read_layer_min"] <= s["read_layer_max"] < b, (s, a, b)
 
 
 @pytest.mark.slow

@@ -61,8 +61,8 @@ def test_rank_footprints_add_up_to_one_process(hybrid: Path, opts: EngineOptions
     # the split balances exactly the per-rank bytes that vary (baseline etc. are per rank)
     split = plan_split(lb.costs(), 2)
     fixed = [plan(1 << 40, lb.footprint(r, i == 0, i == 1)) for i, r in enumerate(split.ranges)]
-    got = [
-        p.resident + p.heads + p.kv + (p.n_slots - 2 * whole.top_k) * whole.slot
+    got = [  # (the minimum pool: a budget's remainder buys more slots)
+        p.resident + p.heads + p.kv + (p.n_slots - p.extra_slots - 2 * whole.top_k) * whole.slot
         if whole.layers
         else p.resident + p.heads + p.kv
         for p in fixed
@@ -93,7 +93,8 @@ def test_a_budget_one_rank_cannot_hold_names_that_rank_and_the_fix(hybrid: Path)
     need = []
     for r in range(2):  # each rank's fixed part: what plan() refuses below
         p = rank_plan(1 << 40, lb, ranges, r)
-        need.append(p.resident + p.heads + max(p.slots, ALIGN) + p.kv + p.overhead + p.working)
+        pool = max(p.slots - p.extra_slots * lb.fp.slot, ALIGN)  # the minimum pool
+        need.append(p.resident + p.heads + pool + p.kv + p.overhead + p.working)
     heavy = max(range(2), key=lambda r: need[r])
     budget = (need[0] + need[1]) // 2  # between the two ranks' needs
     assert need[1 - heavy] <= budget < need[heavy]
@@ -105,9 +106,11 @@ def test_a_budget_one_rank_cannot_hold_names_that_rank_and_the_fix(hybrid: Path)
     assert "\n" not in msg
     assert msg.startswith(f"rank {heavy} (layers {own.start}-{own.stop - 1}): --memory-budget")
     assert "raise the budget" in msg and "fewer layers with --layers" in msg
-    # a big budget: the minimum slot pool of the rank's own streamed layers, the rest cached
+    # a big budget: the minimum slot pool of the rank's own streamed layers, the rest more
+    # slots (up to its own records), no RAM cache
     p1 = rank_plan("1GiB", lb, ranges, 1)
-    assert p1.n_slots == pool_size(2, 3) and p1.cache > 0
+    assert p1.n_slots - p1.extra_slots == pool_size(2, 3) and p1.extra_slots > 0
+    assert p1.cache == 0
 
 
 def test_default_split_balances_the_memory_plans(hybrid: Path) -> None:

@@ -15,6 +15,7 @@ from edge0.cli import eval as eval_cmd
 from edge0.cli import train as train_cmd
 from edge0.errors import CheckpointError
 from edge0.eval.routing import _hot, evaluate_routing, markdown
+from edge0.kernels.layers import use_native
 from edge0.model.demo import TEACHER_DIR
 from edge0.routing.prerouter import FILES, PrerouterSet, moe_blocks
 from edge0.synth.tiny import TOKENIZER_TEXT, TinySpec, write_checkpoint
@@ -59,6 +60,8 @@ def test_layer_rows_target_the_same_tokens_next_layer(tiny: Path, tmp_path: Path
 def test_untrained_layer_head_is_the_next_router_on_this_hidden(tiny: Path) -> None:
     model = edge0.model.loader.load(tiny).model
     heads = PrerouterSet.from_model(model, horizon="layer")
+    for head in heads.heads.values():  # as the runtime runs them: the router's own kernel
+        use_native(head)
     assert heads.config.horizon == "layer" and not heads.config.wrap
     assert heads.config.heads() == [(0, 1), (1, 2)]  # no wrap-around head
     blocks = dict(moe_blocks(model))

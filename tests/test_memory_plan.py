@@ -16,6 +16,7 @@ from runtime_helpers import PROMPT
 
 from edge0.errors import ConfigError
 from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.slotmem import POOL_LIMIT
 from edge0.runtime.plan.memory import Footprint, given_cache, plan, with_ram
 from edge0.storage.spec import format_spec, parse_spec
 
@@ -54,24 +55,38 @@ def test_the_pool_and_the_cache_stop_at_the_store() -> None:
     slots = plan((fixed + 30) * _MIB + align, fp)  # 15 more slots would pass 60 records
     assert slots.n_slots == 60 and slots.extra_slots == 12
     assert "6 MiB left unspent: the 60 streamed records (60 MiB) all fit" in slots.line()
-    cache = plan((fixed + 300) * _MIB + align, fp)
-    assert cache.cache == 60 * _MIB and "240 MiB left unspent" in cache.line()
+    big = plan((fixed + 300) * _MIB + align, fp)
+    assert big.cache == 0 and big.n_slots == 60 and "276 MiB left unspent" in big.line()
     given = plan((fixed + 300) * _MIB + align, fp, cache=64 * _MIB)
     assert given.n_slots == 60 and given.cache == 64 * _MIB
     assert plan((fixed + 30) * _MIB + align, _fp()).n_slots == 48 + 15  # unknown: no cap
 
 
-def test_a_remainder_smaller_than_one_step_buys_slots_a_larger_one_is_the_ram_cache() -> None:
+def test_the_remainder_buys_slots_a_ram_cache_only_when_the_spec_sizes_it() -> None:
+    """Free slots keep their experts with no copy: the 35B shape at 6 GiB decoded 3.22 and
+    3.48 tok/s with the remainder as slots, 1.87 and 3.37 with it as a RAM cache, in two
+    sittings (docs/benchmarks/budget.md)."""
     fp = _fp()
     fixed = 100 + 10 + 4 * 12 * 2 + 10 + 20 + 80  # MiB; the pool: K x (L + 2) slots of 2 MiB
     align = 4096  # the pool's buffer is over-allocated to start 4 KiB-aligned
     small = plan((fixed + 30) * _MIB + align, fp)  # one step reads 10 x 4 x 1 MiB = 40 MiB
     assert small.cache == 0 and small.extra_slots == 15 and small.n_slots == 48 + 15
     assert "more slots" in small.line()
-    big = plan((fixed + 300) * _MIB + align, fp)
-    assert big.cache == 300 * _MIB and big.extra_slots == 0 and "RAM cache" in big.choice
+    big = plan((fixed + 300) * _MIB + align, fp)  # more than a step's reads: slots still
+    assert big.cache == 0 and big.extra_slots == 150 and "150 more slots" in big.choice
     with pytest.raises(ConfigError, match="below the .* MiB that resident weights"):
         plan(fixed * _MIB, fp)
+
+
+def test_the_pool_stops_where_mlx_can_address_it() -> None:
+    """A field's word view of the pool has int32 dimensions: the 35B shape at 12 GiB asked
+    for a 9 GB pool and MLX refused it. Past the cap the budget is left unspent."""
+    slot = 64 * _MIB
+    fp = _fp(slot=slot, record=slot, experts=1000)
+    cap = (POOL_LIMIT - 4096) // slot
+    p = plan(20 << 30, fp)
+    assert p.n_slots == cap and p.slots <= POOL_LIMIT and p.cache == 0
+    assert "a slot pool holds at most 8 GiB" in p.line()
 
 
 def test_a_ram_size_given_in_the_spec_is_kept_and_counted_or_refused() -> None:
@@ -100,14 +115,14 @@ def test_engine_keeps_the_given_ram_size_under_a_budget(store: Path) -> None:
             store, mode="route", predictor="init", tiers=tiers, memory_budget=budget, context=100
         ) as eng:
             tier: Any = eng.setup.tier
-            return eng.setup.memory_plan, tier.budget
+            return eng.setup.memory_plan, getattr(tier, "budget", None)  # None: no RAM stage
 
     kept, size = asyncio.run(main("ram:3MiB>pread"))
     assert kept.cache == 3 * _MIB and size == 3 * _MIB
     assert kept.extra_slots > 0 and "keeps its 3 MiB from --tiers" in kept.line()
     chosen, size = asyncio.run(main("ram>pread"))
-    # the plan's choice: the whole (tiny) store fits in the cache, and the rest is unspent
-    assert chosen.cache == size and 0 < chosen.cache < 3 * _MIB and "unspent" in chosen.line()
+    # the plan's choice: the whole (tiny) store fits in slots, the rest is unspent, no cache
+    assert chosen.cache == 0 and size is None and "unspent" in chosen.line()
 
 
 def test_ram_stage_of_the_spec_is_sized_added_or_dropped() -> None:

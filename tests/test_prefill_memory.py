@@ -42,9 +42,10 @@ def footprint(fixed: int = 8 * MIB, token: int = MIB) -> Footprint:
 
 
 def fixed_parts(fp: Footprint) -> int:
-    """What the plan's fixed parts take (a budget this much larger leaves it all as cache)."""
-    huge = 64 << 30
-    return huge - plan(huge, fp, 1).cache
+    """What the plan's fixed parts take (a budget this much larger leaves the rest to slots)."""
+    p = plan(64 << 30, fp, 1)  # one-token prompts: no chunk part
+    pool = p.slots - p.extra_slots * fp.slot  # the minimum pool (aligned)
+    return p.resident + p.heads + pool + p.kv + p.overhead + p.working + p.load
 
 
 def test_plan_chooses_the_largest_chunk_in_its_share() -> None:
@@ -52,13 +53,14 @@ def test_plan_chooses_the_largest_chunk_in_its_share() -> None:
     base = fixed_parts(fp)
     ample = plan(base + 2048 * MIB, fp)
     assert ample.prefill_chunk == DEFAULT_CHUNK and ample.prompt == (8 + DEFAULT_CHUNK) * MIB
-    assert ample.cache == 2048 * MIB - ample.prompt  # the chunk's part came out of the RAM cache
+    # the chunk's part came out of what buys slots (1 MiB each here)
+    assert ample.extra_slots * fp.slot == 2048 * MIB - ample.prompt
     tight = plan(base + 100 * MIB, fp)  # half of the 100 MiB left: 8 fixed + 42 tokens
     assert (tight.prefill_chunk, tight.prompt) == (42, 50 * MIB)
-    assert tight.cache == 50 * MIB  # the other half
+    assert tight.extra_slots * fp.slot == 50 * MIB  # the other half
     assert "prompt chunk 50 (42 tokens)" in tight.line()
     none = plan(base + 10 * MIB, fp)  # half of 10 MiB is below the 8 MiB a chunk always holds
-    assert (none.prefill_chunk, none.prompt, none.cache) == (1, 0, 10 * MIB)
+    assert (none.prefill_chunk, none.prompt, none.extra_slots * fp.slot) == (1, 0, 10 * MIB)
 
 
 def test_plan_keeps_an_asked_chunk_or_names_the_fix() -> None:

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from runtime_helpers import PROMPT, MockTier, build_store
 
 import edge0.model.loader
+from edge0.kernels.layers import NativeLinear
 from edge0.routing.predictors import HeadPredictor
 from edge0.routing.prerouter import PrerouterSet
 from edge0.runtime.engine.api import Engine
@@ -53,6 +55,9 @@ def test_route_mode_runs_trained_heads(store: Path, trained: PrerouterSet) -> No
     assert isinstance(pred, HeadPredictor)
     assert pred.name == "heads" and pred.heads.config.trained
     assert pred.heads.config.info["k"] == 2
+    mods = [m for h in pred.heads.heads.values() for _, m in h.named_modules()]
+    linears = [m for m in mods if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is NativeLinear for m in linears)  # native float products
     assert eng.last_stats is not None and eng.last_stats.tickets_issued > 0
 
 

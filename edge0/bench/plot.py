@@ -163,3 +163,22 @@ def sweep_plot(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def budget_plot(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
+    """Decode tok/s against the memory budget (GiB; edge0.bench.budget's rows); runs without
+    a figure are left out."""
+    plt = _pyplot()
+    pts = [(r["budget_bytes"] / 2**30, r["decode_tps"]) for r in rows if r["decode_tps"]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="edge0")
+    ax.set_xlabel("memory budget = cgroup limit, GiB (page cache counted)")
+    ax.set_ylabel("decode tok/s (median)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -115,3 +115,12 @@ def tiers(
         click.echo(
             "\nper hot-page read (us): " + ", ".join(f"{k} {v:.0f}" for k, v in readers.items())
         )
+
+
+def _register() -> None:
+    from edge0.cli import bench_budget
+
+    command.add_command(bench_budget.command)
+
+
+_register()

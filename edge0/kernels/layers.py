@@ -1,11 +1,13 @@
 """Makes a loaded model's layers call the native kernels (edge0.kernels.ops).
 
-`use_native(model)` changes the class of each `nn.QuantizedLinear`, `nn.QuantizedEmbedding`
-(its `as_linear`, tied output heads), mlx-lm `SwitchGLU` over quantized experts, mlx-lm's
-Qwen3-MoE sparse block (`moe`: routing, experts and weighted sum in one node),
-`nn.RMSNorm` and `nn.RoPE` to a subclass whose call goes through `qmm` / `expert_ffn` /
-`rms_norm` / `rope`. Attention has no layer of its own in mlx-lm: each model module calls
-the function `scaled_dot_product_attention` it imported from `mlx_lm.models.base`, so
+`use_native(model)` changes the class of each `nn.QuantizedLinear`, `nn.Linear` (float
+weights), `nn.QuantizedEmbedding` (its `as_linear`, tied output heads), mlx-lm `SwitchGLU`
+over quantized experts, mlx-lm's Qwen3-MoE sparse block (`moe`: routing, experts and weighted
+sum in one node), `nn.RMSNorm`, `nn.RoPE` and the Qwen3-Next / Qwen3.5 Gated-DeltaNet to a
+subclass whose call goes through `qmm` / `linear` / `expert_ffn` / `moe` / `rms_norm` / `rope`
+/ `gated_delta`. Attention has no
+layer of its own in mlx-lm: each model module calls the function
+`scaled_dot_product_attention` it imported from `mlx_lm.models.base`, so
 `use_native` points that name, in the modules of the model's own classes, at
 `native_attention`, which runs the native op where it can and mlx-lm's function otherwise.
 Parameters, names and isinstance checks are unchanged; each call still falls back to MLX's
@@ -20,12 +22,26 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import base as mlx_lm_base
+from mlx_lm.models.qwen3_5 import GatedDeltaNet
 from mlx_lm.models.qwen3_moe import Qwen3MoeSparseMoeBlock
+from mlx_lm.models.qwen3_next import Qwen3NextGatedDeltaNet, Qwen3NextRMSNormGated
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchGLU
 
-from edge0.kernels.ops import Proj, expert_ffn, moe, qmm, rms_norm, rope, sdpa
+from edge0.kernels import native
+from edge0.kernels.ops import (
+    Proj,
+    expert_ffn,
+    gated_delta,
+    linear,
+    moe,
+    qmm,
+    rms_norm,
+    rope,
+    sdpa,
+)
 
 _MLX_LM_ATTENTION = mlx_lm_base.scaled_dot_product_attention
+_SILU = ("silu", "swish")  # a Gated-DeltaNet's `conv_activation` names the node computes
 
 
 class NativeQuantizedLinear(nn.QuantizedLinear):
@@ -42,6 +58,13 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
             self.mode,
         )
         return y + self["bias"] if "bias" in self else y
+
+
+class NativeLinear(nn.Linear):
+    """nn.Linear (float weights) whose product runs `linear`."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return linear(x, self["weight"], self.get("bias"))
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -130,13 +153,105 @@ class NativeRoPE(nn.RoPE):
         )
 
 
+def _gdn_runs(layer: Any, x: mx.array, mask: Any, cache: Any) -> bool:
+    """Whether a Gated-DeltaNet call runs the native op: no padding mask, no per-row lengths,
+    no tensor sharding, not training, float32 on the CPU with the kernels loaded, and the
+    layer's own conv with SiLU and gated norm (the node computes them: another activation,
+    or a module put in their place, a wrapper or another norm, runs in mlx-lm's path)."""
+    return (
+        mask is None
+        and getattr(layer, "conv_activation", "silu") in _SILU  # edge0.model.hybrid sets it
+        and type(layer.conv1d) is nn.Conv1d
+        and type(layer.norm) is Qwen3NextRMSNormGated
+        and getattr(layer, "sharding_group", None) is None
+        and not layer.training
+        and getattr(cache, "lengths", None) is None
+        and x.dtype == mx.float32
+        and native.module() is not None
+        and native.on_cpu()
+    )
+
+
+def _gdn_rest(layer: Any, qkv: mx.array, z: mx.array, b: mx.array, a: mx.array, cache: Any) -> Any:
+    """Everything between the projections (edge0.kernels.ops.gated_delta), the caches
+    updated as mlx-lm does; None where the native op cannot run."""
+    B, S = qkv.shape[:2]
+    K, hv, dv = layer.conv_kernel_size, layer.num_v_heads, layer.head_v_dim
+    conv_state = cache[0] if cache is not None else None
+    if conv_state is None:
+        conv_state = mx.zeros((B, K - 1, layer.conv_dim), dtype=qkv.dtype)
+    state = cache[1] if cache is not None else None
+    if state is None:
+        state = mx.zeros((B, hv, dv, layer.head_k_dim), dtype=mx.float32)
+    inv = layer.head_k_dim**-0.5  # normalize_qk's readout scale and eps, as mlx-lm computes them
+    got = gated_delta(
+        qkv,
+        z,
+        b,
+        a,
+        conv_state,
+        layer.conv1d.weight,
+        state,
+        layer.A_log,
+        layer.dt_bias,
+        layer.norm.weight,
+        (layer.num_k_heads, layer.head_k_dim, hv, dv),
+        (inv**2, inv, 1e-6 * inv**2, layer.norm.eps),
+    )
+    if got is None:
+        return None
+    y, conv_state, state = got
+    if cache is not None:
+        cache[0], cache[1] = conv_state, state
+        cache.advance(S)
+    return y.reshape(B, S, -1)
+
+
+class NativeGatedDeltaNet(GatedDeltaNet):
+    """mlx-lm's Qwen3.5 Gated-DeltaNet whose conv, gates, recurrence and gated norm are one
+    native node (its projections stay modules: LoRA and chunked prompts wrap them)."""
+
+    def __call__(self, inputs: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if not _gdn_runs(self, inputs, mask, cache):
+            return super().__call__(inputs, mask, cache)
+        B, S, _ = inputs.shape
+        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
+        y = _gdn_rest(
+            self, self.in_proj_qkv(inputs), z, self.in_proj_b(inputs), self.in_proj_a(inputs), cache
+        )
+        assert y is not None  # _gdn_runs checked what gated_delta needs
+        return self.out_proj(y)
+
+
+class NativeQwen3NextGatedDeltaNet(Qwen3NextGatedDeltaNet):
+    """mlx-lm's Qwen3-Next Gated-DeltaNet, the same way (after its fused projections'
+    per-head reordering)."""
+
+    def __call__(self, inputs: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if not _gdn_runs(self, inputs, mask, cache):
+            return super().__call__(inputs, mask, cache)
+        B, S, _ = inputs.shape
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(
+            self.in_proj_qkvz(inputs), self.in_proj_ba(inputs)
+        )
+        qkv = mx.concatenate(
+            [q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1
+        )
+        y = _gdn_rest(self, qkv, z, b, a, cache)
+        assert y is not None
+        return self.out_proj(y)
+
+
 _SWAPS: tuple[tuple[type, type], ...] = (
     (nn.QuantizedLinear, NativeQuantizedLinear),
     (nn.QuantizedEmbedding, NativeQuantizedEmbedding),
+    (nn.Linear, NativeLinear),
     (SwitchGLU, NativeSwitchGLU),
     (Qwen3MoeSparseMoeBlock, NativeQwen3MoeBlock),
     (nn.RMSNorm, NativeRMSNorm),
     (nn.RoPE, NativeRoPE),
+    (GatedDeltaNet, NativeGatedDeltaNet),
+    (Qwen3NextGatedDeltaNet, NativeQwen3NextGatedDeltaNet),
 )
 
 
@@ -165,9 +280,9 @@ def use_native(model: nn.Module) -> int:
     """
     changed = 0
     for _, module in model.named_modules():
-        for base, native in _SWAPS:
+        for base, swap in _SWAPS:
             if type(module) is base:
-                module.__class__ = native
+                module.__class__ = swap
                 changed += 1
         home = sys.modules.get(type(module).__module__)
         if getattr(home, "scaled_dot_product_attention", None) is _MLX_LM_ATTENTION:

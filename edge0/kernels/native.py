@@ -4,7 +4,8 @@
 - `EDGE0_KERNEL_THREADS=N`: threads per kernel call of a decode step (default `DEFAULT_THREADS`).
 - `EDGE0_PROMPT_THREADS=N`: threads per kernel call over a prompt chunk (`prompt_threads`;
   default: the CPUs this process may run on, at most `PROMPT_THREADS_MAX`).
-- `EDGE0_KERNEL_ISA=avx512|avx2|neon|portable`: force one row-kernel variant.
+- `EDGE0_KERNEL_ISA=avx512|avx2|neon|portable`: force one row-kernel variant (otherwise the
+  fastest here, timed once and cached: edge0.kernels.isa).
 - `EDGE0_INT8_ACTIVATIONS=1`: opt-in, not exact: x quantized to int8 per block of 32 for
   the 4-bit matrices (docs/kernels.md: its cost in KL against the teacher). Where the row
   kernel in use has no int8 path, float32 runs and the status line says so.
@@ -19,6 +20,8 @@ from types import ModuleType
 
 import mlx.core as mx
 import structlog
+
+from edge0.kernels import isa as units
 
 log = structlog.get_logger("edge0.kernels")
 
@@ -55,6 +58,8 @@ def _load() -> tuple[ModuleType | None, str]:
     _native.set_threads(counts[0])
     _state["prompt_threads"] = counts[1]
     _native.set_int8_inputs(int8_asked())
+    if not isa:  # the unit this machine runs fastest, timed at first use (isa.py)
+        units.choose(_native, units.cache_file())
     return _native, ""
 
 

@@ -1,12 +1,13 @@
-"""The ops the engine calls: quantized matmul, the experts' FFN (or a whole MoE block), RMSNorm,
-RoPE, attention.
+"""The ops the engine calls: quantized matmul, the experts' FFN (or a whole MoE block), a float
+linear, RMSNorm, RoPE, attention, a Gated-DeltaNet layer's recurrent part.
 
 Each runs the native kernel when it can (extension loaded, CPU device, float32 input, a
 quantization it knows) and MLX's own op otherwise; the caller never knows which ran.
 RMSNorm and RoPE give MLX's CPU result bit for bit, in one graph node instead of 11 and 29;
 attention (a decode step's queries or a prompt chunk's) is one node instead of about 12,
 and a row of a left-padded batch gets exactly its result alone (hidden keys are skipped,
-not weighted by zero).
+not weighted by zero). A Gated-DeltaNet layer between its projections (conv, gates,
+recurrence, gated norm) is one node instead of about 70, MLX's CPU result bit for bit.
 """
 
 from __future__ import annotations
@@ -136,6 +137,19 @@ def moe(
 _NORM_WEIGHTS = (mx.float32, mx.float16, mx.bfloat16)
 
 
+def linear(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x @ w.T (+ bias) for a float weight (rows, cols): one native node where it can run
+    (MLX's reference-BLAS product of one row reads float weights at ~2 GB/s here), the same
+    values to float rounding; MLX's ops otherwise."""
+    mod = _native_float(x)
+    if mod is not None and w.ndim == 2 and w.dtype in _NORM_WEIGHTS and x.shape[-1] == w.shape[1]:
+        if bias is None or (bias.ndim == 1 and bias.dtype in _NORM_WEIGHTS):
+            out: mx.array = mod.linear(x, w, bias)
+            return out
+    y = x @ w.T
+    return y if bias is None else y + bias
+
+
 def _native_float(x: mx.array) -> ModuleType | None:
     mod = module()
     return mod if mod is not None and x.dtype == mx.float32 and x.size > 0 and on_cpu() else None
@@ -205,3 +219,33 @@ def sdpa(
     else:
         out = mod.sdpa(q, k, v, scale, False, None, sinks)
     return out
+
+
+def gated_delta(
+    qkv: mx.array,
+    z: mx.array,
+    b: mx.array,
+    a: mx.array,
+    conv_state: mx.array,
+    conv_w: mx.array,
+    state: mx.array,
+    A_log: mx.array,  # noqa: N803 (mlx-lm's name)
+    dt_bias: mx.array,
+    norm_w: mx.array,
+    heads: tuple[int, int, int, int],
+    scales: tuple[float, float, float, float],
+) -> tuple[mx.array, mx.array, mx.array] | None:
+    """A Gated-DeltaNet layer between its projections, as mlx-lm's Qwen3-Next / Qwen3.5 linear
+    attention computes it on the CPU, bit for bit, in one native node: the conv over the kept
+    rows `conv_state` (B, K-1, C) and `qkv` (B, T, C), SiLU, the q/k L2 norms, the gates from
+    `a`, `b` (B, T, Hv), the recurrence from `state` (B, Hv, Dv, Dk) and the gated RMSNorm
+    with `z`. `heads`: (Hk, Dk, Hv, Dv); `scales`: q's and k's multipliers, their norm's eps,
+    the gated norm's eps. Returns (y (B, T, Hv, Dv), conv state, state), or None where only
+    MLX's ops can run."""
+    mod = _native_float(qkv)
+    if mod is None or any(t.dtype != mx.float32 for t in (z, b, a, conv_state, state)):
+        return None
+    y, cs, st = mod.gated_delta(
+        qkv, z, b, a, conv_state, conv_w, state, A_log, dt_bias, norm_w, *heads, *scales
+    )
+    return y, cs, st

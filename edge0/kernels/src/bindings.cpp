@@ -30,6 +30,13 @@ NB_MODULE(_native, m) {
   m.def("sdpa", &edge0::sdpa, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a = nb::none(),
         "sinks"_a = nb::none(), nb::kw_only(),
         "stream"_a = nb::none(), "scaled dot-product attention in one CPU node (float32)");
+  m.def("linear", &edge0::linear, "x"_a, "w"_a, "bias"_a.none(), nb::kw_only(),
+        "stream"_a = nb::none(), "x @ w.T (+ bias) for a float weight, in one CPU node");
+  m.def("gated_delta", &edge0::gated_delta, "qkv"_a, "z"_a, "b"_a, "a"_a, "conv_state"_a,
+        "conv_w"_a, "state"_a, "A_log"_a, "dt_bias"_a, "norm_w"_a, "Hk"_a, "Dk"_a, "Hv"_a,
+        "Dv"_a, "q_scale"_a, "k_scale"_a, "qk_eps"_a, "norm_eps"_a, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "A Gated-DeltaNet layer between its projections in one CPU node: (y, conv state, state)");
   m.def("isa", &edge0::isa, "The row kernel in use (avx512, avx2, neon, portable)");
   m.def("use_isa", &edge0::use_isa, "name"_a,
         "Switch to another built row kernel; False when this CPU cannot run it");

@@ -51,6 +51,24 @@ mx::array moe(const mx::array& x, const mx::array& logits,
               const std::vector<int>& meta, const std::string& activation, float alpha,
               float limit, int k, bool norm, mx::StreamOrDevice s = {});
 
+// x (..., cols) float32 @ w.T (+ bias) for a float32/float16/bfloat16 weight (rows, cols):
+// nn.Linear in one CPU node (agrees to float rounding)
+mx::array linear(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                 mx::StreamOrDevice s = {});
+
+// A Gated-DeltaNet layer between its projections (mlx-lm's Qwen3-Next / Qwen3.5 linear
+// attention): conv over the kept rows and qkv (B, T, 2 Hk Dk + Hv Dv), SiLU, q/k L2 norms
+// (times q_scale / k_scale, eps qk_eps), the gates from a, b (B, T, Hv), the delta-rule
+// recurrence from `state` (B, Hv, Dv, Dk), the gated RMSNorm with z (B, T, Hv, Dv): one
+// node, MLX's CPU result bit for bit -> {y (B, T, Hv, Dv), conv state, state}
+std::vector<mx::array> gated_delta(const mx::array& qkv, const mx::array& z, const mx::array& b,
+                                   const mx::array& a, const mx::array& conv_state,
+                                   const mx::array& conv_w, const mx::array& state,
+                                   const mx::array& A_log, const mx::array& dt_bias,
+                                   const mx::array& norm_w, int Hk, int Dk, int Hv, int Dv,
+                                   float q_scale, float k_scale, float qk_eps, float norm_eps,
+                                   mx::StreamOrDevice s = {});
+
 std::string isa();
 bool use_isa(const std::string& name);  // false: not built or not supported here
 int threads();

@@ -14,6 +14,7 @@ from edge0.layout.records import VIEW_DTYPES
 
 ALIGN = 4096
 DIM_LIMIT = 1 << 31  # MLX shapes are int32 (68 slots of 8x7B experts: 6.7 GB)
+POOL_LIMIT = 4 * (DIM_LIMIT - 1)  # bytes: a field's uint32 word view of the pool has int32 dims
 MX_DTYPES = {
     "uint32": mx.uint32,
     "uint8": mx.uint8,  # mxfp4 scales

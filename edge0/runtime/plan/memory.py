@@ -14,7 +14,7 @@ from edge0.errors import ConfigError
 from edge0.families import family_for
 from edge0.families.base import LINEAR
 from edge0.layout.manifest import Manifest
-from edge0.runtime.io.slotmem import ALIGN
+from edge0.runtime.io.slotmem import ALIGN, POOL_LIMIT
 from edge0.storage.spec import TierStage, format_spec, parse_size, parse_spec
 
 _MIB = 1 << 20
@@ -49,8 +49,12 @@ class Footprint:
 
     @property
     def max_slots(self) -> int | None:
-        """More slots than the streamed records could never all be used (None: no cap)."""
-        return self.layers * self.experts if self.experts else None
+        """No more slots than the streamed records (they could never all be used) nor than
+        a pool MLX can address (`POOL_LIMIT`); None: no cap."""
+        caps = [(POOL_LIMIT - ALIGN) // self.slot] if self.slot else []
+        if self.experts:
+            caps.append(self.layers * self.experts)
+        return min(caps) if caps else None
 
     @property
     def store(self) -> int | None:
@@ -129,23 +133,18 @@ def plan(
         )
     tokens, prompt = prompt_chunk(total, left, fp, chunk)
     left -= prompt
-    step = fp.layers * fp.top_k * fp.record  # one decode step's reads
     if cache is not None and fp.layers:
         return _with_cache(total, fp, n_min, kv, resident, tokens, prompt, left, cache)
     extra, cache = 0, 0
     if not fp.layers:
         choice = "nothing is streamed: the rest is unused"
-    elif left < step:
+    else:  # free slots keep their experts: a cache with no copy (docs/memory.md)
         extra = _capped(fp, n_min, left // fp.slot)
         choice = (
-            f"the {left / _MIB:.0f} MiB left buy {extra} more slots (a RAM cache smaller than "
-            f"one step's reads, {step / _MIB:.0f} MiB, would almost never hit)"
+            f"the {left / _MIB:.0f} MiB left buy {extra} more slots (they keep their experts "
+            f"with no copy; a RAM cache only where --tiers gives its size)"
         )
         choice += _unspent(fp, left - extra * fp.slot)
-    else:
-        cache = left if fp.store is None else min(left, fp.store)
-        choice = f"the {cache / _MIB:.0f} MiB left are the RAM cache ({step / _MIB:.0f} MiB a step)"
-        choice += _unspent(fp, left - cache)
     n = n_min + extra
     return MemoryPlan(
         total,
@@ -216,12 +215,17 @@ def _capped(fp: Footprint, n_min: int, extra: int) -> int:
 
 
 def _unspent(fp: Footprint, spare: int) -> str:
-    """What the plan says of budget it could not use (the store is smaller than it)."""
-    if spare < _MIB or fp.store is None:
+    """What the plan says of budget it could not use (the pool is at its cap)."""
+    if spare < max(_MIB, fp.slot) or fp.max_slots is None:  # less than a slot: not the cap
         return ""
+    if fp.store is not None and fp.max_slots == fp.layers * fp.experts:
+        return (
+            f"; {spare / _MIB:.0f} MiB left unspent: the {fp.layers * fp.experts} streamed "
+            f"records ({fp.store / _MIB:.0f} MiB) all fit"
+        )
     return (
-        f"; {spare / _MIB:.0f} MiB left unspent: the {fp.layers * fp.experts} streamed records "
-        f"({fp.store / _MIB:.0f} MiB) all fit"
+        f"; {spare / _MIB:.0f} MiB left unspent: a slot pool holds at most "
+        f"{POOL_LIMIT / 2**30:.0f} GiB (MLX's int32 dimensions)"
     )
 
 

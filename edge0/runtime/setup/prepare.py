@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from edge0.errors import ConfigError
 from edge0.families import family_for, for_model
+from edge0.kernels.layers import use_native
 from edge0.layout.manifest import Manifest
 from edge0.model.loaded import activation_dtype
 from edge0.model.sparse import sparse_blocks
@@ -117,9 +118,13 @@ def choose_predictor(
     name = opts.predictor or (
         "heads" if model_dir is not None and PrerouterSet.exists(model_dir) else "init"
     )
-    return make_predictor(
+    pred = make_predictor(
         name, model, layers, model_dir, wrap=opts.first_layer == "wrap", recording=opts.recording
     )
+    heads = getattr(getattr(pred, "heads", None), "heads", None)
+    for head in (heads or {}).values():  # their float linears as native nodes (kernels.md)
+        use_native(head)
+    return pred
 
 
 def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:

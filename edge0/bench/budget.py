@@ -1,0 +1,113 @@
+"""`edge0 bench budget`: decode speed at each memory budget, each run inside a memory cgroup of
+that size (page cache counted), as a table, JSON and a plot of tok/s against budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from edge0.bench.cgroup import CapError, Cgroup, run_capped
+from edge0.errors import ConfigError
+from edge0.storage.spec import parse_size
+
+_MIB = 1 << 20
+
+
+def parse_budgets(text: str) -> list[int]:
+    """Bytes of each comma-separated size ("2.2GiB,3GiB"), ascending, each once."""
+    sizes = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            sizes.add(parse_size(part))
+        except ValueError as exc:
+            raise ConfigError(f"--budgets: {exc}") from None
+    if not sizes:
+        raise ConfigError("--budgets: give one size or more, e.g. --budgets 2.2GiB,3GiB,6GiB")
+    return sorted(sizes)
+
+
+def check_cgroups() -> None:
+    """A CapError (one line: why, and the fix) unless a memory cgroup can be made here."""
+    Cgroup(f"edge0-budget-probe-{os.getpid()}", 1 << 30).remove()
+
+
+def inner_command(model: str, budget: int, run_args: list[str], out: Path) -> list[str]:
+    """`edge0 bench run` of one budget: the engine's budget is the cgroup's limit."""
+    return [
+        sys.executable,
+        "-m",
+        "edge0",
+        "bench",
+        "run",
+        model,
+        "--memory-budget",
+        f"{budget // _MIB}MiB",
+        *run_args,
+        "--json",
+        str(out),
+    ]
+
+
+def row(budget: int, cap: dict[str, Any], report: dict[str, Any] | None) -> dict[str, Any]:
+    """One budget's figures: the run's medians and what its cgroup saw."""
+    got: dict[str, Any] = {
+        "budget_bytes": budget,
+        "exit": cap["exit"],
+        "cgroup_limit_bytes": cap["limit"],
+        "cgroup_peak_bytes": cap["peak_usage"],
+        "peak_page_cache_bytes": cap["peak_page_cache"],
+        "limit_hits": cap["limit_hits"],
+        "oom_kills": cap["oom_kills"],
+        "peak_rss_bytes": cap["peak_rss"],
+        "seconds": cap["seconds"],
+    }
+    variant = (report or {}).get("variants", [{}])[0]
+    median = variant.get("median") or {}
+    for key in ("decode_tps", "compute_ms_per_step", "blocked_ms_per_step", "bytes_per_token"):
+        got[key] = median.get(key)
+    got["errors"] = variant.get("errors", []) if report else ["the run wrote no result"]
+    return got
+
+
+def sweep(model: str, budgets: list[int], run_args: list[str], interval: float = 0.2) -> list[dict]:
+    """Each budget's run, smallest first, each in its own cgroup of that size."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edge0-budget-") as tmp:
+        for budget in budgets:
+            out = Path(tmp) / f"{budget}.json"
+            cap = run_capped(inner_command(model, budget, run_args, out), budget, interval)
+            report = json.loads(out.read_text()) if out.exists() else None
+            rows.append(row(budget, cap, report))
+    return rows
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per budget."""
+    lines = [
+        "| budget | decode tok/s | compute ms/step | blocked ms/step | MiB read/token | "
+        "cgroup peak MiB | peak RSS MiB | limit hits | OOM kills | exit |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        per_token = r["bytes_per_token"] / _MIB if r["bytes_per_token"] is not None else None
+        lines.append(
+            f"| {r['budget_bytes'] / 2**30:.2f} GiB | {_num(r['decode_tps'], '.2f')} | "
+            f"{_num(r['compute_ms_per_step'], '.1f')} | {_num(r['blocked_ms_per_step'], '.1f')} "
+            f"| {_num(per_token, '.1f')} | {r['cgroup_peak_bytes'] / _MIB:.0f} | "
+            f"{r['peak_rss_bytes'] / _MIB:.0f} | {r['limit_hits']} | {r['oom_kills']} | "
+            f"{r['exit']} |"
+        )
+    return "\n".join(lines)
+
+
+__all__ = ["CapError", "check_cgroups", "parse_budgets", "sweep", "table"]

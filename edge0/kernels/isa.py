@@ -1,0 +1,154 @@
+"""Which row-kernel unit runs: the fastest here, timed once at first use and cached
+(docs/kernels.md, "Variants and dispatch")."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import mlx.core as mx
+import structlog
+
+log = structlog.get_logger("edge0.kernels")
+
+UNITS = ("avx512", "avx2", "neon")  # widest first; `portable` runs where none of them can
+ROUNDS = 9  # interleaved rounds of one pass over the matrices per unit
+MARGIN = 0.03  # a narrower unit must beat the widest by this share to be chosen
+CACHE_NAME = "kernels-isa.json"
+# 2.5 MiB of int4 g64 with its scales: small, so the timing adds little to a process's peak
+# RSS (40 MiB of it put a tight memory budget's run over its promise)
+_ROWS, _COLS, _MATRICES = 1024, 2048, 2
+
+
+def cache_file() -> Path:
+    """Where the choice is kept: the edge0 cache ($EDGE0_CACHE, else $XDG_CACHE_HOME/edge0,
+    else ~/.cache/edge0; the directory edge0.model.cache checks and creates)."""
+    if env := os.environ.get("EDGE0_CACHE"):
+        return Path(env).expanduser() / CACHE_NAME
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge0" / CACHE_NAME
+
+
+def machine_key(mod: ModuleType) -> str:
+    """The CPU, the extension build and MLX: a choice is kept for this triple only."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "CPU part")):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    built = Path(str(mod.__file__)).stat()
+    mlx = getattr(mx, "__version__", "?")
+    return f"{cpu}|{platform.machine()}|{built.st_size}:{built.st_mtime_ns}|mlx {mlx}"
+
+
+def _problem() -> tuple[mx.array, list[tuple[mx.array, mx.array, mx.array]]]:
+    keys = mx.random.split(mx.random.key(0), 3 * _MATRICES + 1)
+    mats = []
+    for i in range(_MATRICES):
+        kw, ks, kb = keys[3 * i], keys[3 * i + 1], keys[3 * i + 2]
+        w = mx.random.randint(0, 2**31 - 1, (_ROWS, _COLS // 8), key=kw).astype(mx.uint32)
+        s = mx.random.uniform(0.001, 0.01, (_ROWS, _COLS // 64), key=ks)
+        b = mx.random.uniform(-0.05, 0.05, (_ROWS, _COLS // 64), key=kb)
+        mats.append((w, s, b))
+    x = mx.random.normal((1, _COLS), key=keys[-1])
+    mx.eval(x, mats)
+    return x, mats
+
+
+def time_units(
+    mod: ModuleType, units: Sequence[str], rounds: int = ROUNDS
+) -> dict[str, list[float]]:
+    """Seconds of one pass of int4 products (one row, the decode case) per unit and round,
+    the units interleaved in each round. Leaves the unit in use as it found it."""
+    x, mats = _problem()
+    first = mod.isa()
+    got: dict[str, list[float]] = {u: [] for u in units}
+    try:
+        for _ in range(rounds + 1):  # the first round warms up, uncounted
+            for unit in units:
+                mod.use_isa(unit)
+                t0 = time.perf_counter()
+                mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
+                got[unit].append(time.perf_counter() - t0)
+    finally:
+        mod.use_isa(first)
+    return {u: v[1:] for u, v in got.items()}
+
+
+def pick(times: dict[str, list[float]], units: Sequence[str]) -> str:
+    """The widest (first) unit, unless another takes `1 - MARGIN` of its time or less in
+    the median round (per-round ratios: the load moves both units of a round alike)."""
+    widest = units[0]
+
+    def ratio(u: str) -> float:
+        return statistics.median(t / w for t, w in zip(times[u], times[widest], strict=True))
+
+    best = min(units, key=ratio)
+    return best if ratio(best) <= 1 - MARGIN else widest
+
+
+def choose(mod: ModuleType, path: Path | None, units: Sequence[str] | None = None) -> str:
+    """Switch `mod` to the fastest unit this CPU runs and return its name: the cached choice
+    for this machine when `path` holds one, else timed now and written there."""
+    runs = [u for u in (units or UNITS) if _runs(mod, u)]
+    if len(runs) < 2:
+        return str(mod.isa()) if not runs else _use(mod, runs[0])
+    key = machine_key(mod)
+    kept = _read(path).get(key)
+    if isinstance(kept, dict) and kept.get("units") == runs and kept.get("unit") in runs:
+        return _use(mod, str(kept["unit"]))
+    times = time_units(mod, runs)
+    unit = pick(times, runs)
+    ms = {u: round(statistics.median(t) * 1e3, 3) for u, t in times.items()}
+    log.info("kernels.isa_timed", unit=unit, median_ms=ms)
+    if path is not None:
+        _write(path, key, {"unit": unit, "units": runs, "median_ms": ms})
+    return _use(mod, unit)
+
+
+def _runs(mod: ModuleType, unit: str) -> bool:
+    first = mod.isa()
+    ok = bool(mod.use_isa(unit))
+    mod.use_isa(first)
+    return ok
+
+
+def _use(mod: ModuleType, unit: str) -> str:
+    mod.use_isa(unit)
+    return unit
+
+
+def _read(path: Path | None) -> dict[str, Any]:
+    if path is None or not path.exists():
+        return {}
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("kernels.isa_cache_unreadable", path=str(path), error=str(exc), then="timed")
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
+    """Merge `entry` under `key`, atomically; a cache that cannot be written is only logged."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = _read(path)
+        table[key] = entry
+        fd, tmp = tempfile.mkstemp(prefix=".isa-", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("kernels.isa_cache_unwritable", path=str(path), error=str(exc))

@@ -1,0 +1,68 @@
+"""`edge0 bench budget`: each budget's run inside a memory cgroup of that size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edge0.bench import budget, cgroup
+from edge0.cli.main import main
+from edge0.errors import ConfigError
+
+_MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def store(runtime_stores: dict[str, Path]) -> Path:
+    return runtime_stores["qwen3_moe"]  # the session's read-only store (conftest.py)
+
+
+def test_budgets_parse_sorted_and_once() -> None:
+    assert budget.parse_budgets("3GiB, 512MiB,3GiB,") == [512 * _MIB, 3 << 30]
+    with pytest.raises(ConfigError, match="'lots' is not a size"):
+        budget.parse_budgets("1GiB,lots")
+    with pytest.raises(ConfigError, match="one size or more"):
+        budget.parse_budgets(" , ")
+
+
+def test_no_memory_cgroup_is_one_line_and_runs_nothing(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cgroup, "V1", tmp_path / "v1")  # neither hierarchy exists here
+    monkeypatch.setattr(cgroup, "V2_ROOTS", (tmp_path / "v2",))
+    ran: list[int] = []
+    monkeypatch.setattr(budget, "sweep", lambda *a, **k: ran.append(1))
+    res = CliRunner().invoke(main, ["bench", "budget", str(store), "--budgets", "1GiB"])
+    assert res.exit_code == 2 and not ran
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "needs a memory cgroup: no cgroup memory controller" in lines[0]
+
+
+def test_each_budget_runs_in_its_own_cgroup(store: Path, tmp_path: Path) -> None:
+    try:
+        budget.check_cgroups()
+    except (cgroup.CapError, OSError) as exc:
+        pytest.skip(f"no usable memory cgroup here: {exc}")
+    out = tmp_path / "b.json"
+    args = ["bench", "budget", str(store), "--budgets", "768MiB,1GiB", "--tokens", "3"]
+    res = CliRunner().invoke(main, [*args, "--prompts", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["budget_bytes"] for r in rows] == [768 * _MIB, 1 << 30]
+    for r in rows:
+        assert r["exit"] == 0 and not r["errors"] and r["decode_tps"] > 0
+        assert r["cgroup_limit_bytes"] == r["budget_bytes"]  # the cap was the budget
+        assert 0 < r["cgroup_peak_bytes"] <= r["budget_bytes"]
+        assert r["peak_rss_bytes"] > 0
+    assert "| 0.75 GiB |" in res.output and "| 1.00 GiB |" in res.output
+
+
+def test_the_plot_leaves_out_runs_without_a_figure(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from edge0.bench.plot import budget_plot
+
+    rows = [{"budget_bytes": b << 30, "decode_tps": t} for b, t in ((2, None), (3, 1.5), (6, 2.0))]
+    assert budget_plot(rows, tmp_path / "b.png").stat().st_size > 0
