@@ -204,3 +204,21 @@ def test_cli_hosts_and_mlx_launch_print_the_same_text(hybrid4: Path) -> None:
         assert proc.returncode == 0, (name, err[-2000:])
         assert out == want.stdout, name
         assert "decode:" in err, name  # rank 0's stats line
+
+
+@pytest.mark.parametrize("fixture", ["gpt_oss-sliding", "llama4-layers"])
+def test_windowed_and_chunked_layers_keep_their_caches_across_ranks(
+    tmp_path: Path, fixture: str
+) -> None:
+    """A rank's sliding-window (gpt-oss) and chunked (Llama 4) attention layers keep the caches
+    one process gives them: windows and chunks of 4 tokens, prompts and outputs past them."""
+    from edge0.layout.convert import ConvertOptions, convert
+    from edge0.synth.tiny_families import fixture_file, write_family
+
+    hf = write_family(fixture_file(Path(__file__).parent / "fixtures", fixture), tmp_path / "hf")
+    path = tmp_path / "e0"
+    convert(hf, path, ConvertOptions(group_size=32))
+    opts = mode_options("reactive")
+    proc = start(path, hosts=2, rank_timeout=60, max_tokens=8, **opts)
+    want = single(path, **opts)
+    assert result(proc)["tokens"] == want

@@ -3,9 +3,11 @@
 mlx-lm's llama4 hard-codes them: NoPE (and global attention) on every 4th layer, MoE on
 every `interleave_moe_layer_step`-th, the chunk mask and its caches by the same rule (so
 at least 4 layers). `layer_pattern` rebuilds each layer's attention and feed-forward as
-`no_rope_layers` and `moe_layers` say, and swaps in subclasses of the text model (the
-chunk mask on the `layer_types` chunked_attention layers, global attention elsewhere) and
-of the model (their caches: a chunked layer's keeps its chunk, mlx-lm's ChunkedKVCache).
+`no_rope_layers` and `moe_layers` say, and swaps in subclasses of the `layer_types`
+chunked_attention layers (each trims its cache to its chunk and builds its chunk mask, so a
+layer run alone, as one rank runs its own, attends as in the whole model), of the text
+model (global attention on the others) and of the model (their caches: a chunked layer's
+keeps its chunk, mlx-lm's ChunkedKVCache).
 `top_k_class` routes more than mlx-lm's one expert, `qk_norm_class` norms q/k with the
 config's eps.
 """
@@ -44,45 +46,54 @@ def layer_pattern(
                 llama4.MoE(args) if moe[i] else llama4.MLP(args, args.intermediate_size_mlp)
             )
             layer.is_moe_layer = moe[i]
+        if chunked[i]:
+            layer.__class__ = _chunked_class(layer.__class__)
+            object.__setattr__(layer, "edge0_chunk", int(inner.attention_chunk_size))
     object.__setattr__(inner, "edge0_chunked", tuple(chunked))
     inner.__class__ = _text_class(inner.__class__)
     model.__class__ = _caching_class(type(model))
 
 
-def _masks(inner: Any, h: mx.array, cache: list[Any] | None) -> tuple[Any, Any]:
-    """(chunk mask, global mask) of a forward over `h` (None where no layer needs it)."""
-    chunked: tuple[bool, ...] = inner.edge0_chunked
-    first = next((i for i, c in enumerate(chunked) if c), None)
-    full = next((i for i, c in enumerate(chunked) if not c), None)
-    offset = cache[0].offset if cache is not None else 0
-    chunk_mask = None
-    if first is not None:
-        start = cache[first].start_position if cache is not None else 0
-        end = offset + h.shape[1]
-        keys, queries = mx.arange(start, end), mx.arange(offset, end)[:, None]
-        size = inner.attention_chunk_size
-        chunk_mask = ((keys // size) == (queries // size)) & (keys <= queries)
-    global_mask = None
-    if full is not None:
-        global_mask = create_attention_mask(h, cache[full] if cache is not None else None)
-    return chunk_mask, global_mask
+def _chunk_mask(size: int, h: mx.array, cache: Any) -> mx.array:
+    """A chunked layer's mask over `h`: each query sees the keys of its own chunk up to
+    itself (the cache, trimmed, starts at `start_position`)."""
+    offset = cache.offset if cache is not None else 0
+    start = cache.start_position if cache is not None else 0
+    end = offset + h.shape[1]
+    keys, queries = mx.arange(start, end), mx.arange(offset, end)[:, None]
+    return ((keys // size) == (queries // size)) & (keys <= queries)
+
+
+@functools.cache
+def _chunked_class(cls: type) -> type:
+    """`cls` (mlx-lm's llama4 TransformerBlock) attending within its chunk whatever mask it
+    is handed: it drops from its cache the keys no later query of the chunk sees, then
+    masks by chunk."""
+
+    def __call__(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if cache is not None:
+            cache.maybe_trim_front()
+        out: mx.array = cls.__call__(self, x, _chunk_mask(self.edge0_chunk, x, cache), cache)
+        return out
+
+    return type(f"Chunked{cls.__name__}", (cls,), {"__call__": __call__})
 
 
 @functools.cache
 def _text_class(cls: type) -> type:
-    """`cls` (mlx-lm's llama4 LlamaModel) masking each layer by its `edge0_chunked` kind."""
+    """`cls` (mlx-lm's llama4 LlamaModel) with global attention on its unchunked layers
+    (its chunked layers mask themselves)."""
 
     def __call__(self: Any, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
         h = self.embed_tokens(inputs)
         chunked: tuple[bool, ...] = self.edge0_chunked
-        if cache is not None:
-            for c, kind in zip(cache, chunked, strict=True):
-                if kind:
-                    c.maybe_trim_front()
-        chunk_mask, global_mask = _masks(self, h, cache)
+        full = next((i for i, c in enumerate(chunked) if not c), None)
+        global_mask = None
+        if full is not None:
+            global_mask = create_attention_mask(h, cache[full] if cache is not None else None)
         caches = cache if cache is not None else [None] * len(self.layers)
         for layer, c, kind in zip(self.layers, caches, chunked, strict=True):
-            h = layer(h, chunk_mask if kind else global_mask, cache=c)
+            h = layer(h, None if kind else global_mask, cache=c)
         out: mx.array = self.norm(h)
         return out
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import make_prompt_cache
 
 from edge0.layout.manifest import Manifest
 from edge0.layout.quant import switch_modules
@@ -43,6 +44,11 @@ class Stage:
         self.tied = tied
         # mlx-lm's hybrid convention: a layer with is_linear=True keeps an SSM (arrays) cache
         self._linear = [bool(getattr(inner.layers[i], "is_linear", False)) for i in own]
+        # the caches one process makes for these layers (a sliding-window layer's keeps its
+        # window, a chunked layer's its chunk), taken while every layer is still here: some
+        # models' make_cache asks each layer
+        whole = make_prompt_cache(model)
+        self._caches = [whole[i] for i in own]
 
     def prune(self) -> None:
         """Drop every module this rank does not run (before the parameters are evaluated)."""
@@ -58,7 +64,8 @@ class Stage:
                 holder.lm_head = Absent()
 
     def make_cache(self) -> list[Any]:
-        return [ArraysCache(size=2) if lin else KVCache() for lin in self._linear]
+        """Fresh, empty caches of the kinds one process gives these layers."""
+        return [copy.deepcopy(c) for c in self._caches]
 
     def forward(self, x: mx.array, cache: list[Any]) -> mx.array:
         """(1, 1) token ids on the first rank, else the (1, 1, d) hidden; -> hidden or logits."""
