@@ -146,7 +146,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"num_key_value_heads": 3}, "num_key_value_heads=3 is invalid"),
         ({"hidden_size": 0}, "hidden_size=0 is invalid"),
         ({"num_experts_per_tok": "2"}, "transformers' qwen3_moe config class refuses it"),
-        ({"hidden_act": "prelu"}, 'hidden_act="prelu" is invalid: qwen3_moe\'s hidden_act'),
+        ({"hidden_act": "swiglu"}, 'hidden_act="swiglu" is invalid: qwen3_moe\'s hidden_act'),
     ],
 )
 def test_layout_config_values_fail_verify_and_run_alike(

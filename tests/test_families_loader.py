@@ -105,10 +105,10 @@ def test_convert_names_the_family_in_one_line(
     assert not (tmp_path / "out").exists()
 
 
-def test_values_mlx_lms_classes_lacked_are_read_and_one_left_refused() -> None:
+def test_values_mlx_lms_classes_lacked_are_read_and_what_transformers_lacks_refused() -> None:
     """Values mlx-lm's classes computed differently, refused before, pass the config check now
-    (their logits against transformers: tests/test_config_probes.py); what is left refused
-    says its reason."""
+    (their logits against transformers: tests/test_config_probes.py and the variants'
+    goldens); an activation transformers' ACT2FN lacks is refused, saying so."""
     from edge0.model.arch import normalize_config
 
     for config in (
@@ -116,10 +116,12 @@ def test_values_mlx_lms_classes_lacked_are_read_and_one_left_refused() -> None:
         {"model_type": "qwen2_moe", "mlp_only_layers": [0]},
         {"model_type": "gpt_oss", "swiglu_limit": 10.0},
         {"model_type": "qwen3_next", "hidden_act": "gelu"},  # its causal conv computes it too
+        {"model_type": "qwen3_next", "hidden_act": "xielu"},  # weights of its own
+        {"model_type": "qwen2_moe", "hidden_act": "prelu"},
     ):
         normalize_config(config)
-    with pytest.raises(ModelLoadError, match='hidden_act="xielu".*without weights of its own'):
-        normalize_config({"model_type": "qwen3_next", "hidden_act": "xielu"})
+    with pytest.raises(ModelLoadError, match='hidden_act="swiglu".*one of transformers\' ACT2FN'):
+        normalize_config({"model_type": "qwen3_next", "hidden_act": "swiglu"})
 
 
 def _mixed_bits_dir(tmp_path: Path) -> Path:

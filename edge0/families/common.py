@@ -81,10 +81,11 @@ COMMON: Fields = {
     ),
     "hidden_act": checked(
         lambda v, _: v in ACTIVATIONS,
-        "an activation without weights of its own ({})".format(", ".join(sorted(ACTIVATIONS))),
+        "one of transformers' ACT2FN activations ({})".format(", ".join(sorted(ACTIVATIONS))),
         "the gated MLPs' and experts' activation as transformers' ACT2FN computes it "
-        "(edge0/model/activations.py; golden-tested gelu); prelu and xielu carry weights of "
-        "their own that Edge0's MLPs do not hold",
+        "(edge0/model/activations.py; golden-tested gelu, xielu, prelu); prelu's and xielu's "
+        "weights are read from the checkpoint (`mlp.act_fn.*`, `mlp.experts.act_fn.*`) and "
+        "kept resident",
     ),
 }
 

@@ -39,9 +39,12 @@ HYBRID: Fields = {
     "attention_bias": computed("mlx-lm's gated attention takes it (golden-tested)"),
     "hidden_act": checked(
         lambda v, _: v in ACTIVATIONS,
-        "an activation without weights of its own",
+        "one of transformers' ACT2FN activations",
         "the gated MLPs', experts' and Gated DeltaNet causal conv's activation as transformers' "
-        "ACT2FN computes it (edge0/model/activations.py, hybrid.py; golden-tested gelu)",
+        "ACT2FN computes it (edge0/model/activations.py, hybrid.py; golden-tested gelu, xielu "
+        "(Qwen3-Next) and prelu (Qwen3.5)); prelu's and xielu's weights are read from the "
+        "checkpoint, except the conv's: transformers builds that one afresh each call, with "
+        "its initial values",
     ),
 }
 KINDS = {FULL, LINEAR}

@@ -38,6 +38,7 @@ from edge0.layout.safetensors_io import (
 )
 from edge0.layout.sources import Source
 from edge0.log import get_logger
+from edge0.model import activations
 
 log = get_logger(__name__)
 
@@ -74,6 +75,7 @@ def _plan(
     mlx = any(le.kind == "stacked" for le in source.experts.values())
     family = family_for(str(source.config["model_type"]))
     weights = family.sanitize_resident(model, lazy, tc, mlx)
+    activations.check(model, activations.rename(model, weights), str(source.path))
     del lazy
     modules = dict(model.named_modules())
     cast = None if source.quantized else conversion_dtype(source.config)

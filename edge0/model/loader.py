@@ -14,6 +14,7 @@ from edge0.errors import ModelLoadError
 from edge0.layout.load import load_layout
 from edge0.layout.quant import quantize_stored
 from edge0.log import get_logger
+from edge0.model import activations
 from edge0.model import arch as models
 from edge0.model.loaded import LoadedModel, activation_dtype, load_tokenizer
 from edge0.model.weights import checkpoint_dtype, load_weights, weight_files
@@ -127,6 +128,7 @@ def load(path: str | Path) -> LoadedModel:
         weights = models.family_of(config).prepare_hf(weights, models.text_config(config))
         if hasattr(model, "sanitize"):
             weights = model.sanitize(weights)  # HF names/layouts -> mlx-lm's
+        activations.check(model, activations.rename(model, weights), str(path))
         if isinstance(config.get("quantization"), dict):
             quantize_stored(model, config["quantization"], weights)
         model.load_weights(list(weights.items()), strict=True)
