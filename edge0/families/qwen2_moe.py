@@ -154,6 +154,8 @@ class Qwen2Moe(Family):
             "layer_types": list(SLIDING_ODD),
             "rope_parameters": dict(YARN),
         },
+        # an activation with weights of its own: shared expert and experts, one each per layer
+        "prelu": {"hidden_act": "prelu"},
     }
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
         (

@@ -129,6 +129,8 @@ class Qwen3_5Moe(Qwen3Next):
             "text_config.mlp_only_layers": [1],
         },
         "hybrid": {"text_config.hidden_act": "gelu", "text_config.layer_types": list(IRREGULAR)},
+        # weights of its own in the wrapper's names (shared expert, experts); the conv's: 0.25
+        "prelu": {"text_config.hidden_act": "prelu"},
     }
 
     def tiny(self, vocab: int) -> Any:

@@ -120,6 +120,8 @@ class Qwen3Moe(Family):
         },
         # YaRN x4 over 16 positions: the prompt (and 8 decode steps) run past them
         "yarn": {"rope_parameters": dict(YARN)},
+        # an activation with weights of its own, in a dense MLP (layer 0) and the experts
+        "xielu": {"hidden_act": "xielu", "decoder_sparse_step": 2},
     }
 
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [

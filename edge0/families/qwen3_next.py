@@ -108,6 +108,9 @@ class Qwen3Next(Qwen3Moe):
             "max_position_embeddings": 16,
         },
         "hybrid": {"hidden_act": "gelu", "layer_types": list(IRREGULAR)},
+        # the experts' and shared expert's xIELU read from the checkpoint, the DeltaNet conv's
+        # built afresh each call with transformers' initial values
+        "xielu": {"hidden_act": "xielu"},
     }
     refusals: ClassVar[list[tuple[dict[str, Any], str]]] = [
         ({"layer_types": [FULL, "sliding_attention", FULL, LINEAR]}, 'layer_types=["'),
