@@ -37,6 +37,12 @@ CASES = [
         "model.layers.2.mlp.experts.act_fn.weight",
         "model.layers.2.mlp.switch_mlp.activation.act_fn.weight",
     ),
+    (  # Llama-4: a dense MLP's is `activation_fn`, the experts' `act_fn`
+        "llama4-xielu",
+        "language_model.model.layers.0.feed_forward.activation_fn.alpha_p",
+        "language_model.model.layers.1.feed_forward.experts.act_fn.alpha_n",
+        "language_model.model.layers.1.feed_forward.experts.activation.act_fn.alpha_n",
+    ),
 ]
 
 
@@ -54,19 +60,26 @@ def test_convert_keeps_the_activation_tensors_resident(
     the experts' under their SwitchGLU's activation; the layout loads them into the model."""
     hf = write_family(fixture_file(FIXTURES, name), tmp_path / "hf")
     source = _tensors(hf / "model.safetensors")
-    acts = {k: v for k, v in source.items() if ".act_fn." in k}
+    acts = {k: v for k, v in source.items() if k.split(".")[-2] in ("act_fn", "activation_fn")}
     assert dense in acts and experts in acts
     convert(hf, tmp_path / "e0", ConvertOptions(group_size=32))
     resident = _tensors(tmp_path / "e0" / RESIDENT_FILE)
     for key, value in acts.items():
-        stored = resident[key.replace(".experts.act_fn.", ".switch_mlp.activation.act_fn.")]
+        stored = resident[_ours(key, ours)]
         assert stored.dtype == value.dtype and mx.array_equal(stored, value), key
     params = dict(tree_flatten(load(tmp_path / "e0").model.parameters()))
     assert mx.array_equal(params[ours].astype(mx.float32), source[experts].astype(mx.float32))
     weighted = PReLU if name.endswith("prelu") else XIELU
-    switch = load(hf).model.model.layers[int(experts.split(".")[2])].mlp.switch_mlp
+    switch = dict(load(hf).model.named_modules())[ours.split(".activation.")[0]]
     assert isinstance(switch.activation, GatedActivation)
     assert isinstance(switch.activation.act_fn, weighted)
+
+
+def _ours(key: str, ours: str) -> str:
+    """The model's name of a checkpoint activation tensor (as CASES' `experts` -> `ours`)."""
+    switch = ours.split(".activation.")[0].rpartition(".")[2]  # switch_mlp (Llama-4: experts)
+    key = key.replace(".activation_fn.", ".act_fn.")
+    return key.replace(".experts.act_fn.", f".{switch}.activation.act_fn.")
 
 
 @pytest.mark.parametrize(("name", "dense", "experts", "ours"), CASES)
@@ -96,7 +109,7 @@ def test_a_checkpoint_without_one_is_refused_naming_it(
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe-xielu", "qwen2_moe-prelu"])
+@pytest.mark.parametrize("name", [case[0] for case in CASES])
 def test_chunked_prefill_over_streamed_experts_decodes_as_resident(
     tmp_path: Path, name: str
 ) -> None:

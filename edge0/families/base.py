@@ -66,6 +66,8 @@ class Family:
     rope_scaling_key: ClassVar[bool] = True
     # the gated MLPs and experts take `hidden_act` (edge0.model.activations)
     hidden_act: ClassVar[bool] = True
+    # a dense gated MLP's activation module in the checkpoint (prelu's and xielu's weights)
+    mlp_act: ClassVar[str] = "act_fn"
     # mlx-lm's attention reads `rope_scaling` beyond its rope (DeepSeek: YaRN's softmax scale)
     rope_in_attention: ClassVar[bool] = False
 

@@ -84,8 +84,8 @@ COMMON: Fields = {
         "one of transformers' ACT2FN activations ({})".format(", ".join(sorted(ACTIVATIONS))),
         "the gated MLPs' and experts' activation as transformers' ACT2FN computes it "
         "(edge0/model/activations.py; golden-tested gelu, xielu, prelu); prelu's and xielu's "
-        "weights are read from the checkpoint (`mlp.act_fn.*`, `mlp.experts.act_fn.*`) and "
-        "kept resident",
+        "weights are read from the checkpoint (`mlp.act_fn.*`, Llama-4's `activation_fn.*`; "
+        "`mlp.experts.act_fn.*`) and kept resident",
     ),
 }
 

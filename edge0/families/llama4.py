@@ -55,6 +55,7 @@ class Llama4(Family):
     routing = "top-1 of logits, sigmoid of it scales the expert input"
     shared = "ungated, always added"
     text_type = "llama4_text"
+    mlp_act = "activation_fn"  # transformers' Llama4TextMLP (the experts' is act_fn)
 
     fields: ClassVar[Fields] = {
         "num_local_experts": edge0(EXPERTS),
@@ -147,6 +148,8 @@ class Llama4(Family):
             "text_config.no_rope_layers": [0, 1, 1],
             "text_config.layer_types": [FULL, FULL, CHUNKED],
         },
+        # weights of its own: a dense MLP's `activation_fn`, the shared expert's, the experts'
+        "xielu": {"text_config.hidden_act": "xielu"},
     }
 
     # -- config ---------------------------------------------------------------------------

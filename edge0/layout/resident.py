@@ -75,7 +75,8 @@ def _plan(
     mlx = any(le.kind == "stacked" for le in source.experts.values())
     family = family_for(str(source.config["model_type"]))
     weights = family.sanitize_resident(model, lazy, tc, mlx)
-    activations.check(model, activations.rename(model, weights), str(source.path))
+    act = family.mlp_act
+    activations.check(model, activations.rename(model, weights, act), str(source.path), act)
     del lazy
     modules = dict(model.named_modules())
     cast = None if source.quantized else conversion_dtype(source.config)

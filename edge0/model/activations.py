@@ -7,8 +7,8 @@ chunked prefill call that same module; the native expert kernel knows SiLU only 
 leaves any other to MLX), and each dense gated MLP gets a subclass computing
 `down(act(gate(x)) * up(x))`. An activation with weights of its own (prelu, xielu) is a
 module whose weights each MLP and each layer's experts read from the checkpoint
-(`mlp.act_fn.*`, `mlp.experts.act_fn.*`; `rename` and `check`); a call that builds its own,
-like the DeltaNet conv's, computes with transformers' initial values.
+(`mlp.act_fn.*`, Llama-4's `activation_fn.*`, `mlp.experts.act_fn.*`: `rename`, `check`);
+a call that builds its own, like the DeltaNet conv's, computes with its initial values.
 """
 
 from __future__ import annotations
@@ -155,14 +155,15 @@ def install(model: nn.Module, name: str) -> int:
         elif all(p in module for p in ("gate_proj", "up_proj", "down_proj")):
             module.__class__ = _gated_class(type(module))
             object.__setattr__(module, "edge0_act", name)
-            if name in WEIGHTED:  # its weights: the checkpoint's `mlp.act_fn.*`
+            if name in WEIGHTED:  # its weights: the checkpoint's `mlp.act_fn.*` (or `mlp_act`)
                 module.act_fn = WEIGHTED[name]()
             n += 1
     return n
 
 
-def _owned(model: nn.Module) -> dict[str, str]:
-    """mlx name -> checkpoint name of every weighted activation's tensor in `model`."""
+def _owned(model: nn.Module, dense: str) -> dict[str, str]:
+    """mlx name -> checkpoint name of every weighted activation's tensor in `model`; a dense
+    MLP's module is `dense` in the checkpoint (Llama-4: `activation_fn`)."""
     from mlx_lm.models.switch_layers import SwitchGLU
 
     modules = dict(model.named_modules())
@@ -172,28 +173,33 @@ def _owned(model: nn.Module) -> dict[str, str]:
         if not isinstance(act, PReLU | XIELU):
             continue
         switch = path.removesuffix(".activation")
+        theirs = f"{path}.{dense}"
         # a SwitchGLU's activation: the checkpoint's experts (`experts.act_fn.*`) hold it
-        theirs = f"{switch.rpartition('.')[0]}.experts" if switch != path else path
-        if switch != path and not isinstance(modules.get(switch), SwitchGLU):
-            theirs = path  # another module's `activation`: named as it is
+        if switch != path and isinstance(modules.get(switch), SwitchGLU):
+            theirs = f"{switch.rpartition('.')[0]}.experts.act_fn"
         for leaf in dict(act.parameters()):
-            out[f"{path}.act_fn.{leaf}"] = f"{theirs}.act_fn.{leaf}"
+            out[f"{path}.act_fn.{leaf}"] = f"{theirs}.{leaf}"
     return out
 
 
-def rename(model: nn.Module, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """The experts' activation tensors (sanitized names, `experts.act_fn.*`) under the
-    SwitchGLUs' `activation.act_fn.*`; the rest as they are (in place)."""
-    for ours, theirs in _owned(model).items():
+def rename(
+    model: nn.Module, weights: dict[str, mx.array], dense: str = "act_fn"
+) -> dict[str, mx.array]:
+    """The activations' tensors (sanitized names: `experts.act_fn.*`, a dense MLP's
+    `<dense>.*`) under the model's (`activation.act_fn.*`, `act_fn.*`), in place."""
+    for ours, theirs in _owned(model, dense).items():
         if ours != theirs and theirs in weights:
             weights[ours] = weights.pop(theirs)
     return weights
 
 
-def check(model: nn.Module, weights: dict[str, mx.array], where: str) -> None:
+def check(
+    model: nn.Module, weights: dict[str, mx.array], where: str, dense: str = "act_fn"
+) -> None:
     """Raise ModelLoadError naming the first weighted activation tensor `weights` (renamed)
     lack, in the checkpoint's name."""
-    lacking = sorted(theirs for ours, theirs in _owned(model).items() if ours not in weights)
+    owned = _owned(model, dense)
+    lacking = sorted(theirs for ours, theirs in owned.items() if ours not in weights)
     if lacking:
         raise ModelLoadError(
             f"{where}: tensor {lacking[0]} is missing: hidden_act's activation has weights of "

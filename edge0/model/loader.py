@@ -128,7 +128,8 @@ def load(path: str | Path) -> LoadedModel:
         weights = models.family_of(config).prepare_hf(weights, models.text_config(config))
         if hasattr(model, "sanitize"):
             weights = model.sanitize(weights)  # HF names/layouts -> mlx-lm's
-        activations.check(model, activations.rename(model, weights), str(path))
+        act = models.family_of(config).mlp_act
+        activations.check(model, activations.rename(model, weights, act), str(path), act)
         if isinstance(config.get("quantization"), dict):
             quantize_stored(model, config["quantization"], weights)
         model.load_weights(list(weights.items()), strict=True)

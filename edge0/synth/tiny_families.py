@@ -91,9 +91,9 @@ def values(
     theirs and the fp32 references' noise stays under the 1e-4 bar)."""
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     z = rng.standard_normal(shape).astype(np.float32)
-    if name.endswith("act_fn.beta"):  # xIELU's scalars: beta near its 0.5, eps its -1e-6
+    if name.endswith("_fn.beta"):  # xIELU's scalars: beta near its 0.5, eps its -1e-6
         return np.asarray(0.5 + 0.1 * z, dtype=np.float32)
-    if name.endswith("act_fn.eps"):
+    if name.endswith("_fn.eps"):
         return np.asarray(-1e-6, dtype=np.float32)
     if len(shape) == 1:
         if "norm" in name and not (centred and not name.endswith("linear_attn.norm.weight")):
