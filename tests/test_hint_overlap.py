@@ -11,7 +11,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier
+from runtime_helpers import PROMPT, MockTier, build_store
 
 from edge0.options.sampling import SamplingSettings
 from edge0.runtime.engine.api import Engine
@@ -91,21 +91,44 @@ def test_hint_equals_resident_through_the_reader_threads(stores: dict[str, Path]
     assert got["tokens"] == ref["tokens"]
 
 
-def test_batched_hint_equals_resident_over_a_slow_tier(stores: dict[str, Path]) -> None:
-    path = stores["qwen3_moe"]
+def batched(path: Path, prompts: list[list[int]], trace: Path) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        tier = MockTier(path, delay=DELAY)
+        recs = [Recording() for _ in prompts]
+        async with Engine.open(
+            path, mode="hint", predictor="init", tiers=tier, max_batch=3, trace=trace
+        ) as eng:
+
+            async def one(p: list[int], rec: Recording) -> list[int]:
+                greedy = SamplingSettings(hooks=rec)
+                return [t async for t in eng.tokens(p, max_tokens=N, stop=False, sampling=greedy)]
+
+            toks = await asyncio.gather(*(one(p, r) for p, r in zip(prompts, recs, strict=True)))
+            logprobs = [np.stack([np.array(a.reshape(-1)) for a in r.seen]) for r in recs]
+            return {"tokens": list(toks), "logprobs": logprobs, "engine": eng}
+
+    return asyncio.run(asyncio.wait_for(go(), 120))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_hint_equals_resident_over_a_slow_tier(
+    runtime_store_root: Path, family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests decoding together: each gets its tokens alone under resident, and the
+    log-probabilities of the one-piece path bit for bit; the overlap ran (64 experts a
+    layer: the pool, sized for the batch, would hold all of the default store's)."""
+    path = build_store(runtime_store_root, family, experts=64)
     prompts = [PROMPT, [9, 3, 77], [200, 11, 5, 6]]
     refs = [decode(path, p, mode="resident")["tokens"] for p in prompts]
-
-    async def go() -> list[list[int]]:
-        tier = MockTier(path, delay=DELAY)
-        async with Engine.open(path, mode="hint", predictor="init", tiers=tier, max_batch=3) as eng:
-
-            async def one(p: list[int]) -> list[int]:
-                return [t async for t in eng.tokens(p, max_tokens=N, stop=False)]
-
-            return list(await asyncio.gather(*(one(p) for p in prompts)))
-
-    assert asyncio.run(asyncio.wait_for(go(), 120)) == refs
+    got = batched(path, prompts, tmp_path / "t.json")
+    assert got["tokens"] == refs
+    assert events(got["engine"], "compute.partial"), "no batched layer computed a part early"
+    monkeypatch.setattr(LayerStream, "overlaps", lambda self: False)
+    whole = batched(path, prompts, tmp_path / "w.json")
+    assert not events(whole["engine"], "compute.partial")
+    assert whole["tokens"] == refs
+    for a, b in zip(got["logprobs"], whole["logprobs"], strict=True):
+        assert np.array_equal(a, b)
 
 
 def test_staged_experts_are_computed_before_the_last_read_lands(
