@@ -174,6 +174,7 @@ def main(
     json_out: str | None,
     profile_dir: str | None,
 ) -> None:
+    model = str(Path(model).resolve())  # each variant runs in its own tree's directory
     trees = {"now": Path(__file__).resolve().parents[2]}
     for spec in tree_specs:
         name, _, path = spec.partition("=")
