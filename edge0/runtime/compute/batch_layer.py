@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -57,9 +58,11 @@ def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.
     sets = [p if p is not None else t for p, t in zip(plans or trues, trues, strict=True)]
     ahead = _host_work(block, x, rows, trues, sets, inds, got)
     h = fam.expert_input(x, w)  # (B, 1, d), or (B, 1, K, d): an input per expert
-    staged = _stage(block, rows, sets) if h.ndim == 3 else None  # the union's reads issued
-    if ahead and head is not None and head.scheduler is not None:  # then the next step's
-        head.scheduler.prefetch(head.target.layer, steps.step + 1, ahead)
+    sched = steps.scheduler
+    with sched.demand_first() if sched is not None else contextlib.nullcontext():
+        if ahead and head is not None and head.scheduler is not None:  # read after the union
+            head.scheduler.prefetch(head.target.layer, steps.step + 1, ahead)
+        staged = _stage(block, rows, sets) if h.ndim == 3 else None  # the union's reads issued
     y = _arriving(block, h, rows, sets, *staged) if staged is not None else None
     if y is None:  # in one piece (or again, without the rows a failed read ended)
         idx = _slots(block, rows, sets, inds)
@@ -147,7 +150,8 @@ def _arriving(
     groups: Iterator[list[tuple[int, int]]],
 ) -> mx.array | None:
     """The rows' expert outputs (B, 1, K, d), the (row, expert) pairs of each group computed
-    as its slots become ready (every group but the last evaluated while the rest are read),
+    as its slots become ready (every group but the last launched, computing while the rest
+    are read),
     put back in the rows' routing order: each pair's output is the one op's. None when a
     read failed (its rows are ended; the caller computes the others in one piece)."""
     stream = block.stream
@@ -169,11 +173,10 @@ def _arriving(
             y = expert_ffn(block, stream.views, hx, idx)  # (n, 1, 1, 1, d)
             ys.append(y)
             order += [p for p, _ in got]
-            if len(order) < b * k:  # more to come: compute these pairs while they are read
-                t0, c0 = time.perf_counter(), time.thread_time()
-                mx.eval(y)
-                steps.span("partial", layer, t0, time.perf_counter(), time.thread_time() - c0)
-                steps.cur.syncs += 1
+            if len(order) < b * k:  # more to come: these pairs compute while they are read
+                t0 = time.perf_counter()
+                mx.async_eval(y)
+                steps.span("partial", layer, t0, time.perf_counter())
     except TierReadError as exc:
         bad = [i for i, s in enumerate(sets) if exc.layer == layer and exc.expert in s]
         if not bad:

@@ -177,6 +177,7 @@ class Scheduler(RouteSlots, Fetcher):
                             raise RuntimeError(f"slot pool is over capacity at layer {layer}")
                         self._submit(new)
                         new = []
+                        self._post_after()  # (a held prefetch may be what frees a slot)
                         self._wait()
                     got = self._issue(layer, step, e, DEMAND)
                 slots.append(got[0])

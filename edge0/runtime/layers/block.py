@@ -71,7 +71,7 @@ class StreamingMoE(nn.Module):
         else:
             assert true_inds is not None
             inds = true_inds
-        # evaluated; the owned prediction's prefetch issued after this layer's own reads
+        # evaluated; the owned prediction's prefetch is read after this layer's own reads
         experts = stream.route(x, true_inds, inds, w, planned, hold=True)
         groups = stream.arrivals(experts)
         if groups is None:
@@ -82,9 +82,10 @@ class StreamingMoE(nn.Module):
 
     def _arriving(self, h: mx.array, groups: Iterator[list[tuple[int, int]]], k: int) -> mx.array:
         """The outputs (1, 1, k, d) of k experts computed group by group as their slots are
-        ready: each group but the last is evaluated while the next group's reads go on.
-        An expert's output does not depend on the others computed with it, and the outputs
-        go back into routing order before the weighted sum: the same sum as in one op."""
+        ready: each group but the last is launched (`mx.async_eval`) and computes while the
+        next group's reads go on. An expert's output does not depend on the others computed
+        with it, and the outputs go back into routing order before the weighted sum: the
+        same sum as in one op."""
         steps, layer = self.stream.steps, self.layer
         ys: list[mx.array] = []
         order: list[int] = []
@@ -95,11 +96,10 @@ class StreamingMoE(nn.Module):
             y = self._experts(part, idx)  # (1, 1, g, d)
             ys.append(y)
             order += pos
-            if len(order) < k:  # more to come: compute this group while they are read
-                t0, c0 = time.perf_counter(), time.thread_time()
-                mx.eval(y)
-                steps.span("partial", layer, t0, time.perf_counter(), time.thread_time() - c0)
-                steps.cur.syncs += 1
+            if len(order) < k:  # more to come: this group computes while they are read
+                t0 = time.perf_counter()
+                mx.async_eval(y)
+                steps.span("partial", layer, t0, time.perf_counter())
         y = mx.concatenate(ys, axis=-2) if len(ys) > 1 else ys[0]  # (1, 1, k, d), arrival order
         if order == list(range(k)):
             return y

@@ -242,7 +242,7 @@ class LayerStream:
 
     def finish(self, work: Deferred, hold: bool = False) -> None:
         """After the readback: record the routing, hand the owned prediction on (prefetch;
-        `hold`: once `arrivals` has issued this layer's own reads, which need it first)."""
+        `hold`: by `arrivals`, whose own reads go first)."""
         steps = self.steps
         true: list[int] | None = None
         if work.true_inds is not None:
@@ -279,16 +279,16 @@ class LayerStream:
 
     def arrivals(self, experts: list[int]) -> Iterator[list[tuple[int, int]]] | None:
         """The slots of `experts` (the set `route` returned) in groups as their reads
-        complete: the missing ones are read first, then the owned prediction is prefetched
-        (`route` held it). None where `overlaps` says no: take `slots` in one piece."""
+        complete; the owned prediction's prefetch (`route` held it) is read after the
+        missing ones. None where `overlaps` says no: take `slots` in one piece."""
         if not self.overlaps():
             return None
-        assert isinstance(self.experts, SlotExperts)
-        groups = self.experts.arrivals(experts)
+        assert isinstance(self.experts, SlotExperts) and self.experts.scheduler is not None
         held, self._held = self._held, None
-        if held is not None:
-            held[0].issue(*held[1])
-        return groups
+        with self.experts.scheduler.demand_first():  # slots reserved as before, read after
+            if held is not None:
+                held[0].issue(*held[1])
+            return self.experts.arrivals(experts)
 
     @property
     def views(self) -> dict[str, mx.array]:
