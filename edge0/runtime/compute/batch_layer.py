@@ -150,10 +150,10 @@ def _arriving(
     groups: Iterator[list[tuple[int, int]]],
 ) -> mx.array | None:
     """The rows' expert outputs (B, 1, K, d), the (row, expert) pairs of each group computed
-    as its slots become ready (every group but the last launched, computing while the rest
-    are read),
-    put back in the rows' routing order: each pair's output is the one op's. None when a
-    read failed (its rows are ended; the caller computes the others in one piece)."""
+    as its slots become ready (the first, when more follow, launched and computing while
+    the rest are read), put back in the rows' routing order: each pair's output is the one
+    op's. None when a read failed (its rows are ended; the others are computed in one
+    piece by the caller)."""
     stream = block.stream
     steps, layer = stream.steps, stream.layer
     b, k, d = len(rows), len(sets[0]), h.shape[-1]

@@ -79,9 +79,11 @@ class SlotExperts:
         return slots
 
     def arrivals(self, experts: list[int]) -> Iterator[list[tuple[int, int]]]:
-        """The slots of `experts` in groups of (position in `experts`, slot), as they become
-        ready: the staged ones first, then each missing one as its read completes. The
-        missing reads are issued now; the groups block between them."""
+        """The slots of `experts` in at most two groups of (position in `experts`, slot): those
+        ready now (the staged ones; else the first read to land), then the rest once their
+        reads have all landed (one group per read cost more on the compute thread than it
+        saved: docs/benchmarks/budget.md). The missing reads are issued now; the groups
+        block between them."""
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         t0 = time.perf_counter()
         slots, done = self.scheduler.stage(self.layer, self.steps.step, experts)  # fenced
@@ -93,12 +95,17 @@ class SlotExperts:
         steps, sched = self.steps, self.scheduler
         assert sched is not None
         pending = list(range(len(experts)))
+        first = True
         while pending:
-            if not done:
-                got = sched.arrived(self.layer, steps.step, experts, slots, pending)
-                pending = [i for i in pending if i not in got]
-            else:
-                got, pending = pending, []
+            got: list[int] = []
+            while pending and (not got or not first):  # after the first group: all the rest
+                if done:
+                    more = pending
+                else:
+                    more = sched.arrived(self.layer, steps.step, experts, slots, pending)
+                got += more
+                pending = [i for i in pending if i not in more]
+            first = False
             steps.span("wait", self.layer, t0, time.perf_counter())
             yield [(i, slots[i]) for i in got]
             t0 = time.perf_counter()
