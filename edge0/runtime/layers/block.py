@@ -82,10 +82,10 @@ class StreamingMoE(nn.Module):
 
     def _arriving(self, h: mx.array, groups: Iterator[list[tuple[int, int]]], k: int) -> mx.array:
         """The outputs (1, 1, k, d) of k experts computed group by group as their slots are
-        ready: each group but the last is launched (`mx.async_eval`) and computes while the
-        next group's reads go on. An expert's output does not depend on the others computed
-        with it, and the outputs go back into routing order before the weighted sum: the
-        same sum as in one op."""
+        ready: the first, when more follow, is launched (`mx.async_eval`) and computes while
+        the rest are read. An expert's output does not depend on the others computed with
+        it, and the outputs go back into routing order before the weighted sum: the same
+        sum as in one op."""
         steps, layer = self.stream.steps, self.layer
         ys: list[mx.array] = []
         order: list[int] = []
