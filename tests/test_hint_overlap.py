@@ -16,7 +16,6 @@ from runtime_helpers import PROMPT, MockTier, build_store
 from edge0.options.sampling import SamplingSettings
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.scheduler import Scheduler
-from edge0.runtime.layers.streams import LayerStream
 
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]
 N = 10
@@ -47,6 +46,7 @@ def decode(path: Path, prompt: list[int] = PROMPT, **opts: Any) -> dict[str, Any
     async def go() -> dict[str, Any]:
         if opts.get("mode") != "resident":
             opts.setdefault("tiers", MockTier(path, delay=DELAY))
+            opts.setdefault("overlap", True)
         rec = Recording()
         async with Engine.open(path, **opts) as eng:
             greedy = SamplingSettings(hooks=rec)
@@ -64,7 +64,7 @@ def events(eng: Engine, cat: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hint_equals_resident_over_a_slow_tier(
-    stores: dict[str, Path], family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: dict[str, Path], family: str, tmp_path: Path
 ) -> None:
     """Tokens equal resident's; the log-probabilities equal hint's with each layer's slots
     taken in one piece (the path before the overlap) bit for bit; the overlap ran."""
@@ -73,8 +73,7 @@ def test_hint_equals_resident_over_a_slow_tier(
     got = decode(path, mode="hint", predictor="init", trace=tmp_path / "t.json")
     assert got["tokens"] == ref["tokens"]
     assert events(got["engine"], "compute.partial"), "no layer computed a staged part early"
-    monkeypatch.setattr(LayerStream, "overlaps", lambda self: False)
-    whole = decode(path, mode="hint", predictor="init", trace=tmp_path / "w.json")
+    whole = decode(path, mode="hint", predictor="init", overlap=False, trace=tmp_path / "w.json")
     assert not events(whole["engine"], "compute.partial")
     assert whole["tokens"] == ref["tokens"]
     assert np.array_equal(got["logprobs"], whole["logprobs"])
@@ -87,12 +86,20 @@ def test_hint_equals_resident_through_the_reader_threads(stores: dict[str, Path]
     assert got["tokens"] == ref["tokens"]
 
 
-def batched(path: Path, prompts: list[list[int]], trace: Path) -> dict[str, Any]:
+def batched(
+    path: Path, prompts: list[list[int]], trace: Path, overlap: bool = True
+) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         tier = MockTier(path, delay=DELAY)
         recs = [Recording() for _ in prompts]
         async with Engine.open(
-            path, mode="hint", predictor="init", tiers=tier, max_batch=3, trace=trace
+            path,
+            mode="hint",
+            predictor="init",
+            tiers=tier,
+            max_batch=3,
+            trace=trace,
+            overlap=overlap,
         ) as eng:
 
             async def one(p: list[int], rec: Recording) -> list[int]:
@@ -108,7 +115,7 @@ def batched(path: Path, prompts: list[list[int]], trace: Path) -> dict[str, Any]
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_batched_hint_equals_resident_over_a_slow_tier(
-    runtime_store_root: Path, family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_store_root: Path, family: str, tmp_path: Path
 ) -> None:
     """Three requests decoding together: each gets its tokens alone under resident, and the
     log-probabilities of the one-piece path bit for bit; the overlap ran (64 experts a
@@ -119,8 +126,7 @@ def test_batched_hint_equals_resident_over_a_slow_tier(
     got = batched(path, prompts, tmp_path / "t.json")
     assert got["tokens"] == refs
     assert events(got["engine"], "compute.partial"), "no batched layer computed a part early"
-    monkeypatch.setattr(LayerStream, "overlaps", lambda self: False)
-    whole = batched(path, prompts, tmp_path / "w.json")
+    whole = batched(path, prompts, tmp_path / "w.json", overlap=False)
     assert not events(whole["engine"], "compute.partial")
     assert whole["tokens"] == refs
     for a, b in zip(got["logprobs"], whole["logprobs"], strict=True):

@@ -167,6 +167,7 @@ class LayerStream:
         self.quant = quant
         self.top_k = steps.top_k
         self.host_experts = not isinstance(experts, ResidentExperts)  # slots need the set on host
+        self.overlap = False  # --overlap: staged experts computed while the missing are read
         self.head: Lookahead | None = None  # the prediction this layer owns, if any
         # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
         # in the step predicts step t+1 before this layer has used its plan for step t
@@ -281,8 +282,9 @@ class LayerStream:
 
     def overlaps(self) -> bool:
         """Whether the block takes this layer's slots through `arrivals` (a streamed layer
-        synced on its own: the staged experts computed while the missing ones are read)."""
-        return isinstance(self.experts, SlotExperts) and self.steps.groups is None
+        synced on its own, under --overlap: the staged experts computed while the missing
+        ones are read)."""
+        return self.overlap and isinstance(self.experts, SlotExperts) and self.steps.groups is None
 
     def arrivals(self, experts: list[int]) -> Iterator[list[tuple[int, int]]] | None:
         """The slots of `experts` (the set `route` returned) in groups as their reads
