@@ -13,6 +13,7 @@ from edge0.errors import ConfigError
 _MIB = 1 << 20
 COLORS = {
     "eval": "#4c72b0",
+    "partial": "#3b5e91",
     "predict": "#8172b2",
     "wait": "#c44e52",
     "sample": "#64b5cd",

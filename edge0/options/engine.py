@@ -122,6 +122,15 @@ class EngineOptions:
         default_help=str(SYNC_EVERY),
         lists=("bench",),
     )
+    overlap: bool = opt(
+        False,
+        "hint and reactive: compute a layer's experts already in memory while its missing "
+        "ones are read (exact either way; on 2 vCPUs it measured no faster, "
+        "docs/benchmarks/budget.md).",
+        kind=bool,
+        flag="--overlap",
+        commands=BENCH,
+    )
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = opt(

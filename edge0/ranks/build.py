@@ -133,7 +133,9 @@ def load_node(
             steps.resident_experts[i] = resident_stacks(path, manifest, i)
     if opts.record_routing:
         steps.recording = {}
-    streams = make_streams([i for i, _, _ in blocks], steps, memory, manifest, opts.run_mode)
+    streams = make_streams(
+        [i for i, _, _ in blocks], steps, memory, manifest, opts.run_mode, opts.overlap
+    )
     if predictor is not None:
         _wire_heads(
             node,

@@ -9,12 +9,15 @@ side with this one; `@G` sets `sync_every` (route; checkouts that have it).
     .venv/bin/python tools/bench/runtime_cost.py MODEL --tree before=BEFORE \\
         --variants before:resident,before:route,now:resident,now:route --rounds 3
     .venv/bin/python tools/bench/runtime_cost.py MODEL --variants now:route --clients 4
+    .venv/bin/python tools/bench/runtime_cost.py MODEL --tree before=BEFORE \\
+        --variants before:hint,now:hint --ratio now:hint/before:hint --tiers SPEC
 
 Prints one row per variant (medians over every measured request; `loop CPU
 ms/token` is the event-loop thread's CPU time over a run's measured requests
 per token generated, a figure the machine's load inflates less than lag) and, per tree,
-the per-round route / resident ratio of compute-thread CPU per layer; with
-`--json` also every request's stats and tokens.
+the per-round route / resident ratio of compute-thread CPU per layer; each `--ratio
+A/B`, per round, A's decode tok/s and blocked ms/step over B's; with `--json` also
+every request's stats and tokens.
 """
 
 from __future__ import annotations
@@ -143,6 +146,12 @@ def parse_variant(text: str, trees: dict[str, Path]) -> tuple[str, Path, str, in
 @click.option("--clients", default=1, show_default=True, help="Concurrent requests (<= 4).")
 @click.option("--prompts", default=4, show_default=True, help="Measured requests (<= 4).")
 @click.option("--tiers", default="ram:1GiB>pread", show_default=True)
+@click.option(
+    "--ratio",
+    "ratio_specs",
+    multiple=True,
+    help="A/B: per round, variant A's median decode tok/s and blocked ms/step over B's.",
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option(
     "--profile",
@@ -161,14 +170,20 @@ def main(
     clients: int,
     prompts: int,
     tiers: str,
+    ratio_specs: tuple[str, ...],
     json_out: str | None,
     profile_dir: str | None,
 ) -> None:
+    model = str(Path(model).resolve())  # each variant runs in its own tree's directory
     trees = {"now": Path(__file__).resolve().parents[2]}
     for spec in tree_specs:
         name, _, path = spec.partition("=")
         trees[name] = Path(path).resolve()
     chosen = [parse_variant(v, trees) for v in variants.split(",")]
+    pairs = [tuple(spec.split("/")) for spec in ratio_specs]
+    for pair in pairs:
+        if len(pair) != 2 or not set(pair) <= {v[0] for v in chosen}:
+            raise click.BadParameter(f"--ratio {'/'.join(pair)}: want A/B, two of the variants")
     runs: dict[str, list[list[dict[str, Any]]]] = {v[0]: [] for v in chosen}
     load = []
     for r in range(rounds):
@@ -212,11 +227,32 @@ def main(
                 + ", ".join(f"{x:.3f}" for x in ratios)
                 + f" (median {statistics.median(ratios):.3f})"
             )
+    ratios = {"/".join(pair): per_round(runs[pair[0]], runs[pair[1]]) for pair in pairs}
+    for name, got in ratios.items():
+        for key, values in got.items():
+            click.echo(
+                f"{name} {key} per round: "
+                + ", ".join(f"{x:.3f}" for x in values)
+                + f" (median {statistics.median(values):.3f})"
+            )
     click.echo(f"load average during the runs: {min(load):.1f}-{max(load):.1f}")
     if json_out:
-        Path(json_out).write_text(
-            json.dumps({"variants": variants, "runs": runs, "load": load}, indent=1)
-        )
+        out = {"variants": variants, "runs": runs, "load": load, "ratios": ratios}
+        Path(json_out).write_text(json.dumps(out, indent=1))
+
+
+def per_round(
+    a: list[list[dict[str, Any]]], b: list[list[dict[str, Any]]]
+) -> dict[str, list[float]]:
+    """Per round: A's median (over its requests) decode tok/s and blocked ms/step over B's."""
+    out: dict[str, list[float]] = {}
+    for key in ("decode_tps", "blocked_ms_per_step"):
+        out[key] = [
+            statistics.median(q["stats"][key] for q in x)
+            / max(statistics.median(q["stats"][key] for q in y), 1e-9)
+            for x, y in zip(a, b, strict=True)
+        ]
+    return out
 
 
 if __name__ == "__main__":

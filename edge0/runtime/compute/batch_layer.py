@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -12,7 +14,7 @@ import mlx.core as mx
 from edge0.errors import TierReadError
 from edge0.runtime.compute.rows import RowState
 from edge0.runtime.layers.block import StreamingMoE, expert_ffn
-from edge0.runtime.layers.streams import ResidentExperts, RoutedStream
+from edge0.runtime.layers.streams import ResidentExperts, RoutedStream, SlotExperts
 
 
 def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.array:
@@ -54,10 +56,18 @@ def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.
         lists: list[Any] = stacked.tolist()  # type: ignore[assignment]
         got = [g if r.more else None for g, r in zip(lists, rows, strict=True)]
     sets = [p if p is not None else t for p, t in zip(plans or trues, trues, strict=True)]
-    _host_work(block, x, rows, trues, sets, inds, got)
-    idx = _slots(block, rows, sets, inds)
-    y = expert_ffn(block, stream.views, mx.expand_dims(fam.expert_input(x, w), (-2, -3)), idx)
-    out = fam.extra(block, x, fam.combine(y.squeeze(-2), w))  # (B, 1, d), as one row sums
+    ahead = _host_work(block, x, rows, trues, sets, inds, got)
+    h = fam.expert_input(x, w)  # (B, 1, d), or (B, 1, K, d): an input per expert
+    sched = steps.scheduler
+    with sched.demand_first() if sched is not None else contextlib.nullcontext():
+        if ahead and head is not None and head.scheduler is not None:  # read after the union
+            head.scheduler.prefetch(head.target.layer, steps.step + 1, ahead)
+        staged = _stage(block, rows, sets) if h.ndim == 3 else None  # the union's reads issued
+    y = _arriving(block, h, rows, sets, *staged) if staged is not None else None
+    if y is None:  # in one piece (or again, without the rows a failed read ended)
+        idx = _slots(block, rows, sets, inds)
+        y = expert_ffn(block, stream.views, mx.expand_dims(h, (-2, -3)), idx).squeeze(-2)
+    out = fam.extra(block, x, fam.combine(y, w))  # (B, 1, d), as one row sums
     failed = [r.error is not None for r in rows]
     if any(failed):
         out = mx.where(mx.array(failed).reshape(-1, 1, 1), mx.zeros_like(out), out)
@@ -95,9 +105,9 @@ def _host_work(
     sets: list[list[int]],
     inds: mx.array,
     preds: list[list[int] | None],
-) -> None:
+) -> list[int]:
     """After the readback: each row's recorded routing, its executed set and indices, its
-    prediction (prefetched as the union of the rows' predictions)."""
+    prediction; returns the union of the rows' predictions (the caller prefetches it)."""
     stream = block.stream
     steps, layer, k, head = stream.steps, stream.layer, stream.top_k, stream.head
     union: dict[int, None] = {}
@@ -114,8 +124,73 @@ def _host_work(
         if got is not None:
             row.next[head.target.layer] = got
             union.update(dict.fromkeys(got))
-    if union and head is not None and head.scheduler is not None:
-        head.scheduler.prefetch(head.target.layer, steps.step + 1, list(union))
+    return list(union)
+
+
+def _stage(
+    block: StreamingMoE, rows: list[RowState], sets: list[list[int]]
+) -> tuple[list[int], Iterator[list[tuple[int, int]]]] | None:
+    """The union of the rows' sets and its slots in groups as their reads complete (the
+    reads issued now: edge0.runtime.layers.streams.SlotExperts.arrivals); None where the
+    layer takes its slots in one piece."""
+    stream = block.stream
+    if not stream.overlaps() or any(r.error is not None for r in rows):
+        return None
+    assert isinstance(stream.experts, SlotExperts)
+    union = list(dict.fromkeys(e for s in sets for e in s))
+    return union, stream.experts.arrivals(union)
+
+
+def _arriving(
+    block: StreamingMoE,
+    h: mx.array,
+    rows: list[RowState],
+    sets: list[list[int]],
+    union: list[int],
+    groups: Iterator[list[tuple[int, int]]],
+) -> mx.array | None:
+    """The rows' expert outputs (B, 1, K, d), the (row, expert) pairs of each group computed
+    as its slots become ready (the first, when more follow, launched and computing while
+    the rest are read), put back in the rows' routing order: each pair's output is the one
+    op's. None when a read failed (its rows are ended; the others are computed in one
+    piece by the caller)."""
+    stream = block.stream
+    steps, layer = stream.steps, stream.layer
+    b, k, d = len(rows), len(sets[0]), h.shape[-1]
+    pairs: dict[int, list[int]] = {}  # expert -> its pairs, row * K + position
+    for i, s in enumerate(sets):
+        for j, e in enumerate(s):
+            pairs.setdefault(e, []).append(i * k + j)
+    flat = h.reshape(b, d)
+    ys: list[mx.array] = []
+    order: list[int] = []
+    try:
+        for group in groups:
+            got = [(p, slot) for at, slot in group for p in pairs[union[at]]]
+            n = len(got)
+            hx = flat[mx.array([p // k for p, _ in got], dtype=mx.uint32)].reshape(n, 1, 1, 1, d)
+            idx = mx.array([slot for _, slot in got], dtype=mx.uint32).reshape(n, 1, 1)
+            y = expert_ffn(block, stream.views, hx, idx)  # (n, 1, 1, 1, d)
+            ys.append(y)
+            order += [p for p, _ in got]
+            if len(order) < b * k:  # more to come: these pairs compute while they are read
+                t0 = time.perf_counter()
+                mx.async_eval(y)
+                steps.span("partial", layer, t0, time.perf_counter())
+    except TierReadError as exc:
+        bad = [i for i, s in enumerate(sets) if exc.layer == layer and exc.expert in s]
+        if not bad:
+            raise
+        for i in bad:
+            rows[i].error = exc
+        assert steps.scheduler is not None
+        steps.scheduler.forget_failures()  # the others may read this expert again later
+        return None
+    y = mx.concatenate(ys) if len(ys) > 1 else ys[0]  # (B * K, 1, 1, 1, d), arrival order
+    if order != list(range(b * k)):
+        back = sorted(range(b * k), key=order.__getitem__)
+        y = mx.take(y, mx.array(back, dtype=mx.uint32), axis=0)
+    return y.reshape(b, 1, k, d)
 
 
 def _slots(

@@ -140,7 +140,7 @@ class Steps:
     def span(self, kind: str, layer: int, start: float, end: float, cpu: float = 0.0) -> None:
         """Account a compute-thread span; `cpu` is its thread CPU time (eval and wait)."""
         self.cur.cpu_excluded += cpu
-        if kind == "eval":
+        if kind in ("eval", "partial"):  # partial: a layer's staged experts launched early
             self.cur.eval += end - start
         elif kind == "predict":
             self.cur.predict += end - start

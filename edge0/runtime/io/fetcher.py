@@ -59,6 +59,7 @@ class Fetcher(Issuer):
         self._held: list[FetchTicket] | None = None  # tickets held back by `batched()`
         self._planner: Planner | None = None  # applies `deferred()` work (started by `start`)
         self._deferring: list[Op] | None = None  # work queued inside `deferred()`
+        self._after: list[FetchTicket] | None = None  # prefetches held by `demand_first()`
         # (layer, step) -> prefetches for it queued for the planner, not yet applied
         self._queued: collections.Counter[tuple[int, int]] = collections.Counter()
         # (layer, step) -> experts prefetched for it: the only slots `acquire` may release

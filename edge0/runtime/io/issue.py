@@ -36,6 +36,7 @@ class Issuer:
     _queued: collections.Counter[tuple[int, int]]
     _ahead: dict[tuple[int, int], set[int]]
     _planned: dict[tuple[int, int], list[int]]
+    _after: list[FetchTicket] | None
 
     def _enqueue(self, tickets: list[FetchTicket]) -> None:
         assert self._queue is not None
@@ -86,6 +87,22 @@ class Issuer:
             self._submit(held)
 
     @contextlib.contextmanager
+    def demand_first(self) -> Iterator[None]:
+        """Prefetch tickets issued inside reach the readers after the demand reads issued
+        inside (at its end, or before compute waits): slots are reserved in the order asked,
+        but a reader idle meanwhile never takes a next-step read ahead of this step's."""
+        self._after = []
+        try:
+            yield
+        finally:
+            self._post_after()
+
+    def _post_after(self) -> None:
+        held, self._after = self._after, None
+        if held:
+            self._submit(held)
+
+    @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
         """Prefetches and fence moves issued inside are applied by the planner thread
         (edge0.runtime.io.planner), in order, before anything else reads the slot table."""
@@ -127,7 +144,10 @@ class Issuer:
         with self._lock:
             self._drain()
             new = self._stage(layer, step, experts)
-            self._submit(new)
+            if self._after is not None:  # inside `demand_first()`
+                self._after.extend(new)
+            else:
+                self._submit(new)
         return len(new)
 
     def _stage_queued(self, layer: int, step: int, experts: list[int]) -> list[FetchTicket]:

@@ -97,6 +97,49 @@ class Scheduler(RouteSlots, Fetcher):
         it (route mode's deferred syncs) the fence stays where `evaluated` put it, and a
         full pool raises `FenceNeeded` so compute can evaluate and ask again.
         """
+        slots, done = self.stage(layer, step, experts, fenced)
+        if done:
+            return slots
+        table = self.table
+        with self._cond:
+            while any(table.state(s) is SlotState.LOADING for s in slots):
+                self._wait()
+            for s, e in zip(slots, experts, strict=True):
+                self._check(layer, s, e)
+            self._consume(layer, slots, experts, step)
+        return slots
+
+    def arrived(
+        self, layer: int, step: int, experts: list[int], slots: list[int], pending: list[int]
+    ) -> list[int]:
+        """The positions in `pending` (indices into `experts` and their `slots`, from
+        `stage`) whose reads are done, once at least one is (blocks); compute reads them
+        now. A failed read raises its error."""
+        table = self.table
+        with self._cond:
+            while True:
+                done = [i for i in pending if table.state(slots[i]) is not SlotState.LOADING]
+                if done:
+                    break
+                self._wait()
+            for i in done:
+                self._check(layer, slots[i], experts[i])
+            self._consume(layer, [slots[i] for i in done], [experts[i] for i in done], step)
+        return done
+
+    def _check(self, layer: int, slot: int, expert: int) -> None:
+        """A read compute waited for: its slot is ready, or its error is raised (lock held)."""
+        if self.table.state(slot) is not SlotState.READY:
+            raise self._errors.get((layer, slot)) or TierReadError(
+                "slot lost its record", layer=layer, expert=expert
+            )
+
+    def stage(
+        self, layer: int, step: int, experts: list[int], fenced: bool = True
+    ) -> tuple[list[int], bool]:
+        """`acquire` without its wait: the slots of `experts`, reads issued at once for those
+        not staged, and whether every one is ready and consumed already (else `arrived`
+        tells which are, as their reads complete). Blocks only for a free slot."""
         table = self.table
         with self._cond:
             if (layer, step) in self._queued:  # its prefetch is not applied yet: apply it
@@ -112,14 +155,14 @@ class Scheduler(RouteSlots, Fetcher):
                 self._planned.pop((layer, step), None)
                 self.stats.staged_hits += len(experts)
                 self._soon(self._consume, layer, claim[1], experts, step)
-                return claim[1]
+                return claim[1], True
             self._drain()  # the slow path: every deferred fence move and reservation first
             self._release_unneeded(layer, step, experts)
             staged = table.claim(layer, experts, step)
             if staged is not None:  # every expert staged and ready: no ticket, no wait
                 self.stats.staged_hits += len(experts)
                 self._soon(self._consume, layer, staged, experts, step)
-                return staged
+                return staged, True
             slots: list[int] = []
             new: list[FetchTicket] = []
             for e in experts:
@@ -134,6 +177,7 @@ class Scheduler(RouteSlots, Fetcher):
                             raise RuntimeError(f"slot pool is over capacity at layer {layer}")
                         self._submit(new)
                         new = []
+                        self._post_after()  # (a held prefetch may be what frees a slot)
                         self._wait()
                     got = self._issue(layer, step, e, DEMAND)
                 slots.append(got[0])
@@ -142,15 +186,7 @@ class Scheduler(RouteSlots, Fetcher):
             self._submit(new)
             self.stats.staged_misses += len(new)
             self.stats.staged_hits += len(experts) - len(new)
-            while any(table.state(s) is SlotState.LOADING for s in slots):
-                self._wait()
-            for s, e in zip(slots, experts, strict=True):
-                if table.state(s) is not SlotState.READY:
-                    raise self._errors.get((layer, s)) or TierReadError(
-                        "slot lost its record", layer=layer, expert=e
-                    )
-            self._consume(layer, slots, experts, step)
-        return slots
+        return slots, False
 
     def _claim_step(self, step: int, first: int) -> None:
         """Claim, in one pass, the slots of `first` and of every later layer whose one

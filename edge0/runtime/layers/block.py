@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -69,9 +71,40 @@ class StreamingMoE(nn.Module):
         else:
             assert true_inds is not None
             inds = true_inds
-        experts = stream.route(x, true_inds, inds, w, planned)  # evaluated; prefetch issued
-        y = self._experts(fam.expert_input(x, w), stream.slots(experts, inds))  # (1, 1, K, d)
-        return fam.extra(self, x, fam.combine(y, w))
+        # evaluated; the owned prediction's prefetch is read after this layer's own reads
+        experts = stream.route(x, true_inds, inds, w, planned, hold=True)
+        groups = stream.arrivals(experts)
+        if groups is None:
+            y = self._experts(fam.expert_input(x, w), stream.slots(experts, inds))
+        else:
+            y = self._arriving(fam.expert_input(x, w), groups, len(experts))
+        return fam.extra(self, x, fam.combine(y, w))  # y: (1, 1, K, d)
+
+    def _arriving(self, h: mx.array, groups: Iterator[list[tuple[int, int]]], k: int) -> mx.array:
+        """The outputs (1, 1, k, d) of k experts computed group by group as their slots are
+        ready: the first, when more follow, is launched (`mx.async_eval`) and computes while
+        the rest are read. An expert's output does not depend on the others computed with
+        it, and the outputs go back into routing order before the weighted sum: the same
+        sum as in one op."""
+        steps, layer = self.stream.steps, self.layer
+        ys: list[mx.array] = []
+        order: list[int] = []
+        for group in groups:
+            pos = [i for i, _ in group]
+            idx = mx.array([[[s for _, s in group]]], dtype=mx.uint32)  # (1, 1, g)
+            part = h if h.ndim == 3 else h[:, :, mx.array(pos, dtype=mx.uint32)]  # (1, 1, [g,] d)
+            y = self._experts(part, idx)  # (1, 1, g, d)
+            ys.append(y)
+            order += pos
+            if len(order) < k:  # more to come: this group computes while they are read
+                t0 = time.perf_counter()
+                mx.async_eval(y)
+                steps.span("partial", layer, t0, time.perf_counter())
+        y = mx.concatenate(ys, axis=-2) if len(ys) > 1 else ys[0]  # (1, 1, k, d), arrival order
+        if order == list(range(k)):
+            return y
+        back = sorted(range(k), key=order.__getitem__)  # arrival index of each routing position
+        return mx.take(y, mx.array(back, dtype=mx.uint32), axis=-2)
 
     def _choose_on_device(
         self, x: mx.array, scores: mx.array, true_inds: mx.array, w: mx.array, planned: list[int]

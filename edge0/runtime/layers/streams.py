@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -13,7 +14,7 @@ from edge0.routing.predictors import Predictor
 from edge0.runtime.io.scheduler import FenceNeeded, Scheduler
 from edge0.runtime.layers.clock import BatchJoin, ChunkCall, Clock
 from edge0.runtime.layers.policy import RoutePolicy
-from edge0.runtime.layers.syncs import Deferred
+from edge0.runtime.layers.syncs import Deferred, Issuing
 
 
 class StreamClock(Clock, Protocol):
@@ -77,6 +78,38 @@ class SlotExperts:
         steps.span("wait", self.layer, t0, time.perf_counter())
         return slots
 
+    def arrivals(self, experts: list[int]) -> Iterator[list[tuple[int, int]]]:
+        """The slots of `experts` in at most two groups of (position in `experts`, slot): those
+        ready now (the staged ones; else the first read to land), then the rest once their
+        reads have all landed (one group per read cost more on the compute thread than it
+        saved: docs/benchmarks/budget.md). The missing reads are issued now; the groups
+        block between them."""
+        assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
+        t0 = time.perf_counter()
+        slots, done = self.scheduler.stage(self.layer, self.steps.step, experts)  # fenced
+        return self._groups(experts, slots, done, t0)
+
+    def _groups(
+        self, experts: list[int], slots: list[int], done: bool, t0: float
+    ) -> Iterator[list[tuple[int, int]]]:
+        steps, sched = self.steps, self.scheduler
+        assert sched is not None
+        pending = list(range(len(experts)))
+        first = True
+        while pending:
+            got: list[int] = []
+            while pending and (not got or not first):  # after the first group: all the rest
+                if done:
+                    more = pending
+                else:
+                    more = sched.arrived(self.layer, steps.step, experts, slots, pending)
+                got += more
+                pending = [i for i in pending if i not in more]
+            first = False
+            steps.span("wait", self.layer, t0, time.perf_counter())
+            yield [(i, slots[i]) for i in got]
+            t0 = time.perf_counter()
+
 
 class Lookahead:
     """The prediction one layer owns: its target layer's experts at the next step, prefetched."""
@@ -134,12 +167,15 @@ class LayerStream:
         self.quant = quant
         self.top_k = steps.top_k
         self.host_experts = not isinstance(experts, ResidentExperts)  # slots need the set on host
+        self.overlap = False  # --overlap: staged experts computed while the missing are read
         self.head: Lookahead | None = None  # the prediction this layer owns, if any
         # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
         # in the step predicts step t+1 before this layer has used its plan for step t
         self.plans: list[tuple[int, list[int]] | None] = [None, None]
         self.prev_experts: list[int] | None = None  # executed at the previous step
         self.prev_inds: mx.array | None = None
+        # the owned prediction's prefetch, held until this layer's own reads are issued
+        self._held: tuple[Issuing, tuple[Any, ...]] | None = None
 
     def attach(self, scheduler: Scheduler) -> None:
         """The scheduler, once the tier stack is open: for slot acquisition and prefetch."""
@@ -152,6 +188,7 @@ class LayerStream:
         """A new request: nothing predicted, no previous step."""
         self.plans = [None, None]
         self.prev_experts = self.prev_inds = None
+        self._held = None
 
     def offer(self, step: int, experts: list[int]) -> None:
         """The owner's prediction of this layer's experts at `step`."""
@@ -193,8 +230,10 @@ class LayerStream:
         inds: mx.array,
         w: mx.array,
         planned: list[int] | None,
+        hold: bool = False,
     ) -> list[int]:
-        """One eval of the routing and the owned prediction; prefetch; return the experts to run."""
+        """One eval of the routing and the owned prediction; prefetch (`hold`: held for
+        `arrivals`, which the caller calls next); return the experts to run."""
         steps = self.steps
         head = self.head if steps.prefetching else None
         pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
@@ -204,12 +243,14 @@ class LayerStream:
         steps.cur.syncs += 1
         steps.cur.layers += 1
         self.prev_inds = inds
-        self.finish(Deferred(self, x, true_inds, pred, planned, self.prev_experts, head))
+        work = Deferred(self, x, true_inds, pred, planned, self.prev_experts, head)
+        self.finish(work, hold=hold and self.overlaps())
         assert self.prev_experts is not None
         return self.prev_experts
 
-    def finish(self, work: Deferred) -> None:
-        """After the readback: record the routing, hand the owned prediction on (prefetch)."""
+    def finish(self, work: Deferred, hold: bool = False) -> None:
+        """After the readback: record the routing, hand the owned prediction on (prefetch;
+        `hold`: by `arrivals`, whose own reads go first)."""
         steps = self.steps
         true: list[int] | None = None
         if work.true_inds is not None:
@@ -227,12 +268,36 @@ class LayerStream:
         ):
             steps.count_recall(experts, true)  # the prediction (or the choice) was the routing
         self.prev_experts = experts
+        self._held = None
         if work.head is not None:
-            work.head.issue(work.x, experts, true or experts, work.prev, work.pred, self.top_k)
+            args = (work.x, experts, true or experts, work.prev, work.pred, self.top_k)
+            if hold:
+                self._held = (work.head, args)
+            else:
+                work.head.issue(*args)
 
     def slots(self, experts: list[int], inds: mx.array) -> mx.array:
         """Indices into `views` of `experts` (blocks until a streamed layer's slots are staged)."""
         return self.experts.index(experts, inds)
+
+    def overlaps(self) -> bool:
+        """Whether the block takes this layer's slots through `arrivals` (a streamed layer
+        synced on its own, under --overlap: the staged experts computed while the missing
+        ones are read)."""
+        return self.overlap and isinstance(self.experts, SlotExperts) and self.steps.groups is None
+
+    def arrivals(self, experts: list[int]) -> Iterator[list[tuple[int, int]]] | None:
+        """The slots of `experts` (the set `route` returned) in groups as their reads
+        complete; the owned prediction's prefetch (`route` held it) is read after the
+        missing ones. None where `overlaps` says no: take `slots` in one piece."""
+        if not self.overlaps():
+            return None
+        assert isinstance(self.experts, SlotExperts) and self.experts.scheduler is not None
+        held, self._held = self._held, None
+        with self.experts.scheduler.demand_first():  # slots reserved as before, read after
+            if held is not None:
+                held[0].issue(*held[1])
+            return self.experts.arrivals(experts)
 
     @property
     def views(self) -> dict[str, mx.array]:
@@ -269,12 +334,13 @@ class RoutedStream(LayerStream):
         inds: mx.array,
         w: mx.array,
         planned: list[int] | None,
+        hold: bool = False,
     ) -> list[int]:
         steps, groups = self.steps, self.steps.groups
         if groups is None or steps.prefill or (planned is None and self.host_experts):
             if groups is not None and groups.busy:
                 groups.flush([])
-            return super().route(x, true_inds, inds, w, planned)
+            return super().route(x, true_inds, inds, w, planned, hold)
         head = self.head if steps.prefetching else None
         pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         chosen = inds if steps.policy is not None and steps.policy.on_device else None

@@ -99,7 +99,7 @@ def prepare(
     if opts.mode == "route" and opts.route_policy != "predicted":
         deadline = DEFAULT_DEADLINE_MS if opts.route_deadline_ms is None else opts.route_deadline_ms
         steps.policy = RoutePolicy(opts.route_policy, deadline, steps, layer_heads)
-    streams = make_streams(layers, steps, memory, manifest, opts.run_mode)
+    streams = make_streams(layers, steps, memory, manifest, opts.run_mode, opts.overlap)
     if predictor is not None:  # heads only for layers that are streamed
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
         for owner, target in predictor.targets.items():
@@ -133,9 +133,15 @@ def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
 
 
 def make_streams(
-    layers: list[int], steps: Steps, memory: SlotMemory, manifest: Manifest, mode: str
+    layers: list[int],
+    steps: Steps,
+    memory: SlotMemory,
+    manifest: Manifest,
+    mode: str,
+    overlap: bool = False,
 ) -> dict[int, LayerStream]:
-    """One stream per MoE layer: over its resident experts when kept, else over its slots."""
+    """One stream per MoE layer: over its resident experts when kept, else over its slots;
+    `overlap`: its staged experts computed while the missing ones are read (hint, reactive)."""
     stream_cls = RoutedStream if mode == "route" else LayerStream
     streams: dict[int, LayerStream] = {}
     for i in layers:
@@ -145,6 +151,7 @@ def make_streams(
             else SlotExperts(i, memory.views[i], steps)
         )
         streams[i] = stream_cls(i, steps, where, manifest.quantization)
+        streams[i].overlap = overlap
     return streams
 
 
