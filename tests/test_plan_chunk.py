@@ -77,6 +77,8 @@ def test_a_larger_budget_never_gives_a_smaller_chunk(k: int) -> None:
         assert p.prompt <= (budget - fixed) // 2 + MIB  # its share (the pool's ALIGN aside)
         assert parts(p) <= budget
         assert p.prompt == (0 if p.prefill_chunk == 1 else fp.chunk_fixed + last * fp.chunk_token)
+        if p.prefill_chunk == 1:
+            assert "one prompt token per step: a 2-token chunk holds" in p.line()
     assert last == amortised(256, k, 1 << 16)  # ample: where the reads amortise, no further
 
 
@@ -92,13 +94,13 @@ def test_the_35b_shape_at_3gib_takes_what_its_share_holds() -> None:
     assert "1024 tokens (~16x) would need 948 MiB" in line
     ample = plan(6 << 30, shape35(4))
     assert ample.prefill_chunk == 1024
-    assert "the prompt chunk stops at 1024 tokens (~16x, where its reads amortise)" in ample.line()
+    assert "the prompt chunk stops at 1024 tokens (~16x, where its reads amortise:" in ample.line()
     assert "\n" not in line + ample.line()
 
 
 def test_no_chunk_is_longer_than_the_context() -> None:
     assert plan(8 << 30, shape35(4, context=300)).prefill_chunk == 300
-    assert "(the context)" in plan(8 << 30, shape35(4, context=300)).line()
+    assert "(the context: no prompt is longer)" in plan(8 << 30, shape35(4, context=300)).line()
 
 
 def test_nothing_streamed_keeps_the_default() -> None:

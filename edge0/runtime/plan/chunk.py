@@ -64,37 +64,35 @@ def choose(
     fit = (share - fixed) // per_token if per_token else aim
     tokens = max(1, min(aim, fit))
     if tokens <= 1:
+        two = fixed + 2 * per_token
         return ChunkChoice(
             1,
             0,
-            f"one prompt token per step: a chunk holds {fixed / _MIB:.0f} MiB whatever its "
-            f"length, more than half of the {left / _MIB:.0f} MiB left",
+            f"one prompt token per step: a 2-token chunk holds {two / _MIB:.0f} MiB, more than "
+            f"half of the {left / _MIB:.0f} MiB left",
         )
     size = fixed + tokens * per_token
     if not experts or not k:
         return ChunkChoice(tokens, size, "")
-    x = saving(experts, k, tokens)
+    saved = f"a prompt token reads ~{saving(experts, k, tokens):.1f}x fewer expert records than "
+    saved += "one token per step"
     if tokens == aim:
-        why = (
-            f"~{AMORTISE}x, where its reads amortise"
-            if aim > DEFAULT_CHUNK
-            else "the default; its reads amortise sooner"
-        )
         if context and aim == context:
-            why = "the context"
+            why = "the context: no prompt is longer"
+        elif aim > DEFAULT_CHUNK:
+            why = (
+                f"~{AMORTISE}x, where its reads amortise: a larger one would take slots for little"
+            )
+        else:
+            why = "the default: its reads amortise sooner"
         return ChunkChoice(
-            tokens,
-            size,
-            f"the prompt chunk stops at {tokens} tokens ({why}): a prompt token reads "
-            f"~{x:.1f}x fewer expert records than one token per step; a larger one would take "
-            "slots from decode for little",
+            tokens, size, f"the prompt chunk stops at {tokens} tokens ({why}); {saved}"
         )
     need = fixed + aim * per_token
     return ChunkChoice(
         tokens,
         size,
         f"the prompt chunk takes {tokens} tokens, the most half of the {left / _MIB:.0f} MiB "
-        f"left holds (the rest is for slots): a prompt token reads ~{x:.1f}x fewer expert "
-        f"records than one token per step; {aim} tokens (~{saving(experts, k, aim):.0f}x) "
-        f"would need {need / _MIB:.0f} MiB",
+        f"left holds (the rest is for slots): {saved}; {aim} tokens "
+        f"(~{saving(experts, k, aim):.0f}x) would need {need / _MIB:.0f} MiB",
     )
