@@ -25,9 +25,13 @@ def test_variants_and_their_refusals() -> None:
         "native chunk=8 threads=1",
         "native chunk=8 threads=2",
     ]
+    plan = prompt.parse_variants("native", "plan,1")
+    assert [v.name for v in plan] == ["native chunk=plan", "native chunk=1"]
+    assert plan[0].chunk == prompt.PLAN
     for kernels, chunks, threads, why in (
         ("cuda", "64", "", "--kernels"),
         ("native", "0", "", "at least 1"),
+        ("native", "plans", "", "--chunks"),
         ("native", "8", "0", "within 1..64"),
         ("native", "8", "two", "--threads"),
     ):
@@ -69,3 +73,26 @@ def test_a_small_run_end_to_end(tmp_path: Path) -> None:
         rows["native chunk=8"]["mib_per_prompt_token"]
         < rows["native chunk=1"]["mib_per_prompt_token"]
     )
+
+
+def test_the_plans_chunk_under_a_budget(tmp_path: Path) -> None:
+    """`--chunks plan` runs the memory plan's chunk (reported per run, with the plan line and
+    the load average) under the given budget; without a budget it is refused."""
+    store = build_store(tmp_path, "qwen3_moe")
+    out = tmp_path / "bench.json"
+    args = ["bench", "prefill", str(store), "--prompt-len", "24", "--prompts", "1", "--tokens", "2"]
+    args += ["--rounds", "1", "--kernels", "native", "--chunks", "plan,8", "--json", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and "--chunks plan needs --memory-budget" in res.output
+    budget = ["--memory-budget", "2GiB", "--top-k", "2", "--predictor", "init"]
+    res = CliRunner().invoke(main, [*args, *budget, "--mode", "route"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(out.read_text())
+    assert got["engine"] == {"memory_budget": "2GiB", "top_k": 2, "predictor": "init"}
+    run = got["rounds"][0]["native chunk=plan"]
+    assert run["chunk"] == got["summary"]["rows"]["native chunk=plan"]["chunk"] > 8
+    assert run["plan"].startswith("memory budget 2048 MiB") and "prompt chunk" in run["plan"]
+    assert set(run["load_average"]) == {"before", "after"}
+    assert got["rounds"][0]["native chunk=8"]["chunk"] == 8
+    rows = got["summary"]["rows"]
+    assert rows["native chunk=plan"]["tokens"] == rows["native chunk=8"]["tokens"]

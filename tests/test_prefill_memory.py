@@ -17,7 +17,8 @@ from test_prefill import PROMPT, generate
 from edge0.cli.main import main
 from edge0.errors import ConfigError
 from edge0.runtime.engine.api import Engine
-from edge0.runtime.plan.memory import DEFAULT_CHUNK, Footprint, plan
+from edge0.runtime.plan.chunk import DEFAULT_CHUNK
+from edge0.runtime.plan.memory import Footprint, plan
 from edge0.runtime.prefill import memory as prefill_memory
 from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, dense_weight_bytes
 from edge0.runtime.prefill.memory import (

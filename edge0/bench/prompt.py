@@ -18,18 +18,19 @@ from typing import Any
 import attrs
 
 KERNELS = ("native", "mlx")
+PLAN = 0  # a variant's chunk left to the memory plan (`--chunks plan`, with --memory-budget)
 
 
 @attrs.frozen
 class Variant:
     kernels: str  # native | mlx
-    chunk: int  # prompt tokens per forward (1: one token per step)
+    chunk: int  # prompt tokens per forward (1: one token per step; PLAN: the memory plan's)
     threads: int | None = None  # EDGE0_PROMPT_THREADS; None: the engine's default
 
     @property
     def name(self) -> str:
         t = "" if self.threads is None else f" threads={self.threads}"
-        return f"{self.kernels} chunk={self.chunk}{t}"
+        return f"{self.kernels} chunk={'plan' if self.chunk == PLAN else self.chunk}{t}"
 
 
 @attrs.frozen
@@ -41,21 +42,24 @@ class Job:
     tokens: int
     tiers: str
     mode: str | None
+    engine: dict[str, Any] = attrs.Factory(dict)  # more Engine.open options (memory_budget, ...)
 
 
 def parse_variants(kernels: str, chunks: str, threads: str = "") -> list[Variant]:
     """ "native,mlx" x "256,1" (x "1,2" threads) -> the variants, refusing unknown kernels,
-    bad chunks or thread counts."""
+    bad chunks or thread counts; the chunk `plan` leaves it to the memory plan."""
     ks = [k.strip() for k in kernels.split(",") if k.strip()]
     bad = [k for k in ks if k not in KERNELS]
     if not ks or bad:
         raise ValueError(f"--kernels takes {','.join(KERNELS)}, not {kernels!r}")
+    words = [c.strip() for c in chunks.split(",") if c.strip()]
     try:
-        cs = [int(c) for c in chunks.split(",") if c.strip()]
+        cs = [int(c) for c in words if c != "plan"]
     except ValueError:
-        raise ValueError(f"--chunks takes integers like 256,1, not {chunks!r}") from None
-    if not cs or any(c < 1 for c in cs):
+        raise ValueError(f"--chunks takes integers like 256,1 or plan, not {chunks!r}") from None
+    if not words or any(c < 1 for c in cs):
         raise ValueError(f"--chunks values must be at least 1, got {chunks!r}")
+    cs = [PLAN if c == "plan" else int(c) for c in words]
     try:
         ts: list[int | None] = [int(t) for t in threads.split(",") if t.strip()] or [None]
     except ValueError:
@@ -73,10 +77,12 @@ async def _measure(job: Job) -> dict[str, Any]:
     from edge0.stats import peak_rss_bytes
 
     path = job.model or default_model_path()
-    opts: dict[str, Any] = {"prefill_chunk": job.variant.chunk, "tiers": job.tiers}
+    chunk = None if job.variant.chunk == PLAN else job.variant.chunk
+    opts: dict[str, Any] = {**job.engine, "prefill_chunk": chunk, "tiers": job.tiers}
     if job.mode is not None:
         opts["mode"] = job.mode
     runs = []
+    load_before = os.getloadavg()
     async with Engine.open(path, **opts) as eng:
         ids = encode_prompts(eng.tokenizer, job.prompts, job.prompt_len)
         async for _ in eng.tokens(ids[0][:16], max_tokens=2, stop=False):  # warm-up
@@ -100,8 +106,17 @@ async def _measure(job: Job) -> dict[str, Any]:
                     "tokens": toks,
                 }
             )
-        mode = eng.setup.ctx.mode
-    return {"runs": runs, "mode": mode, "kernels_status": status(), "peak_rss": peak_rss_bytes()}
+        mode, used = eng.setup.ctx.mode, eng.setup.ctx.prefill_chunk
+        planned = eng.setup.memory_plan
+    return {
+        "runs": runs,
+        "mode": mode,
+        "chunk": used,
+        "plan": None if planned is None else planned.line(),
+        "kernels_status": status(),
+        "peak_rss": peak_rss_bytes(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+    }
 
 
 def run_one(job: Job, timeout: float) -> dict[str, Any]:
@@ -156,6 +171,8 @@ def summarise(variants: list[Variant], rounds: list[dict[str, dict[str, Any]]]) 
             for key in ("prompt_tps", "ttft_s", "mib_per_prompt_token", "cpu_s")
         }
         rows[v.name]["tokens"] = runs[0]["tokens"]
+        chunks = {rd[v.name].get("chunk") for rd in rounds if v.name in rd}
+        rows[v.name]["chunk"] = chunks.pop() if len(chunks) == 1 else sorted(chunks, key=str)
         rows[v.name]["same_tokens_every_run"] = all(r["tokens"] == runs[0]["tokens"] for r in runs)
     ratios = []
     for a, b in _pairs(variants):

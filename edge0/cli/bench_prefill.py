@@ -29,8 +29,15 @@ import click
     "--chunks",
     default="256,1",
     show_default=True,
-    help="Prompt tokens per forward, comma-separated (1: one token per step).",
+    help="Prompt tokens per forward, comma-separated (1: one token per step; plan: the "
+    "memory plan's, with --memory-budget).",
 )
+@click.option("--memory-budget", default=None, metavar="SIZE", help="Every run's budget.")
+@click.option("--top-k", type=click.IntRange(1), default=None, help="Every run's --top-k.")
+@click.option(
+    "--first-layer", default=None, help="Every run's --first-layer [default: the engine's]."
+)
+@click.option("--predictor", default=None, help="Every run's --predictor [default: the engine's].")
 @click.option("--tiers", default="pread", show_default=True, metavar="SPEC")
 @click.option("--mode", default=None, help="Engine mode [default: the layout's].")
 @click.option(
@@ -56,6 +63,10 @@ def command(
     chunks: str,
     tiers: str,
     mode: str | None,
+    memory_budget: str | None,
+    top_k: int | None,
+    first_layer: str | None,
+    predictor: str | None,
     threads: str,
     gguf: Path | None,
     timeout: float,
@@ -70,12 +81,21 @@ def command(
         variants = bench.parse_variants(kernels, chunks, threads)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    if any(v.chunk == bench.PLAN for v in variants) and memory_budget is None:
+        raise click.BadParameter("--chunks plan needs --memory-budget (the plan chooses it)")
     m = None if model is None else str(model)
+    given = {
+        "memory_budget": memory_budget,
+        "top_k": top_k,
+        "first_layer": first_layer,
+        "predictor": predictor,
+    }
+    engine = {k: v for k, v in given.items() if v is not None}
     done = []
     for i in range(rounds):
         got = {}
         for v in variants:
-            job = bench.Job(m, v, prompt_len, prompts, tokens, tiers, mode)
+            job = bench.Job(m, v, prompt_len, prompts, tokens, tiers, mode, engine)
             got[v.name] = bench.run_one(job, timeout)
             err = got[v.name].get("error")
             said = f"failed: {err}" if err else "done"
@@ -93,6 +113,7 @@ def command(
     if json_out is not None:
         out = {
             "model": m,
+            "engine": engine,
             "prompt_len": prompt_len,
             "rounds": done,
             "summary": summary,

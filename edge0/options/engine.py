@@ -157,7 +157,8 @@ class EngineOptions:
         flag="--prefill-chunk",
         commands=BENCH,
         low=1,
-        default_help="256; under --memory-budget the largest up to 256 the plan can hold",
+        default_help="256; under --memory-budget the plan's: the largest its share holds, up "
+        "to where its reads amortise",
         lists=("bench",),
     )
     hosts: str | int | None = opt(

@@ -62,6 +62,8 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
             baseline,
             *chunk,
             load,
+            context=opts.context,
+            prompt_k=k,
         )
     kept = 1 if opts.first_layer == "resident" and len(moe) > 1 else 0
     predictor = opts.predictor or ("heads" if PrerouterSet.exists(path) else "init")
@@ -83,6 +85,8 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
         *chunk,
         load if kept else 0,
         manifest.n_experts,
+        context=opts.context,
+        prompt_k=k,
     )
 
 

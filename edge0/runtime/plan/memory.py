@@ -15,6 +15,7 @@ from edge0.families import family_for
 from edge0.families.base import LINEAR
 from edge0.layout.manifest import Manifest
 from edge0.runtime.io.slotmem import ALIGN, POOL_LIMIT
+from edge0.runtime.plan.chunk import choose
 from edge0.storage.spec import TierStage, format_spec, parse_size, parse_spec
 
 _MIB = 1 << 20
@@ -23,8 +24,6 @@ KV_STEP = 256  # mlx-lm's KVCache grows in steps of this many tokens
 # with tools/memprobe.py: 14 / 28 / 52 MiB at d_model 512 / 1024 / 2048, the same at K=2, 4, 8
 WORKING_BASE = 16 * _MIB
 WORKING_PER_1K_D = 24 * _MIB
-DEFAULT_CHUNK = 256  # prompt tokens per forward without a budget (docs/benchmarks/prefill.md)
-PROMPT_SHARE = 2  # an unasked prompt chunk takes at most 1/2 of what the fixed parts leave
 
 
 @attrs.frozen
@@ -46,6 +45,8 @@ class Footprint:
     chunk_token: int = 0  # ... and per chunk token
     load: int = 0  # the transient of loading resident experts (load_bytes)
     experts: int = 0  # experts a streamed layer has (0: unknown, nothing is capped)
+    context: int = 0  # tokens the KV cache is planned for (0: unknown): no chunk is longer
+    prompt_k: int = 0  # experts a prompt token routes to (0: top_k)
 
     @property
     def max_slots(self) -> int | None:
@@ -84,6 +85,7 @@ class MemoryPlan:
     prompt: int = 0  # a prompt chunk's working memory
     prefill_chunk: int = 1  # prompt tokens per forward that `prompt` holds
     load: int = 0  # loading resident experts: the transient (load_bytes)
+    chunk_note: str = ""  # what the chosen prompt chunk trades (plan.chunk.choose)
 
     def line(self) -> str:
         return (
@@ -94,6 +96,7 @@ class MemoryPlan:
             f"loading {self.load / _MIB:.0f} + "
             f"prompt chunk {self.prompt / _MIB:.0f} ({self.prefill_chunk} tokens) + "
             f"RAM cache {self.cache / _MIB:.0f} MiB; {self.choice}"
+            + (f"; {self.chunk_note}" if self.chunk_note else "")
         )
 
 
@@ -131,10 +134,11 @@ def plan(
             f"({fp.working / _MIB:.0f}) and loading ({fp.load / _MIB:.0f}) need; raise the "
             f"budget, lower --top-k or the context"
         )
-    tokens, prompt = prompt_chunk(total, left, fp, chunk)
+    tokens, prompt, note = prompt_chunk(total, left, fp, chunk)
     left -= prompt
     if cache is not None and fp.layers:
-        return _with_cache(total, fp, n_min, kv, resident, tokens, prompt, left, cache)
+        made = _with_cache(total, fp, n_min, kv, resident, tokens, prompt, left, cache)
+        return attrs.evolve(made, chunk_note=note)
     extra, cache = 0, 0
     if not fp.layers:
         choice = "nothing is streamed: the rest is unused"
@@ -161,6 +165,7 @@ def plan(
         prompt,
         tokens,
         fp.load,
+        note,
     )
 
 
@@ -248,9 +253,9 @@ def chunk_cost(fp: Footprint, tokens: int) -> int:
     return 0 if tokens <= 1 else fp.chunk_fixed + tokens * fp.chunk_token
 
 
-def prompt_chunk(total: int, left: int, fp: Footprint, chunk: int | None) -> tuple[int, int]:
-    """(tokens, bytes) of the prompt chunk: the asked one if it fits in `left`, else an error;
-    unasked, the largest up to DEFAULT_CHUNK within PROMPT_SHARE of `left` (1 if none fits)."""
+def prompt_chunk(total: int, left: int, fp: Footprint, chunk: int | None) -> tuple[int, int, str]:
+    """(tokens, bytes, what it trades) of the prompt chunk: the asked one if it fits in `left`,
+    else an error; unasked, `plan.chunk.choose`'s (its share of `left`, its reads' saving)."""
     if chunk is not None:
         need = chunk_cost(fp, chunk)
         if need > left:
@@ -260,12 +265,10 @@ def prompt_chunk(total: int, left: int, fp: Footprint, chunk: int | None) -> tup
                 f"{total / _MIB:.0f} MiB leaves {left / _MIB:.0f} MiB after the fixed parts; "
                 f"use --prefill-chunk {fit} or less, or raise the budget"
             )
-        return chunk, need
-    share = left // PROMPT_SHARE
-    tokens = DEFAULT_CHUNK
-    if fp.chunk_token:
-        tokens = min(DEFAULT_CHUNK, max(1, (share - fp.chunk_fixed) // fp.chunk_token))
-    return (tokens, chunk_cost(fp, tokens)) if tokens > 1 else (1, 0)
+        return chunk, need, ""
+    k = fp.prompt_k or fp.top_k
+    got = choose(left, fp.chunk_fixed, fp.chunk_token, fp.experts, k, fp.context)
+    return got.tokens, got.bytes, got.note
 
 
 def _text(config: dict[str, Any]) -> dict[str, Any]:

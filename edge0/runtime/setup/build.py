@@ -20,8 +20,9 @@ from edge0.runtime.compute.steps import Steps
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.trace import Tracer
+from edge0.runtime.plan.chunk import DEFAULT_CHUNK
 from edge0.runtime.plan.footprint import footprint
-from edge0.runtime.plan.memory import DEFAULT_CHUNK, MemoryPlan, given_cache, plan, with_ram
+from edge0.runtime.plan.memory import MemoryPlan, given_cache, plan, with_ram
 from edge0.runtime.setup.prepare import prepare
 from edge0.stats import current_rss_bytes
 from edge0.storage.spec import open_tiers
