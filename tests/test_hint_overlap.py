@@ -18,8 +18,8 @@ from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.scheduler import Scheduler
 
 FAMILIES = ["qwen3_moe", "qwen3_5_moe"]
-N = 10
-DELAY = 0.04  # seconds a MockTier read takes: far longer than a tiny expert's compute
+N = 8
+DELAY = 0.015  # seconds a MockTier read takes: far longer than a tiny expert's compute
 SLOW = "throttle:bw=1MB/s,lat=2ms>pread"  # a blocking stack: the reader threads' path
 
 
