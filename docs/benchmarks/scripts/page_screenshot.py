@@ -1,8 +1,8 @@
 """The README's picture of `edge0 serve`'s page: the demo model, one chat, its timeline.
 
-Starts `edge0 serve` (the demo model, one request at a time, under a memory budget), opens its page in the OS's
-headless Chromium (Playwright), asks one greedy question and, once the engine's stats line
-is in, saves a screenshot of the page.
+Starts `edge0 serve` (the demo model, one request at a time, under a memory budget), opens
+its page in the OS's headless Chromium (Playwright), asks one greedy question and, once the
+engine's stats line is in, saves a screenshot of the page.
 
 Run: python docs/benchmarks/scripts/page_screenshot.py --out docs/img/serve-page.png
 """
