@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 
 from edge0 import log
@@ -69,3 +70,18 @@ class MockTier:
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+class Recording:
+    """Token hooks that keep every row of log-probabilities the sampler draws from (one per
+    forward; the logits less their log-sum-exp)."""
+
+    def __init__(self) -> None:
+        self.seen: list[mx.array] = []
+
+    def mask(self, logprobs: mx.array) -> mx.array:
+        self.seen.append(logprobs)
+        return logprobs
+
+    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
+        pass

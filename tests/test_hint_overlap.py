@@ -8,10 +8,9 @@ import collections
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from runtime_helpers import PROMPT, MockTier, Recording, build_store
 
 from edge0.options.sampling import SamplingSettings
 from edge0.runtime.engine.api import Engine
@@ -26,20 +25,6 @@ SLOW = "throttle:bw=1MB/s,lat=2ms>pread"  # a blocking stack: the reader threads
 @pytest.fixture(scope="module")
 def stores(runtime_stores: dict[str, Path]) -> dict[str, Path]:
     return {mt: runtime_stores[mt] for mt in FAMILIES}
-
-
-class Recording:
-    """Token hooks keeping every row of log-probabilities the sampler draws from."""
-
-    def __init__(self) -> None:
-        self.seen: list[mx.array] = []
-
-    def mask(self, logprobs: mx.array) -> mx.array:
-        self.seen.append(logprobs)
-        return logprobs
-
-    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
-        pass
 
 
 def decode(path: Path, prompt: list[int] = PROMPT, **opts: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import FIXTURES, MODEL_TYPES
-from runtime_helpers import MockTier, build_store
+from runtime_helpers import MockTier, Recording, build_store
 
 from edge0.errors import ConfigError
 from edge0.layout.convert import ConvertOptions, convert
@@ -69,21 +69,6 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for mt in MODEL_TYPES:
         out[f"{mt}+heads"] = with_random_heads(out[mt], root / f"{mt}-heads")
     return out
-
-
-class Recording:
-    """Token hooks that keep every row of log-probabilities the sampler draws from (one per
-    forward; the logits less their log-sum-exp)."""
-
-    def __init__(self) -> None:
-        self.seen: list[mx.array] = []
-
-    def mask(self, logprobs: mx.array) -> mx.array:
-        self.seen.append(logprobs)
-        return logprobs
-
-    def drawn(self, logprobs: mx.array, token: mx.array) -> None:
-        pass
 
 
 async def generate(path: Path, prompt: list[int], chunk: int, **opts: Any) -> dict[str, Any]:

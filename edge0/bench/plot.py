@@ -156,6 +156,11 @@ def sweep_plot(
     ax.set_xscale("log")
     ax.set_xlabel("emulated storage bandwidth, GB/s (throttle tier)")
     ax.set_ylabel("decode tok/s (median, min-max)")
+    return _tok_s_axes(plt, fig, ax, title, out)
+
+
+def _tok_s_axes(plt: Any, fig: Any, ax: Any, title: str, out: Path) -> Path:
+    """A tok/s plot's common finish (from zero, titled, gridded, legend), saved to `out`."""
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
@@ -175,11 +180,4 @@ def budget_plot(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="edge0")
     ax.set_xlabel("memory budget = cgroup limit, GiB (page cache counted)")
     ax.set_ylabel("decode tok/s (median)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _tok_s_axes(plt, fig, ax, title, out)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -119,16 +120,7 @@ class PrerouterSet:
         if self.config.horizon != "token" or self.config.trained:
             raise ValueError("layer-horizon heads start from untrained token-horizon heads")
         c = self.config
-        config = PrerouterConfig(
-            d_model=c.d_model,
-            num_experts=c.num_experts,
-            top_k=c.top_k,
-            hidden=c.hidden,
-            moe_layers=c.moe_layers,
-            wrap=False,
-            horizon="layer",
-            router_bias=c.router_bias,
-        )
+        config = attrs.evolve(c, wrap=False, horizon="layer", info={})  # untrained, as c
         heads: dict[int, Any] = {}
         for owner, _ in config.heads():
             src = self.heads[owner]
