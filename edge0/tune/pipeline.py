@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hashlib
 import json
@@ -78,38 +79,12 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
         for part in ("train", "heldout"):
             (work / part / "state.json").unlink(missing_ok=True)
     stores, init = await _trace(layout, manifest, text, opts, work, report)
-    layer_init = init.layer_horizon()  # before init is trained in place
-    train, held = (s.trace_set("student-int4 (streamed)", str(layout)) for s in stores)
-    k = opts.top_k or init.config.top_k
-    untrained = head_recall(init, held, k, opts.seed)["recall"]
-    n_rows = int(train.meta.windows * 0.9) * (train.meta.seq_len - 1)  # 10% held out of them
-    epoch = max(1, n_rows // TRAIN_BATCH)
-    cfg = HeadTrainConfig(
-        k=k,
-        max_steps=opts.max_steps,
-        max_minutes=opts.max_minutes,
-        seed=opts.seed,
-        batch=TRAIN_BATCH,
-        eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
-        patience=4,
+    # training and the recall measurements block for minutes: off the event loop
+    summary, record, k, config = await asyncio.to_thread(
+        _heads_phase, layout, opts, stores, init, text.source, progress, report
     )
-    layer_untrained = head_recall(layer_init, held, k, opts.seed)["recall"]
-    report("heads (token horizon)", 0, 1)
-    trained, summary = _heads(layout, train, init, cfg, stores[0].key, text.source, progress)
-    report("heads (token horizon)", 1, 1)
-    record = head_recall(trained, held, k, opts.seed)
-    record.update(recall_untrained=untrained, k=k)
-    config = trained.config
-    del init, trained
-    report("heads (layer horizon)", 0, 1)
-    layer, _ = _heads(layout, train, layer_init, cfg, stores[0].key, text.source, progress)
-    record["layer_recall"] = head_recall(layer, held, k, opts.seed)["recall"]
-    record["layer_recall_untrained"] = layer_untrained
-    report("heads (layer horizon)", 1, 1)
-    del train, held, layer, layer_init  # the validation's engines plan from here
+    del init  # trained in place: its arrays go before the validation's engines plan
     _release()
-    record["layer_heads"] = _keep(layout, "layer", record["layer_recall"], layer_untrained)
-    record["token_heads"] = _keep(layout, "token", record["recall"], untrained)
     if record["token_heads"] == "untrained":  # nothing to validate: exact stays the default
         return {"training": summary, "validation": record}
     windows = stores[1].tokens()[: max(1, opts.validate_tokens // opts.seq_len)]
@@ -120,7 +95,7 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     exact = await decode_logits(layout, "hint", windows, prompt, engine, work / "exact.npy")
     _release()  # the hint engine's buffers, kept in MLX's cache after it closed
     route = await decode_logits(layout, "route", windows, prompt, engine, work / "route.npy")
-    record.update(agreement(exact, route))
+    record.update(await asyncio.to_thread(agreement, exact, route))
     del exact, route
     for name in ("exact.npy", "route.npy"):
         (work / name).unlink(missing_ok=True)
@@ -128,7 +103,7 @@ async def tune(layout: Path, opts: TuneOptions, progress: Progress | None = None
     record["k"] = k
     record["corpus"] = text.source
     record["seconds"] = round(time.monotonic() - started, 1)
-    _write_validation(layout, config, summary, record)
+    await asyncio.to_thread(_write_validation, layout, config, summary, record)
     log.info("tune.done", layout=str(layout), **{f: record[f] for f in ("agreement", "recall")})
     return {"training": summary, "validation": record}
 
@@ -149,6 +124,53 @@ def _work_dir(layout: Path, manifest: Manifest) -> Path:
 
     key = hashlib.sha256(f"{layout.resolve()}|{manifest.experts_file_size}".encode())
     return cache_dir() / "tune" / key.hexdigest()[:16]
+
+
+def _heads_phase(
+    layout: Path,
+    opts: TuneOptions,
+    stores: Any,
+    init: Any,
+    source: str,
+    progress: Progress | None,
+    report: Progress,
+) -> tuple[dict[str, Any], dict[str, Any], int, Any]:
+    """Both horizons' heads trained from the traces and measured on the held-out ones, each
+    kept only where it beats its untrained rule: (training summary, validation record, K,
+    the token heads' config)."""
+    layer_init = init.layer_horizon()  # before init is trained in place
+    train, held = (s.trace_set("student-int4 (streamed)", str(layout)) for s in stores)
+    k = opts.top_k or init.config.top_k
+    untrained = head_recall(init, held, k, opts.seed)["recall"]
+    n_rows = int(train.meta.windows * 0.9) * (train.meta.seq_len - 1)  # 10% held out of them
+    epoch = max(1, n_rows // TRAIN_BATCH)
+    cfg = HeadTrainConfig(
+        k=k,
+        max_steps=opts.max_steps,
+        max_minutes=opts.max_minutes,
+        seed=opts.seed,
+        batch=TRAIN_BATCH,
+        eval_every=max(10, min(100, epoch)),  # at least once an epoch of the traces
+        patience=4,
+    )
+    layer_untrained = head_recall(layer_init, held, k, opts.seed)["recall"]
+    report("heads (token horizon)", 0, 1)
+    trained, summary = _heads(layout, train, init, cfg, stores[0].key, source, progress)
+    report("heads (token horizon)", 1, 1)
+    record = head_recall(trained, held, k, opts.seed)
+    record.update(recall_untrained=untrained, k=k)
+    config = trained.config
+    del init, trained
+    report("heads (layer horizon)", 0, 1)
+    layer, _ = _heads(layout, train, layer_init, cfg, stores[0].key, source, progress)
+    record["layer_recall"] = head_recall(layer, held, k, opts.seed)["recall"]
+    record["layer_recall_untrained"] = layer_untrained
+    report("heads (layer horizon)", 1, 1)
+    del train, held, layer, layer_init  # the validation's engines plan from here
+    _release()
+    record["layer_heads"] = _keep(layout, "layer", record["layer_recall"], layer_untrained)
+    record["token_heads"] = _keep(layout, "token", record["recall"], untrained)
+    return summary, record, k, config
 
 
 async def _trace(
