@@ -6,7 +6,8 @@
 2. The heads start from the model's routers and are trained on the calibration traces
    (rows read from disk by edge0.train.rows), with early stopping on windows held out of
    them: the token horizon (route and hint modes), then the layer horizon (the deadline
-   policy). A run stopped after training does not train again.
+   policy), in a worker thread; a horizon's heads are kept only where they recall more than
+   the untrained rule they started from. A run stopped after training does not train again.
 3. The trained heads are written into the layout, then validated on the held-out text:
    recall@K per layer, and route mode against exact mode (agreement, KL). The validation
    record is written last: until it is, the layout's default mode stays exact (`hint`).
