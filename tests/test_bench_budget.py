@@ -66,3 +66,45 @@ def test_the_plot_leaves_out_runs_without_a_figure(tmp_path: Path) -> None:
 
     rows = [{"budget_bytes": b << 30, "decode_tps": t} for b, t in ((2, None), (3, 1.5), (6, 2.0))]
     assert budget_plot(rows, tmp_path / "b.png").stat().st_size > 0
+
+
+def test_without_llama_cpp_a_gguf_is_refused_in_one_line(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not installed: import fails
+    monkeypatch.setattr(budget, "check_cgroups", lambda: None)
+    ran: list[int] = []
+    monkeypatch.setattr(budget, "sweep", lambda *a, **k: ran.append(1))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    res = CliRunner().invoke(
+        main, ["bench", "budget", str(store), "--budgets", "1GiB", "--gguf", str(gguf)]
+    )
+    assert res.exit_code == 2 and not ran
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "llama-cpp-python is not installed" in lines[0]
+
+
+def test_the_table_sets_llama_cpp_beside_each_budget() -> None:
+    base = {
+        "exit": 0,
+        "compute_ms_per_step": 300.0,
+        "blocked_ms_per_step": 8.0,
+        "bytes_per_token": 240 * _MIB,
+        "cgroup_peak_bytes": 2 << 30,
+        "peak_rss_bytes": 2 << 30,
+        "limit_hits": 0,
+        "oom_kills": 0,
+    }
+    rows = [
+        {**base, "budget_bytes": 3 << 30, "decode_tps": 3.0, "llama_cpp": {"decode_tps": 0.12}},
+        {**base, "budget_bytes": 6 << 30, "decode_tps": 3.3, "llama_cpp": {"decode_tps": None}},
+    ]
+    text = budget.table(rows)
+    assert "llama.cpp tok/s | Edge0 / llama.cpp |" in text.splitlines()[0]
+    assert text.splitlines()[2].endswith("| 0.120 | 25.0 |")
+    assert text.splitlines()[3].endswith("| - | - |")  # llama.cpp gave no figure there
+    plain = budget.table([{**base, "budget_bytes": 1 << 30, "decode_tps": 1.0}])
+    assert "llama.cpp" not in plain  # no peer ran: no columns for it

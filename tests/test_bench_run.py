@@ -248,3 +248,24 @@ def test_kernel_choices_set_the_environment_and_unknown_ones_are_refused(
     monkeypatch.delenv("EDGE0_INT8_ACTIVATIONS")
     monkeypatch.delenv("EDGE0_NATIVE_KERNELS")
     native.reset()  # loaded again, from the session's own environment, at the next use
+
+
+def test_llama_cpp_runs_once_a_round_after_the_variants(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple] = []
+
+    def fake(gguf: Path, prompt_len: int, tokens: int, prompts: int, threads: int, t: float):
+        calls.append((gguf.name, prompt_len, tokens, prompts, threads))
+        return {"decode_tps": 50.0} if len(calls) == 1 else {"error": "x"}
+
+    monkeypatch.setattr(bench_run.llama_peer, "run_capped_or_not", fake)
+    variants = bench_run.make_variants(["resident"], [None], ["pread"])
+    peer = bench_run.Peer(Path("m.gguf"), threads=2)
+    runs = bench_run.run_rounds(variants, _opts(store), peer=peer)
+    assert calls == [("m.gguf", 4, 3, 1, 2)] * 2  # the variants' prompt shape, each round
+    order = sorted((r["seq"], r["label"]) for rs in runs.values() for r in rs)
+    assert [lab for _, lab in order] == [variants[0].label, "llama.cpp"] * 2
+    got = bench_run.peer_ratios(variants, runs)  # round 2's llama.cpp failed: no ratio there
+    mine = runs[variants[0].label][0]["summary"]["decode_tps"]
+    assert len(got) == 1 and got[0]["per_round"] == [mine / 50.0]

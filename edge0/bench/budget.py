@@ -10,11 +10,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from edge0.bench.cgroup import CapError, Cgroup, run_capped
 from edge0.errors import ConfigError
 from edge0.storage.spec import parse_size
 
 _MIB = 1 << 20
+
+
+@attrs.frozen
+class Peer:
+    """llama.cpp's side of a sweep: the same shape as a GGUF file, decoded greedily."""
+
+    gguf: Path
+    tokens: int
+    prompts: int
+    threads: int = 1
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -75,8 +87,45 @@ def row(budget: int, cap: dict[str, Any], report: dict[str, Any] | None) -> dict
     return got
 
 
-def sweep(model: str, budgets: list[int], run_args: list[str], interval: float = 0.2) -> list[dict]:
-    """Each budget's run, smallest first, each in its own cgroup of that size."""
+def peer_command(peer: Peer, out: Path) -> list[str]:
+    """llama.cpp's decode of the same shape (edge0.bench.llama_peer), for one budget's cgroup."""
+    return [
+        sys.executable,
+        "-m",
+        "edge0.bench.llama_peer",
+        str(peer.gguf),
+        "--tokens",
+        str(peer.tokens),
+        "--prompts",
+        str(peer.prompts),
+        "--threads",
+        str(peer.threads),
+        "--json",
+        str(out),
+    ]
+
+
+def peer_row(cap: dict[str, Any], report: dict[str, Any] | None) -> dict[str, Any]:
+    """llama.cpp's figures at one budget: decode tok/s and what its cgroup saw."""
+    return {
+        "decode_tps": report["decode_tps"] if report else None,
+        "exit": cap["exit"],
+        "cgroup_peak_bytes": cap["peak_usage"],
+        "peak_rss_bytes": cap["peak_rss"],
+        "oom_kills": cap["oom_kills"],
+        "seconds": cap["seconds"],
+    }
+
+
+def sweep(
+    model: str,
+    budgets: list[int],
+    run_args: list[str],
+    interval: float = 0.2,
+    peer: Peer | None = None,
+) -> list[dict]:
+    """Each budget's run, smallest first, each in its own cgroup of that size; with `peer`,
+    llama.cpp's run of the same budget follows Edge0's, in a cgroup of its own."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="edge0-budget-") as tmp:
         for budget in budgets:
@@ -84,6 +133,11 @@ def sweep(model: str, budgets: list[int], run_args: list[str], interval: float =
             cap = run_capped(inner_command(model, budget, run_args, out), budget, interval)
             report = json.loads(out.read_text()) if out.exists() else None
             rows.append(row(budget, cap, report))
+            if peer is not None:
+                out = Path(tmp) / f"{budget}-llama.json"
+                cap = run_capped(peer_command(peer, out), budget, interval)
+                got = json.loads(out.read_text()) if out.exists() else None
+                rows[-1]["llama_cpp"] = peer_row(cap, got)
     return rows
 
 
@@ -98,6 +152,10 @@ def table(rows: list[dict]) -> str:
         "cgroup peak MiB | peak RSS MiB | limit hits | OOM kills | exit |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    peer = any("llama_cpp" in r for r in rows)
+    if peer:
+        lines[0] += " llama.cpp tok/s | Edge0 / llama.cpp |"
+        lines[1] += "---|---|"
     for r in rows:
         per_token = r["bytes_per_token"] / _MIB if r["bytes_per_token"] is not None else None
         lines.append(
@@ -107,7 +165,12 @@ def table(rows: list[dict]) -> str:
             f"{r['peak_rss_bytes'] / _MIB:.0f} | {r['limit_hits']} | {r['oom_kills']} | "
             f"{r['exit']} |"
         )
+        if peer:
+            theirs = (r.get("llama_cpp") or {}).get("decode_tps")
+            ours = r["decode_tps"]
+            ratio = ours / theirs if ours is not None and theirs else None
+            lines[-1] += f" {_num(theirs, '.3f')} | {_num(ratio, '.1f')} |"
     return "\n".join(lines)
 
 
-__all__ = ["CapError", "check_cgroups", "parse_budgets", "sweep", "table"]
+__all__ = ["CapError", "Peer", "check_cgroups", "parse_budgets", "sweep", "table"]

@@ -172,12 +172,19 @@ def _tok_s_axes(plt: Any, fig: Any, ax: Any, title: str, out: Path) -> Path:
 
 
 def budget_plot(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
-    """Decode tok/s against the memory budget (GiB; edge0.bench.budget's rows); runs without
-    a figure are left out."""
+    """Decode tok/s against the memory budget (GiB; edge0.bench.budget's rows), llama.cpp's
+    beside Edge0's where the rows have it; runs without a figure are left out."""
     plt = _pyplot()
     pts = [(r["budget_bytes"] / 2**30, r["decode_tps"]) for r in rows if r["decode_tps"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="edge0")
+    peer = [
+        (r["budget_bytes"] / 2**30, r["llama_cpp"]["decode_tps"])
+        for r in rows
+        if (r.get("llama_cpp") or {}).get("decode_tps")
+    ]
+    if peer:
+        ax.plot([p[0] for p in peer], [p[1] for p in peer], marker="s", label="llama.cpp")
     ax.set_xlabel("memory budget = cgroup limit, GiB (page cache counted)")
     ax.set_ylabel("decode tok/s (median)")
     return _tok_s_axes(plt, fig, ax, title, out)

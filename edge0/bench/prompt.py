@@ -139,24 +139,13 @@ def run_one(job: Job, timeout: float) -> dict[str, Any]:
 
 def llama_cpp(gguf: Path | None, prompt_len: int, rounds: int) -> dict[str, Any]:
     """llama.cpp's prompt tok/s on `gguf` (one thread), or why there is none."""
-    try:
-        import llama_cpp  # noqa: PLC0415
-    except ImportError:
-        return {"skipped": "llama-cpp-python is not installed: no llama.cpp figures"}
-    if gguf is None:
-        return {"skipped": "no --gguf given: no llama.cpp figures"}
-    llm = llama_cpp.Llama(
-        model_path=str(gguf), n_threads=1, n_batch=prompt_len, n_ctx=prompt_len + 16, verbose=False
-    )
-    ids = llm.tokenize(b"The river carried small boats of grain down to the market town.")
-    ids = (ids * (prompt_len // max(1, len(ids)) + 1))[:prompt_len]
-    tps = []
-    for _ in range(rounds):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        tps.append(prompt_len / (time.perf_counter() - t0))
-    return {"gguf": str(gguf), "threads": 1, "prompt_tps": tps}
+    from edge0.bench import llama_peer  # noqa: PLC0415
+
+    why = llama_peer.missing(gguf)
+    if why is not None:
+        return {"skipped": why}
+    assert gguf is not None
+    return llama_peer.prompt(gguf, prompt_len, rounds)
 
 
 def summarise(variants: list[Variant], rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from edge0.bench import llama_peer
 from edge0.bench.worker import measure
 from edge0.errors import ConfigError
 from edge0.stats import proc_field
@@ -220,16 +221,30 @@ def run_one(job: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
     return run_subprocess(job, opts.timeout_s, opts.mem_floor)
 
 
+@attrs.frozen
+class Peer:
+    """llama.cpp in each round, after the variants: the same model as a GGUF file."""
+
+    gguf: Path
+    threads: int = 1
+
+    label = "llama.cpp"
+
+
 def run_rounds(
     variants: Sequence[Variant],
     opts: BenchOptions,
     progress: Callable[[int, Variant, dict[str, Any]], None] | None = None,
+    peer: Peer | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """`repeats` rounds, each running every variant once in the given order; label -> runs."""
+    """`repeats` rounds, each running every variant once in the given order (then `peer`'s
+    llama.cpp, under its label); label -> runs."""
     opts.check()
     runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     if len(runs) != len(variants):
         raise ConfigError("the variants are not distinct")
+    if peer is not None:
+        runs[peer.label] = []
     for rnd in range(opts.repeats):
         for v in variants:
             res = run_one(make_job(v, opts, rnd), opts)
@@ -237,7 +252,36 @@ def run_rounds(
             runs[v.label].append(res)
             if progress is not None:
                 progress(rnd, v, res)
+        if peer is not None:
+            res = llama_peer.run_capped_or_not(
+                peer.gguf, opts.prompt_len, opts.tokens, opts.prompts, peer.threads, opts.timeout_s
+            )
+            res.update(label=peer.label, round=rnd, seq=sum(len(r) for r in runs.values()))
+            runs[peer.label].append(res)
     return runs
+
+
+def peer_ratios(variants: Sequence[Variant], runs: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """Decode tok/s of each variant over llama.cpp's in the same round, and their median."""
+    theirs = {r["round"]: r.get("decode_tps") for r in runs.get(Peer.label, [])}
+    out = []
+    for v in variants:
+        per = [
+            r["summary"]["decode_tps"] / theirs[r["round"]]
+            for r in runs[v.label]
+            if not r.get("error") and theirs.get(r["round"])
+        ]
+        if per:
+            out.append(
+                {
+                    "variant": v.label,
+                    "over": f"{Peer.label} (same round)",
+                    "key": "decode_tps",
+                    "per_round": per,
+                    "median": statistics.median(per),
+                }
+            )
+    return out
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -32,6 +32,16 @@ from edge0.errors import ConfigError
 @click.option("--prompts", default=2, show_default=True, help="Prompts per run.")
 @click.option("--repeats", default=1, show_default=True, help="Runs per budget.")
 @click.option(
+    "--gguf",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The same model as a GGUF file: llama.cpp (llama-cpp-python) decodes it in each "
+    "budget's cgroup after Edge0, greedy, the same tokens and prompts.",
+)
+@click.option(
+    "--llama-threads", default=1, show_default=True, help="llama.cpp's threads (with --gguf)."
+)
+@click.option(
     "--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the rows."
 )
 @click.option(
@@ -50,6 +60,8 @@ def command(
     tokens: int,
     prompts: int,
     repeats: int,
+    gguf: Path | None,
+    llama_threads: int,
     json_out: Path | None,
     plot_out: Path | None,
 ) -> None:
@@ -73,7 +85,15 @@ def command(
         run_args += ["--tiers", tiers]
     if first_layer is not None:
         run_args += ["--first-layer", first_layer]
-    rows = bench_budget.sweep(model, sizes, run_args)
+    peer = None
+    if gguf is not None:
+        from edge0.bench.llama_peer import missing
+
+        why = missing(gguf)
+        if why is not None:
+            raise ConfigError(why)
+        peer = bench_budget.Peer(gguf, tokens, prompts, llama_threads)
+    rows = bench_budget.sweep(model, sizes, run_args, peer=peer)
     load = os.getloadavg()[0]
     n = f"{len(sizes)} budget{'s' if len(sizes) != 1 else ''}"
     click.echo(f"{model}: {mode}, {n}; load average {load:.1f} at the end")
@@ -83,6 +103,8 @@ def command(
             click.echo(f"{r['budget_bytes'] / 2**30:.2f} GiB: {err}", err=True)
     if json_out is not None:
         out = {"model": model, "mode": mode, "run_args": run_args, "load": load, "rows": rows}
+        if peer is not None:
+            out["llama_cpp"] = {"gguf": str(gguf), "threads": llama_threads}
         json_out.write_text(json.dumps(out, indent=1))
         click.echo(f"wrote {json_out}", err=True)
     if plot_out is not None:

@@ -116,6 +116,44 @@ def _options(kw: dict[str, Any]) -> Any:
     )
 
 
+def _peer(kw: dict[str, Any]) -> Any:
+    """llama.cpp beside the variants (--gguf), or None; one line when it cannot run."""
+    if kw["gguf"] is None:
+        return None
+    from edge0.bench import llama_peer
+    from edge0.bench.run import Peer
+    from edge0.errors import ConfigError
+
+    why = llama_peer.missing(kw["gguf"])
+    if why is not None:
+        raise ConfigError(why)
+    return Peer(kw["gguf"], kw["llama_threads"])
+
+
+def _peer_report(peer: Any, got: list[dict[str, Any]], variants: Any, runs: Any) -> dict:
+    """llama.cpp's runs, their median decode tok/s, the variants over it per round."""
+    import statistics
+
+    from edge0.bench import run as bench_run
+
+    ok = [r["decode_tps"] for r in got if r.get("decode_tps")]
+    med = statistics.median(ok) if ok else None
+    tps = "no figure (" + "; ".join(r.get("error", "?") for r in got) + ")"
+    if med is not None:
+        tps = f"{med:.2f} decode tok/s (median of {len(ok)} rounds: "
+        tps += ", ".join(f"{x:.2f}" for x in ok) + ")"
+    line = f"llama.cpp ({peer.gguf.name}, {peer.threads} thread(s)): {tps}"
+    ratios = bench_run.peer_ratios(variants, {**runs, peer.label: got})
+    return {
+        "gguf": str(peer.gguf),
+        "threads": peer.threads,
+        "runs": got,
+        "decode_tps": med,
+        "ratios": ratios,
+        "line": line,
+    }
+
+
 def _progress(rnd: int, v: Any, res: dict[str, Any]) -> None:
     s = res.get("summary")
     what = (
@@ -204,6 +242,16 @@ def _write(
     "per call, native-int8 = with EDGE0_INT8_ACTIVATIONS=1, mlx = MLX's own ops, as "
     "with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.",
 )
+@click.option(
+    "--gguf",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The same model as a GGUF file: llama.cpp (llama-cpp-python) decodes it in each "
+    "round after the variants (its own process, greedy, the same prompt length and tokens).",
+)
+@click.option(
+    "--llama-threads", default=1, show_default=True, help="llama.cpp's threads (with --gguf)."
+)
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread.
 
@@ -252,7 +300,8 @@ def run_cmd(**kw: Any) -> None:
         kernels,
         kw["sync_every"],
     )
-    runs = bench_run.run_rounds(variants, opts, _progress)
+    peer = _peer(kw)
+    runs = bench_run.run_rounds(variants, opts, _progress, peer)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None
     report["prefill_ratios"] = bench_prefill.prefill_ratios(variants, runs)
@@ -263,6 +312,10 @@ def run_cmd(**kw: Any) -> None:
         body += "\n" + bench_run.ratio_lines(report["sync_ratios"])
     if report["prefill_ratios"]:
         body += "\n" + bench_prefill.ratio_lines(report["prefill_ratios"])
+    if peer is not None:
+        report["llama_cpp"] = _peer_report(peer, runs.pop(peer.label), variants, runs)
+        body += "\n" + report["llama_cpp"]["line"]
+        body += "\n" + bench_run.ratio_lines(report["llama_cpp"]["ratios"])
     if extra:
         body = extra + "\n\n" + body
     plots: list[Path] = []

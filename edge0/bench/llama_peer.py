@@ -1,0 +1,146 @@
+"""llama.cpp beside Edge0 (through llama-cpp-python, when installed): prompt and decode tok/s
+of a GGUF file, in this process or as `python -m edge0.bench.llama_peer` inside a cgroup."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TEXT = b"The river carried small boats of grain down to the market town."
+
+
+def missing(gguf: Path | None) -> str | None:
+    """Why there can be no llama.cpp figure (one line), or None when there can."""
+    try:
+        import llama_cpp  # noqa: F401, PLC0415
+    except ImportError:
+        return (
+            "llama-cpp-python is not installed: no llama.cpp figures (pip install llama-cpp-python)"
+        )
+    if gguf is None:
+        return "no --gguf given: no llama.cpp figures"
+    if not gguf.is_file():
+        return f"--gguf {gguf}: no such file"
+    return None
+
+
+def _open(gguf: Path, threads: int, n_ctx: int, n_batch: int) -> Any:
+    import llama_cpp  # noqa: PLC0415
+
+    return llama_cpp.Llama(
+        model_path=str(gguf),
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=n_batch,
+        n_ctx=n_ctx,
+        verbose=False,
+    )
+
+
+def _prompt_ids(llm: Any, prompt_len: int) -> list[int]:
+    ids = llm.tokenize(TEXT)
+    return (ids * (prompt_len // max(1, len(ids)) + 1))[:prompt_len]
+
+
+def prompt(gguf: Path, prompt_len: int, rounds: int, threads: int = 1) -> dict[str, Any]:
+    """Prompt tok/s of `rounds` evaluations of a `prompt_len`-token prompt."""
+    llm = _open(gguf, threads, prompt_len + 16, prompt_len)
+    ids = _prompt_ids(llm, prompt_len)
+    tps = []
+    for _ in range(rounds):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        tps.append(prompt_len / (time.perf_counter() - t0))
+    return {"gguf": str(gguf), "threads": threads, "prompt_tps": tps}
+
+
+def decode(
+    gguf: Path, prompt_len: int, tokens: int, prompts: int, threads: int = 1, warmup: int = 4
+) -> dict[str, Any]:
+    """Greedy decode tok/s: `prompts` requests of `tokens` tokens after a `prompt_len`-token
+    prompt, one token a step (llama.cpp's own sampler: the argmax), after a short warm-up."""
+    llm = _open(gguf, threads, prompt_len + tokens + warmup + 8, max(prompt_len, 8))
+    ids = _prompt_ids(llm, prompt_len)
+    _generate(llm, ids, warmup)  # page in what a step reads, as Edge0's warm-up request does
+    runs = []
+    for _ in range(prompts):
+        t0 = time.perf_counter()
+        got = _generate(llm, ids, tokens)
+        runs.append({**got, "wall_s": time.perf_counter() - t0})
+    return {
+        "gguf": str(gguf),
+        "threads": threads,
+        "runs": runs,
+        "decode_tps": statistics.median(r["decode_tps"] for r in runs),
+        "prompt_tps": statistics.median(r["prompt_tps"] for r in runs),
+    }
+
+
+def _generate(llm: Any, ids: list[int], tokens: int) -> dict[str, Any]:
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    out = []
+    for _ in range(tokens):
+        tok = int(llm.sample(temp=0.0))
+        out.append(tok)
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return {
+        "tokens": out,
+        "prompt_tps": len(ids) / (t1 - t0),
+        "decode_tps": tokens / (t2 - t1) if tokens else 0.0,
+    }
+
+
+def run_capped_or_not(
+    gguf: Path, prompt_len: int, tokens: int, prompts: int, threads: int, timeout_s: float
+) -> dict[str, Any]:
+    """`decode` in a process of its own (as each Edge0 variant runs): its figures, or an error."""
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="edge0-llama-") as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, "-m", "edge0.bench.llama_peer", str(gguf), "--json", str(out)]
+        cmd += ["--prompt-len", str(prompt_len), "--tokens", str(tokens)]
+        cmd += ["--prompts", str(prompts), "--threads", str(threads)]
+        try:
+            got = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"llama.cpp did not finish within {timeout_s:g} s"}
+        if got.returncode != 0 or not out.exists():
+            tail = (got.stderr or got.stdout).strip().splitlines()[-2:]
+            return {"error": " | ".join(tail) or f"exit {got.returncode}"}
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m edge0.bench.llama_peer GGUF --json OUT ...`: one decode measurement."""
+    ap = argparse.ArgumentParser(prog="python -m edge0.bench.llama_peer")
+    ap.add_argument("gguf", type=Path)
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    why = missing(args.gguf)
+    if why is not None:
+        print(why, file=sys.stderr)  # noqa: T201 - a command's one line
+        return 2
+    got = decode(args.gguf, args.prompt_len, args.tokens, args.prompts, args.threads)
+    args.json.write_text(json.dumps(got))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
