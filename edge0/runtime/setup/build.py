@@ -81,8 +81,10 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     experts = "resident" if opts.mode == "resident" else "none"
 
     def load() -> LoadedModel:  # on the compute thread: MLX streams are thread-affine
+        from edge0.kernels import native
         from edge0.model.lora import maybe_apply_adapters
 
+        native.module()  # the kernels' unit and thread counts timed (or read) before any read
         loaded = load_layout(path, experts=experts)
         maybe_apply_adapters(loaded.model, path, enabled=opts.adapter)
         return loaded
