@@ -72,16 +72,17 @@ def time_units(
 ) -> dict[str, list[float]]:
     """Seconds of one pass of int4 products (one row, the decode case) per unit and round,
     the units interleaved in each round. Leaves the unit in use as it found it."""
-    x, mats = problem()
     first = mod.isa()
     got: dict[str, list[float]] = {u: [] for u in units}
     try:
-        for _ in range(rounds + 1):  # the first round warms up, uncounted
-            for unit in units:
-                mod.use_isa(unit)
-                t0 = time.perf_counter()
-                mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
-                got[unit].append(time.perf_counter() - t0)
+        with mx.stream(mx.cpu):  # the kernels' only device, whatever the default one is
+            x, mats = problem()
+            for _ in range(rounds + 1):  # the first round warms up, uncounted
+                for unit in units:
+                    mod.use_isa(unit)
+                    t0 = time.perf_counter()
+                    mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
+                    got[unit].append(time.perf_counter() - t0)
     finally:
         mod.use_isa(first)
     return {u: v[1:] for u, v in got.items()}

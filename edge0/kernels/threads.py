@@ -46,16 +46,17 @@ def time_counts(
     interleaved in each round: a decode step's one row, or a prompt chunk's `PROMPT_ROWS` rows,
     through isa's 2.5 MiB of weights (two 1024 x 2048 matrices: 256 KiB a thread up to 4).
     Leaves the count in use as it found it."""
-    x, mats = isa.problem(PROMPT_ROWS if phase == "prompt" else 1)
     first = mod.threads()
     got: dict[int, list[float]] = {n: [] for n in counts}
     try:
-        for _ in range(rounds + 1):  # the first round warms up (the pool's workers), uncounted
-            for n in counts:
-                mod.set_threads(n)
-                t0 = perf_counter()
-                mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
-                got[n].append(perf_counter() - t0)
+        with mx.stream(mx.cpu):  # the kernels' only device, whatever the default one is
+            x, mats = isa.problem(PROMPT_ROWS if phase == "prompt" else 1)
+            for _ in range(rounds + 1):  # the first round warms up the pool's workers, uncounted
+                for n in counts:
+                    mod.set_threads(n)
+                    t0 = perf_counter()
+                    mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
+                    got[n].append(perf_counter() - t0)
     finally:
         mod.set_threads(first)
     return {n: v[1:] for n, v in got.items()}
