@@ -12,9 +12,10 @@ from runtime_helpers import build_store
 
 from edge0.errors import ConfigError
 from edge0.layout.convert import ConvertOptions, convert
-from edge0.layout.load import read_expert_stacks
+from edge0.layout.load import expert_dtypes, read_expert_stacks
 from edge0.layout.manifest import EXPERTS_FILE, Manifest
 from edge0.layout.records import field_views
+from edge0.layout.safetensors_io import MX_DTYPES
 from edge0.options.engine import EngineOptions
 from edge0.runtime.plan.footprint import footprint
 from edge0.runtime.plan.memory import (
@@ -76,12 +77,19 @@ def test_the_load_term_comes_from_the_record_layout(store: Path) -> None:
     ]
     assert narrow  # both layouts have bf16 fields (scales and biases, or biases)
     want = manifest.record_size + manifest.n_experts * max(narrow)
-    assert load_bytes(manifest, 4) == want
-    assert load_bytes(manifest, 2) == manifest.record_size  # nothing is widened in bf16
+    wide = {f.name: mx.float32 for f in manifest.fields}
+    stored = {f.name: MX_DTYPES[f.dtype] for f in manifest.fields}
+    assert load_bytes(manifest, wide) == want
+    assert load_bytes(manifest, stored) == manifest.record_size  # nothing is widened
     kept = footprint(store, manifest, EngineOptions(first_layer="resident"), 0)
     wrap = footprint(store, manifest, EngineOptions(first_layer="wrap"), 0)
     every = footprint(store, manifest, EngineOptions(mode="resident"), 0)
-    assert kept.load == every.load == want and wrap.load == 0
+    held = expert_dtypes(store, manifest, mx.float32)  # the native kernels read scales as stored
+    widened = [f for f in manifest.fields if held[f.name] != stored[f.name]]
+    assert not any(f.name.endswith(("scales", "biases")) for f in widened)
+    bigger = max((int(np.prod(f.shape)) * 2 for f in widened), default=0)
+    assert kept.load == every.load == manifest.record_size + manifest.n_experts * bigger
+    assert wrap.load == 0
 
 
 def _fp(load: int) -> Footprint:

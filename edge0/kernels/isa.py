@@ -52,7 +52,8 @@ def machine_key(mod: ModuleType) -> str:
     return f"{cpu}|{platform.machine()}|{built.st_size}:{built.st_mtime_ns}|mlx {mlx}"
 
 
-def _problem() -> tuple[mx.array, list[tuple[mx.array, mx.array, mx.array]]]:
+def problem(rows: int = 1) -> tuple[mx.array, list[tuple[mx.array, mx.array, mx.array]]]:
+    """`rows` inputs and the timed int4 g64 matrices (weight, scales, biases), evaluated."""
     keys = mx.random.split(mx.random.key(0), 3 * _MATRICES + 1)
     mats = []
     for i in range(_MATRICES):
@@ -61,7 +62,7 @@ def _problem() -> tuple[mx.array, list[tuple[mx.array, mx.array, mx.array]]]:
         s = mx.random.uniform(0.001, 0.01, (_ROWS, _COLS // 64), key=ks)
         b = mx.random.uniform(-0.05, 0.05, (_ROWS, _COLS // 64), key=kb)
         mats.append((w, s, b))
-    x = mx.random.normal((1, _COLS), key=keys[-1])
+    x = mx.random.normal((rows, _COLS), key=keys[-1])
     mx.eval(x, mats)
     return x, mats
 
@@ -71,16 +72,17 @@ def time_units(
 ) -> dict[str, list[float]]:
     """Seconds of one pass of int4 products (one row, the decode case) per unit and round,
     the units interleaved in each round. Leaves the unit in use as it found it."""
-    x, mats = _problem()
     first = mod.isa()
     got: dict[str, list[float]] = {u: [] for u in units}
     try:
-        for _ in range(rounds + 1):  # the first round warms up, uncounted
-            for unit in units:
-                mod.use_isa(unit)
-                t0 = time.perf_counter()
-                mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
-                got[unit].append(time.perf_counter() - t0)
+        with mx.stream(mx.cpu):  # the kernels' only device, whatever the default one is
+            x, mats = problem()
+            for _ in range(rounds + 1):  # the first round warms up, uncounted
+                for unit in units:
+                    mod.use_isa(unit)
+                    t0 = time.perf_counter()
+                    mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
+                    got[unit].append(time.perf_counter() - t0)
     finally:
         mod.use_isa(first)
     return {u: v[1:] for u, v in got.items()}
@@ -105,7 +107,7 @@ def choose(mod: ModuleType, path: Path | None, units: Sequence[str] | None = Non
     if len(runs) < 2:
         return str(mod.isa()) if not runs else _use(mod, runs[0])
     key = machine_key(mod)
-    kept = _read(path).get(key)
+    kept = read_table(path).get(key)
     if isinstance(kept, dict) and kept.get("units") == runs and kept.get("unit") in runs:
         return _use(mod, str(kept["unit"]))
     times = time_units(mod, runs)
@@ -113,7 +115,7 @@ def choose(mod: ModuleType, path: Path | None, units: Sequence[str] | None = Non
     ms = {u: round(statistics.median(t) * 1e3, 3) for u, t in times.items()}
     log.info("kernels.isa_timed", unit=unit, median_ms=ms)
     if path is not None:
-        _write(path, key, {"unit": unit, "units": runs, "median_ms": ms})
+        write_table(path, key, {"unit": unit, "units": runs, "median_ms": ms})
     return _use(mod, unit)
 
 
@@ -129,26 +131,28 @@ def _use(mod: ModuleType, unit: str) -> str:
     return unit
 
 
-def _read(path: Path | None) -> dict[str, Any]:
+def read_table(path: Path | None, what: str = "isa") -> dict[str, Any]:
+    """The cached choices in `path` (`what` names them in a warning); {} when none can be read."""
     if path is None or not path.exists():
         return {}
     try:
         got = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        log.warning("kernels.isa_cache_unreadable", path=str(path), error=str(exc), then="timed")
+        event = f"kernels.{what}_cache_unreadable"
+        log.warning(event, path=str(path), error=str(exc), then="timed")
         return {}
     return got if isinstance(got, dict) else {}
 
 
-def _write(path: Path, key: str, entry: dict[str, Any]) -> None:
+def write_table(path: Path, key: str, entry: dict[str, Any], what: str = "isa") -> None:
     """Merge `entry` under `key`, atomically; a cache that cannot be written is only logged."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        table = _read(path)
+        table = read_table(path, what)
         table[key] = entry
-        fd, tmp = tempfile.mkstemp(prefix=".isa-", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{what}-", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(table, f, indent=1)
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("kernels.isa_cache_unwritable", path=str(path), error=str(exc))
+        log.warning(f"kernels.{what}_cache_unwritable", path=str(path), error=str(exc))

@@ -31,6 +31,7 @@ from edge0.kernels import native
 from edge0.kernels.ops import (
     Proj,
     expert_ffn,
+    expert_ffn_runs,
     gated_delta,
     linear,
     moe,
@@ -106,6 +107,20 @@ class NativeSwitchGLU(SwitchGLU):
             if out is not None:
                 return out.squeeze(-2)  # (..., K, d)
         return super().__call__(x, indices)
+
+
+def native_experts(switch: nn.Module | None) -> bool:
+    """Whether an mlx-lm SwitchGLU (swapped by `use_native` or still to be) runs its quantized
+    experts as the native `expert_ffn` here: each row's slot is read with its scales and biases
+    in their stored dtype, so a narrow stack is never widened whole per call (MLX's
+    `gather_qmm` widens it)."""
+    if type(switch) not in (SwitchGLU, NativeSwitchGLU):
+        return False
+    projs = (switch.up_proj, switch.gate_proj, switch.down_proj)  # type: ignore[union-attr]
+    if not all(type(p) is QuantizedSwitchLinear for p in projs):
+        return False
+    up, gate, down = (_proj(p) for p in projs)
+    return expert_ffn_runs(up, gate, down, switch.activation)  # type: ignore[union-attr]
 
 
 class NativeQwen3MoeBlock(Qwen3MoeSparseMoeBlock):

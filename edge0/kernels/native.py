@@ -1,9 +1,9 @@
 """Loading the native extension once, its settings from the environment, and its status line.
 
 - `EDGE0_NATIVE_KERNELS=0`: never use the native kernels (MLX's own ops run).
-- `EDGE0_KERNEL_THREADS=N`: threads per kernel call of a decode step (default `DEFAULT_THREADS`).
-- `EDGE0_PROMPT_THREADS=N`: threads per kernel call over a prompt chunk (`prompt_threads`;
-  default: the CPUs this process may run on, at most `PROMPT_THREADS_MAX`).
+- `EDGE0_KERNEL_THREADS=N`: threads per kernel call of a decode step, and
+  `EDGE0_PROMPT_THREADS=N` over a prompt chunk (`prompt_threads`); otherwise each phase's
+  fastest count here, timed once and cached (edge0.kernels.threads).
 - `EDGE0_KERNEL_ISA=avx512|avx2|neon|portable`: force one row-kernel variant (otherwise the
   fastest here, timed once and cached: edge0.kernels.isa).
 - `EDGE0_INT8_ACTIVATIONS=1`: opt-in, not exact: x quantized to int8 per block of 32 for
@@ -22,13 +22,12 @@ import mlx.core as mx
 import structlog
 
 from edge0.kernels import isa as units
+from edge0.kernels import threads
 
 log = structlog.get_logger("edge0.kernels")
 
-DEFAULT_THREADS = 1  # docs/benchmarks/kernels.md: 1 vs 2 threads with the readers running
-PROMPT_THREADS_MAX = 4  # docs/benchmarks/prefill.md: 1 vs 2 threads over a prompt chunk
-
 _state: dict[str, object] = {}
+_THREAD_VARS = {"decode": "EDGE0_KERNEL_THREADS", "prompt": "EDGE0_PROMPT_THREADS"}
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -42,24 +41,21 @@ def _load() -> tuple[ModuleType | None, str]:
     isa = os.environ.get("EDGE0_KERNEL_ISA", "").strip()
     if isa and not _native.use_isa(isa):
         return None, f"EDGE0_KERNEL_ISA={isa} is not built or not supported by this CPU"
-    counts = []
-    for var, default in (
-        ("EDGE0_KERNEL_THREADS", DEFAULT_THREADS),
-        ("EDGE0_PROMPT_THREADS", min(PROMPT_THREADS_MAX, len(os.sched_getaffinity(0)))),
-    ):
-        threads = os.environ.get(var, "").strip()
+    forced: dict[str, int | None] = {}
+    for phase, var in _THREAD_VARS.items():
+        value = os.environ.get(var, "").strip()
         try:
-            n = int(threads) if threads else default
+            forced[phase] = int(value) if value else None
         except ValueError:
-            return None, f"{var}={threads!r} is not a whole number"
-        if not 1 <= n <= 64:
-            return None, f"{var}={n} is outside 1..64"
-        counts.append(n)
-    _native.set_threads(counts[0])
-    _state["prompt_threads"] = counts[1]
+            return None, f"{var}={value!r} is not a whole number"
+        if value and not 1 <= int(value) <= 64:
+            return None, f"{var}={value} is outside 1..64"
     _native.set_int8_inputs(int8_asked())
     if not isa:  # the unit this machine runs fastest, timed at first use (isa.py)
         units.choose(_native, units.cache_file())
+    counts = threads.choose(_native, threads.cache_file(), forced)  # per phase, timed or cached
+    _native.set_threads(counts["decode"])
+    _state["prompt_threads"] = counts["prompt"]
     return _native, ""
 
 
@@ -93,6 +89,7 @@ def module() -> ModuleType | None:
                 "kernels.native",
                 isa=mod.isa(),
                 threads=mod.threads(),
+                prompt_threads=_state["prompt_threads"],
                 int8_activations=mod.int8_inputs(),
             )
             if int8_asked() and not mod.int8_inputs():

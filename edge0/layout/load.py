@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from edge0.errors import CheckpointError, Edge0Error
+from edge0.kernels.layers import native_experts
 from edge0.layout.crc import crc32
 from edge0.layout.files import check_files, check_resident_header
 from edge0.layout.manifest import (
@@ -43,19 +46,28 @@ def _quantize(model: nn.Module, manifest: Manifest, weights: dict[str, Any]) -> 
     quantize_stored(model, {**per_layer, **q}, weights, fixed=fixed)
 
 
-def keeps_dtype(module: nn.Module | None, leaf: str, stored: mx.Dtype, compute: mx.Dtype) -> bool:
-    """Whether a float parameter stays in its stored (narrower) dtype under `compute`.
+def keeps_dtype(
+    modules: Mapping[str, nn.Module], name: str, stored: mx.Dtype, compute: mx.Dtype
+) -> bool:
+    """Whether the float parameter `name` of a model whose `named_modules()` are `modules`
+    stays in its stored (narrower) dtype under `compute`.
 
-    Where MLX widens the operand exactly inside the op, at a small per-call cost: the
-    scales and biases of a quantized linear (quantized_matmul upcasts them to the
-    activation dtype, bit-identical output; the upcast copy is a transient of the
-    fp32 size, so only up to KEEP_MAX_BYTES) and the weight of an RMSNorm
-    (mx.fast.rms_norm, bit-identical). Everything else is cast once at load: the
-    expert stacks (gather_qmm would upcast all experts per call), embeddings (their
-    rows are dequantized in the scales' dtype) and the rest (tiny).
+    Where the op reads the narrow operand exactly, widening it per group or per call at a
+    small cost: the scales and biases of a quantized linear (quantized_matmul upcasts them
+    to the activation dtype, bit-identical output; the upcast copy is a transient of the
+    fp32 size, so only up to KEEP_MAX_BYTES), those of an expert stack whose experts run
+    the native expert FFN (it reads each row's expert in its stored dtype:
+    `edge0.kernels.layers.native_experts`), and the weight of an RMSNorm
+    (mx.fast.rms_norm, bit-identical). Everything else is cast once at load: expert
+    stacks MLX's gather_qmm computes (it would widen all experts per call), embeddings
+    (their rows are dequantized in the scales' dtype) and the rest (tiny).
     """
     if compute.size <= stored.size or not mx.issubdtype(stored, mx.floating):
         return False
+    path, _, leaf = name.rpartition(".")
+    module = modules.get(path)
+    if isinstance(module, QuantizedSwitchLinear) and leaf in ("scales", "biases"):
+        return native_experts(modules.get(path.rpartition(".")[0]))
     if isinstance(module, nn.QuantizedLinear) and leaf in ("scales", "biases"):
         return 2 * int(module.scales.size) * compute.size <= KEEP_MAX_BYTES
     return isinstance(module, nn.RMSNorm) and leaf == "weight"
@@ -69,8 +81,7 @@ def cast_params(model: nn.Module, dtype: mx.Dtype, keep: bool) -> None:
     for name, value in flat:
         if not mx.issubdtype(value.dtype, mx.floating) or value.dtype == dtype:
             continue
-        path, _, leaf = name.rpartition(".")
-        if keep and keeps_dtype(modules.get(path), leaf, value.dtype, dtype):
+        if keep and keeps_dtype(modules, name, value.dtype, dtype):
             continue
         updates.append((name, value.astype(dtype)))
     model.load_weights(updates, strict=False)
@@ -86,19 +97,39 @@ def resident_tensor_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> di
     """`resident_bytes` per stored tensor name (edge0.ranks sums a rank's own layers)."""
     header = read_header(path / RESIDENT_FILE)
     meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
-    model = _build(path, manifest)  # lazy: no memory until evaluated
-    _quantize(model, manifest, meta)
-    modules = dict(model.named_modules())
+    modules = dict(_skeleton(path, manifest, meta).named_modules())
     out = {}
     for name, m in meta.items():
-        where, _, leaf = name.rpartition(".")
         target = m.dtype
-        if mx.issubdtype(m.dtype, mx.floating) and not keeps_dtype(
-            modules.get(where), leaf, m.dtype, dtype
-        ):
+        if mx.issubdtype(m.dtype, mx.floating) and not keeps_dtype(modules, name, m.dtype, dtype):
             target = dtype
         out[name] = int(np.prod(m.shape, dtype=np.int64)) * target.size
     return out
+
+
+def expert_dtypes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> dict[str, mx.Dtype]:
+    """Record field -> the dtype a resident expert stack holds it in with compute dtype
+    `dtype` (`keeps_dtype`: the stored one where the native expert FFN reads it, else
+    `dtype` for a narrower float), from the headers and the model's skeleton."""
+    header = read_header(path / RESIDENT_FILE)
+    meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
+    model = _skeleton(path, manifest, meta)
+    modules = dict(model.named_modules())
+    prefix = next(iter(switch_modules(model).values()))[0]  # every layer's stack is alike
+    out = {}
+    for f in manifest.fields:
+        stored = MX_DTYPES[f.dtype]
+        float_ = mx.issubdtype(stored, mx.floating) and stored.size < dtype.size
+        cast = float_ and not keeps_dtype(modules, f"{prefix}.{f.name}", stored, dtype)
+        out[f.name] = dtype if cast else stored
+    return out
+
+
+def _skeleton(path: Path, manifest: Manifest, meta: dict[str, Any]) -> nn.Module:
+    """The model quantized as `_open` makes it, from the header's `meta` (lazy: no memory)."""
+    model = _build(path, manifest)
+    _quantize(model, manifest, meta)
+    return model
 
 
 @attrs.frozen
@@ -225,7 +256,8 @@ def load_layout(
             "none" leaves the stacks empty (shape (0, ...)) for the streaming runtime.
         dtype: "auto" computes in `edge0.model.loaded.activation_dtype()` (fp32 on CPU):
             float parameters are cast to it except where the op widens them exactly
-            (`keeps_dtype`: small quantized linears' scales/biases, RMSNorm weights);
+            (`keeps_dtype`: small quantized linears' scales/biases, those of expert
+            stacks the native expert FFN runs, RMSNorm weights);
             a dtype casts every float parameter to it; None keeps the stored dtypes
             (as mlx-lm).
 

@@ -29,24 +29,21 @@ def batch_k(top_k: int, max_batch: int, n_experts: int) -> int:
 
 def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int) -> Footprint:
     """What a run with `opts` will hold, from the files' headers (nothing is loaded)."""
-    from edge0.layout.load import resident_bytes
+    from edge0.layout.load import expert_dtypes, resident_bytes
     from edge0.layout.safetensors_io import MX_DTYPES
 
     text = manifest.config.get("text_config") or manifest.config
     dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
     k = opts.top_k or int(text["num_experts_per_tok"])
     moe = list(manifest.moe_layers)
-    expert = sum(
-        int(np.prod(f.shape))
-        * (4 if f.dtype == "uint32" else 1 if f.dtype == "uint8" else dtype.size)
-        for f in manifest.fields
-    )  # one expert, floats cast
+    kept_as = expert_dtypes(path, manifest, dtype)  # a resident stack's fields, as loaded
+    expert = sum(int(np.prod(f.shape)) * kept_as[f.name].size for f in manifest.fields)
     resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
     chunk = (
         chunk_fixed_bytes(manifest.config),
         chunk_bytes_per_token(manifest.config, k, opts.context),
     )
-    load = load_bytes(manifest, dtype.size)
+    load = load_bytes(manifest, kept_as)
     if opts.mode == "resident":
         return Footprint(
             resident,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -325,18 +326,19 @@ def working_bytes(config: dict[str, Any], context: int) -> int:
     return WORKING_BASE + WORKING_PER_1K_D * d // 1024 + kv
 
 
-def load_bytes(manifest: Manifest, compute_itemsize: int) -> int:
+def load_bytes(manifest: Manifest, dtypes: Mapping[str, Any]) -> int:
     """The transient of loading one layer's experts resident (0 when none is): the record
     buffer they are read through, and the largest float field's (E, ...) stack in its
-    stored dtype while its compute-dtype copy is made (one field at a time; narrower
-    float fields only). Measured on a 20B MXFP4 shape: reading the layer through a numpy copy
-    held it twice (404 MiB over the steady state), docs/memory.md."""
+    stored dtype while its copy in the wider dtype `dtypes` holds it in is made (one field
+    at a time; fields kept as stored add nothing). Measured on a 20B MXFP4 shape: reading
+    the layer through a numpy copy held it twice (404 MiB over the steady state),
+    docs/memory.md."""
     from edge0.layout.records import VIEW_DTYPES
 
     widest = 0
     for f in manifest.fields:
         size = np.dtype(VIEW_DTYPES[f.dtype]).itemsize
-        if f.dtype in ("bfloat16", "float16") and size < compute_itemsize:
+        if f.dtype in ("bfloat16", "float16") and size < dtypes[f.name].size:
             widest = max(widest, int(np.prod(f.shape, dtype=np.int64)) * size)
     return manifest.record_size + manifest.n_experts * widest
 

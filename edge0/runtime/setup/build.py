@@ -12,6 +12,7 @@ import attrs
 import mlx.nn as nn
 
 from edge0.heap import fix_mmap_threshold
+from edge0.kernels import native
 from edge0.layout.manifest import Manifest
 from edge0.log import get_logger
 from edge0.options.engine import EngineOptions
@@ -66,6 +67,9 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
 
     opts.check()
     fix_mmap_threshold()  # before any weights: large blocks stay out of glibc's arenas
+    # the kernels' unit and thread counts, timed (or read from the cache) on the compute thread
+    # before the plan asks which stacks they read and before any reader runs (kernels.md)
+    await compute.run(native.module)
     baseline = current_rss_bytes()  # interpreter + libraries, before any weights
     manifest = Manifest.load(path)
     spec = opts.tiers

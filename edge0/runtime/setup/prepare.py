@@ -165,14 +165,16 @@ def install_streams(
 
 
 def resident_stacks(model_dir: Path, manifest: Manifest, layer: int) -> dict[str, mx.array]:
-    """All experts of `layer` as stacked (E, ...) arrays (CRC-checked), for a resident layer."""
-    from edge0.layout.load import read_expert_stacks
+    """All experts of `layer` as stacked (E, ...) arrays (CRC-checked), for a resident layer:
+    narrow scales and biases kept where the native expert FFN reads them, else widened once
+    (gather_qmm would widen every expert's per call): `edge0.layout.load.expert_dtypes`."""
+    from edge0.layout.load import expert_dtypes, read_expert_stacks
 
-    dtype = activation_dtype()
+    dtypes = expert_dtypes(model_dir, manifest, activation_dtype())
     stacks = read_expert_stacks(model_dir, manifest, layer)
-    for name, a in stacks.items():  # gather_qmm would widen every expert's scales per call
-        if mx.issubdtype(a.dtype, mx.floating) and a.dtype.size < dtype.size:
-            stacks[name] = a.astype(dtype)
+    for name, a in stacks.items():
+        if a.dtype != dtypes[name]:
+            stacks[name] = a.astype(dtypes[name])
             mx.eval(stacks[name])  # one field's narrow copy alive at a time (memory.load_bytes)
             del a
     mx.eval(list(stacks.values()))
