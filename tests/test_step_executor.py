@@ -22,6 +22,7 @@ from test_runtime_families import D, _blocks, _resident_stream
 from edge0.errors import Edge0Error
 from edge0.families import family_for
 from edge0.runtime.compute.batch import BatchStep
+from edge0.runtime.compute.live import LiveFeed, StepTrace
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.trace import Tracer
@@ -99,6 +100,21 @@ def test_a_batched_step_runs_through_the_batch(store: Path, seen: Seen) -> None:
     assert all(len(kinds) == 1 for kinds in seen.values())  # one executor per step
     kinds = {next(iter(k)) for k in seen.values()}
     assert "BatchStep" in kinds and "SingleToken" in kinds
+
+
+def test_the_live_feed_tells_a_batched_step_by_its_executor(store: Path) -> None:
+    """The live feed's `batch` flag is the step's executor: True exactly on batched steps."""
+    traces: list[StepTrace] = []
+
+    async def go() -> None:
+        async with Engine.open(store, tiers=MockTier(store), max_batch=2) as eng:
+            LiveFeed(eng.setup.ctx, eng.setup.tracer, traces.append).attach()
+            await together(eng, [PROMPT, [3, 9, 200]], [6, 6], [0, 1])
+            assert eng.batcher is not None
+            assert sum(t.batch for t in traces) == sum(s.rows > 1 for s in eng.batcher.log)
+
+    asyncio.run(asyncio.wait_for(go(), 120))
+    assert any(t.batch for t in traces) and not all(t.batch for t in traces)
 
 
 def test_the_in_graph_policy_brings_its_own_executor(store: Path, seen: Seen) -> None:
