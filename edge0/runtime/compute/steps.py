@@ -1,5 +1,6 @@
-"""The step clock of one model's streaming layers: counters, request and step boundaries, per-step
-timings, the step fence (docs/runtime.md, "One decode step").
+"""The step clock of one model's streaming layers: counters, request and step boundaries, the
+executor each step hands its blocks, per-step timings, the step fence (docs/runtime.md,
+"One decode step").
 """
 
 from __future__ import annotations
