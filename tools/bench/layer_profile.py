@@ -78,6 +78,7 @@ def install(c: Counters) -> None:
     import edge0.runtime.io.scheduler as scheduler
     import edge0.runtime.io.slots as slots
     import edge0.runtime.layers.block as block
+    import edge0.runtime.layers.single as single
     import edge0.runtime.layers.streams as layers
     import edge0.runtime.layers.syncs as syncs
 
@@ -85,7 +86,8 @@ def install(c: Counters) -> None:
     c.wrap(mx, "async_eval", "mx.async_eval")
     c.wrap(block, "expert_ffn", "expert_ffn")
     targets: list[tuple[Any, list[str]]] = [
-        (block.StreamingMoE, ["__call__", "_experts"]),
+        (block.StreamingMoE, ["__call__", "routed_ffn"]),
+        (single.SingleToken, ["forward", "routed"]),
         (layers.RoutedStream, ["route", "planned", "needs_true"]),
         (layers.LayerStream, ["finish", "slots"]),
         (layers.Lookahead, ["graph", "issue"]),

@@ -69,7 +69,7 @@ def prefetch_plans(steps: Steps, rows: list[RowState]) -> None:
 
 
 class BatchStep:
-    """Runs one decode step of several rows; `steps.batch` points here while it runs."""
+    """Runs one decode step of several rows: the step's executor while it runs."""
 
     def __init__(self, steps: Steps, model: Any) -> None:
         self.steps = steps
@@ -78,9 +78,9 @@ class BatchStep:
         self.stacked: bool | None = None  # rows run as one forward (decided at the first step)
         self._rows: list[RowState] | None = None  # the rows of a stacked forward under way
 
-    def join(self, block: StreamingMoE, x: mx.array) -> mx.array:
-        """Called by a streaming block: the stacked forward's layer (x: (B, 1, d)) runs at
-        once; a row's greenlet (x: (1, 1, d)) waits (switches out) until the batch ran it."""
+    def forward(self, block: StreamingMoE, x: mx.array) -> mx.array:
+        """The batch's executor: the stacked forward's layer (x: (B, 1, d)) runs at once; a
+        row's greenlet (x: (1, 1, d)) waits (switches out) until the batch ran it."""
         rows = self._rows
         if rows is not None:
             return self._stacked_layer(block, x, rows)
@@ -103,7 +103,7 @@ class BatchStep:
                 log.debug("batch_greenlets", reason=why)
         steps = self.steps
         t0, c0 = time.perf_counter(), time.thread_time()
-        steps.begin_step(prefill=False, prefetch=any(r.more for r in rows))
+        steps.begin_step(prefill=False, prefetch=any(r.more for r in rows), executor=self)
         for row in rows:
             row.pos += 1
             row.cur, row.next = row.next, {}
@@ -124,7 +124,7 @@ class BatchStep:
     def _run_stacked(self, rows: list[RowState], tokens: list[int]) -> dict[RowState, Any]:
         """One (B, 1) forward over the rows' merged caches; each row's (1, vocab) logits."""
         caches = self.stack.hold(rows)
-        self._rows, self.steps.batch = rows, self
+        self._rows = rows
         try:
             inputs = mx.array(tokens, dtype=mx.int32).reshape(len(rows), 1)
             logits = self.model(inputs, cache=caches)[:, -1, :]  # (B, vocab)
@@ -132,7 +132,7 @@ class BatchStep:
             self.stack.drop()  # a failed step: its rows end, their caches with them
             raise
         finally:
-            self._rows, self.steps.batch = None, None
+            self._rows = None
         return {r: logits[i : i + 1] if r.error is None else None for i, r in enumerate(rows)}
 
     def _stacked_layer(self, block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.array:
@@ -151,7 +151,6 @@ class BatchStep:
         """Each row's forward as a greenlet over its own cache; each row's (1, vocab) logits."""
         results: dict[RowState, Any] = {}
         waiting: dict[RowState, tuple[Any, StreamingMoE, mx.array]] = {}
-        self.steps.batch = self
         try:
             for row, tok in zip(rows, tokens, strict=True):
                 g = greenlet.greenlet(self._forward(row, tok))
@@ -170,7 +169,6 @@ class BatchStep:
                     else:
                         self._advance(row, g, (y[i : i + 1],), waiting, results)
         finally:
-            self.steps.batch = None
             for g, _, _ in waiting.values():  # a failed step: end the rows still waiting
                 g.throw(greenlet.GreenletExit)
         return results

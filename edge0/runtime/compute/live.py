@@ -11,6 +11,7 @@ from collections.abc import Callable
 import attrs
 
 from edge0.log import get_logger
+from edge0.runtime.compute.batch import BatchStep
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.io.tickets import FetchTicket
 from edge0.runtime.io.trace import Tracer
@@ -96,7 +97,7 @@ class LiveFeed:
             self._staged = (sched.stats.staged_hits, sched.stats.staged_misses)
         now = steps.step
         self._predicted = {}
-        if steps.mode != "route" and steps.batch is None:  # the exact modes, one request
+        if steps.mode != "route" and not isinstance(steps.executor, BatchStep):  # exact, one row
             self._predicted = {
                 layer: experts for layer, (s, experts) in steps.predictions().items() if s == now
             }
@@ -120,7 +121,7 @@ class LiveFeed:
             request=steps.request,
             step=cur.step,
             prefill=cur.prefill,
-            batch=steps.batch is not None,
+            batch=isinstance(steps.executor, BatchStep),
             started=self._started,
             wall=cur.wall,
             spans=self._spans,

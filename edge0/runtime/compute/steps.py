@@ -1,5 +1,6 @@
-"""The step clock of one model's streaming layers: counters, request and step boundaries, per-step
-timings, the step fence (docs/runtime.md, "One decode step").
+"""The step clock of one model's streaming layers: counters, request and step boundaries, the
+executor each step hands its blocks, per-step timings, the step fence (docs/runtime.md,
+"One decode step").
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from edge0.routing.predictors import Predictor
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.slotmem import SlotMemory
 from edge0.runtime.io.trace import Tracer
-from edge0.runtime.layers.clock import BatchJoin, ChunkCall, StepRecord
+from edge0.runtime.layers.clock import MoEExecutor, StepRecord
 from edge0.runtime.layers.policy import RoutePolicy
+from edge0.runtime.layers.single import OnDeviceToken, SingleToken
 from edge0.runtime.layers.syncs import SyncGroups
 
 __all__ = ["StepRecord", "Steps", "Stream"]
@@ -74,10 +76,16 @@ class Steps:
         self.records: list[StepRecord] = []
         self.cur = StepRecord(-1, True)
         self.prefill_chunk = 1  # prompt tokens per forward (edge0.runtime.prefill.chunks)
-        self.chunk: ChunkCall | None = None  # the prompt chunk being computed (prefill.chunks)
-        self.batch: BatchJoin | None = None  # a batched decode step (edge0.runtime.compute.batch)
         self.policy: RoutePolicy | None = None  # route mode's policy; None: the prediction
+        self.token: MoEExecutor = SingleToken()  # how a one-token step runs a streaming block
+        self.executor: MoEExecutor = self.token  # ... and how the step under way runs it
         self.watch: StepWatch | None = None  # set only while someone watches the steps
+
+    def use_policy(self, policy: RoutePolicy) -> None:
+        """Route mode's policy (at setup); an in-graph one brings its own one-token executor."""
+        self.policy = policy
+        self.token = OnDeviceToken(policy.device) if policy.on_device else SingleToken()
+        self.executor = self.token
 
     def count_recall(self, used: list[int], true: list[int]) -> None:
         """A routed layer ran `used` where the true top-K was `true` (recall of the true set)."""
@@ -108,13 +116,17 @@ class Steps:
         if self.scheduler is not None:
             self.scheduler.end_request()
 
-    def begin_step(self, prefill: bool, prefetch: bool = True) -> None:
+    def begin_step(
+        self, prefill: bool, prefetch: bool = True, executor: MoEExecutor | None = None
+    ) -> None:
         """Step `self.step + 1` begins; `prefetch`: its predictions are for a step that runs
-        and uses them (not a prompt step before the last one, nor the request's last step)."""
+        and uses them (not a prompt step before the last one, nor the request's last step);
+        `executor`: how it runs the streaming blocks (a prompt chunk, a batch; else one token)."""
         self.step += 1
         self.pos += 1
         self.prefill = prefill
         self.prefetching = prefetch
+        self.executor = self.token if executor is None else executor
         self.cur = StepRecord(self.step, prefill)
         if self.scheduler is not None:
             self.scheduler.begin_step(self.step)

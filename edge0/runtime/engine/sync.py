@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edge0.loop import loop_factory
 from edge0.runtime.engine.api import Engine
-
-if TYPE_CHECKING:
-    from edge0.runtime.engine.summary import RunStats
+from edge0.runtime.engine.summary import RunStats
 
 
 class SyncEngine:

@@ -1,5 +1,5 @@
 """What a streaming layer reads of its step clock (edge0.runtime.compute.steps.Steps implements
-it), and the two steps that take their own path through a block: a prompt chunk, a batch."""
+it), and the executor a step hands its streaming blocks (one token, a prompt chunk, a batch)."""
 
 from __future__ import annotations
 
@@ -33,19 +33,13 @@ class StepRecord:
     lead_reads: int = 0  # reads started one layer ahead by the deadline route policy
 
 
-class ChunkCall(Protocol):
-    """A prompt chunk in flight (edge0.runtime.prefill.chunks.ChunkState)."""
+class MoEExecutor(Protocol):
+    """How the step under way runs a streaming block: one token (edge0.runtime.layers.single),
+    a prompt chunk (edge0.runtime.prefill.chunks.ChunkState), a batched step
+    (edge0.runtime.compute.batch.BatchStep). The step clock holds the current one."""
 
-    def block_call(self, block: Any, x: mx.array) -> mx.array:
-        """The streaming block `block` on the chunk's input `x` (1, T, d)."""
-        ...
-
-
-class BatchJoin(Protocol):
-    """A batched decode step in flight (edge0.runtime.compute.batch.BatchStep)."""
-
-    def join(self, block: Any, x: mx.array) -> mx.array:
-        """The streaming block `block` on a row's (or the stacked rows') input `x`."""
+    def forward(self, block: Any, x: mx.array) -> mx.array:
+        """The streaming block `block` (a StreamingMoE) on its input `x`: its output."""
         ...
 
 

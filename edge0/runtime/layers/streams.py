@@ -12,23 +12,20 @@ import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
 from edge0.runtime.io.scheduler import FenceNeeded, Scheduler
-from edge0.runtime.layers.clock import BatchJoin, ChunkCall, Clock
+from edge0.runtime.layers.clock import Clock, MoEExecutor
 from edge0.runtime.layers.policy import RoutePolicy
 from edge0.runtime.layers.syncs import Deferred, Issuing
 
 
 class StreamClock(Clock, Protocol):
-    """The step clock as a stream and its block read it: also the route policy, and the
-    prompt chunk or batched step under way (edge0.runtime.compute.steps.Steps)."""
+    """The step clock as a stream and its block read it: also the route policy, and how the
+    step under way runs a block (edge0.runtime.compute.steps.Steps)."""
 
     @property
     def policy(self) -> RoutePolicy | None: ...
 
     @property
-    def chunk(self) -> ChunkCall | None: ...
-
-    @property
-    def batch(self) -> BatchJoin | None: ...
+    def executor(self) -> MoEExecutor: ...
 
 
 class Experts(Protocol):

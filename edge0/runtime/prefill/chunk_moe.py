@@ -5,6 +5,7 @@ sub-step each (docs/runtime.md, "Prompt processing", step 3).
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -15,6 +16,25 @@ from edge0.layout.records import projection_quant
 from edge0.runtime.layers.block import StreamingMoE, expert_ffn, ffn_plan
 from edge0.runtime.layers.streams import ResidentExperts
 from edge0.runtime.prefill.dense import DENSE_MAX_BYTES, on_cpu
+
+
+class Chunk(Protocol):
+    """What a layer's expert groups use of their chunk (edge0.runtime.prefill.chunks.ChunkState)."""
+
+    following: dict[int, StreamingMoE]  # layer -> the next streamed block
+    predicted: dict[int, list[int]]  # layer -> its predicted union
+    ahead: dict[int, list[int]]  # layer -> experts read early
+
+    def check(self) -> None: ...
+
+    def substep(self) -> None: ...
+
+    def prefetch(self, layer: int, experts: list[int], ahead: int = 1) -> None: ...
+
+    def acquire(self, layer: int, experts: list[int]) -> list[int]: ...
+
+    def decode_set(self, layer: int) -> list[int] | None: ...
+
 
 DENSE_EXPERT_ROWS = 4  # rows from which an expert's weights are dequantized (prefill.md); 0: never
 
@@ -117,11 +137,10 @@ def stage_order(
     return head + [e for e in rest if e not in tail] + [e for e in rest if e in tail]
 
 
-def read_ahead(block: StreamingMoE, g: int) -> None:
-    """Stage the next streamed layer's predicted first group (`g` experts) for this sub-step:
-    its layer computes next, at the same step; the reads overlap the compute until then."""
-    st = block.stream.steps.chunk
-    assert st is not None
+def read_ahead(block: StreamingMoE, g: int, st: Chunk) -> None:
+    """Stage the next streamed layer's predicted first group (`g` experts) for this sub-step
+    of chunk `st`: its layer computes next, at the same step; the reads overlap the compute
+    until then."""
     nxt = st.following.get(block.stream.layer)
     if nxt is None or nxt.layer not in st.predicted:
         return
@@ -143,13 +162,11 @@ def group_size(n_slots: int, layers: int, top_k: int) -> int:
     return max(1, (n_slots - top_k * (layers - 1)) // 2)
 
 
-def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.array:
-    """Routed-expert outputs (1, T, K, d) of chunk `x` (1, T, d), or (1, T, K, d) with an
-    input per expert, for routing `inds` (T, K)."""
+def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray, st: Chunk) -> mx.array:
+    """Routed-expert outputs (1, T, K, d) of chunk `st`'s `x` (1, T, d), or (1, T, K, d) with
+    an input per expert, for routing `inds` (T, K)."""
     stream = block.stream
     steps, layer = stream.steps, stream.layer
-    st = steps.chunk
-    assert st is not None
     t, k = inds.shape
     flat = inds.reshape(-1)  # (T*K,) pair p = (token p // K, slot p % K)
     x2 = x.reshape(-1, x.shape[-1])  # (T, d), or (T*K, d): an input per expert (Llama-4)
@@ -159,7 +176,7 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
     g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
     if resident:  # every expert in memory: one sorted gather over all pairs
         groups = [sorted(set(flat.tolist()))]
-        read_ahead(block, g)
+        read_ahead(block, g, st)
     else:
         early = st.ahead.pop(layer, None)
         union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer), early)
@@ -179,7 +196,7 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray) -> mx.arra
                 st.prefetch(layer, groups[j + 1])  # into the other half, for the next sub-step
             slot_of = dict(zip(group, st.acquire(layer, group), strict=True))
             if j + 1 == len(groups):
-                read_ahead(block, g)  # the next layer's first group, into the other half
+                read_ahead(block, g, st)  # the next layer's first group, into the other half
         pairs, slot_ids = slot_pairs(slot_of, by_expert, starts)
         pairs, out = group_pairs(block, x2, pairs if per_pair else pairs // k, pairs, slot_ids)
         t0, c0 = time.perf_counter(), time.thread_time()

@@ -79,8 +79,8 @@ class ChunkState:
         got = self.pending.get(layer)
         return None if got is None else got[1]
 
-    def block_call(self, block: StreamingMoE, x: mx.array) -> mx.array:
-        """A streaming block's multi-token input is this chunk: `block_call` runs it."""
+    def forward(self, block: StreamingMoE, x: mx.array) -> mx.array:
+        """The chunk's executor: a streaming block's input is this chunk (`block_call`)."""
         return block_call(block, x, self)
 
 
@@ -109,7 +109,7 @@ def block_call(block: StreamingMoE, x: mx.array, st: ChunkState) -> mx.array:
     if following is not None and nxt is not None:
         st.predicted[following.layer] = by_count(np.array(nxt).reshape(-1))
     _after_routing(stream, st, x, true, last, graph)
-    y = chunk_experts(block, fam.expert_input(x, w), true)  # (1, T, K, d)
+    y = chunk_experts(block, fam.expert_input(x, w), true, st)  # (1, T, K, d)
     return fam.extra(block, x, fam.combine(y, w))
 
 
@@ -204,26 +204,22 @@ def run_chunk(
     `cancelled`: read on the way; True raises PromptCancelled (the request is then dropped)."""
     steps = runner.steps
     t0, c0 = time.perf_counter(), time.thread_time()
-    steps.begin_step(prefill=True, prefetch=False)  # one record, one fence for the chunk
-    st = ChunkState(steps, steps.pos, cancelled)
+    st = ChunkState(steps, steps.pos + 1, cancelled)  # the step's position: the chunk's first
+    steps.begin_step(prefill=True, prefetch=False, executor=st)  # one record, one fence
     check_overlap(OVERLAP)
     if OVERLAP != "none" and steps.scheduler is not None:
         st.following = next_blocks(runner.model, steps)
     steps.pos += len(tokens) - 1  # the position of the chunk's last token
-    steps.chunk = st
-    try:
-        with prompt_threads():  # the layers' evaluations and the chunk's fence
-            with (
-                last_position_only(runner.model),
-                dense_linears(runner.model),
-                bounded_recurrence(runner.model, check=st.check),
-            ):
-                logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, V)
-            nxt = runner.sampler(logits)
-            t1, c1 = time.perf_counter(), time.thread_time()
-            mx.eval(nxt)  # the chunk's fence
-    finally:
-        steps.chunk = None
+    with prompt_threads():  # the layers' evaluations and the chunk's fence
+        with (
+            last_position_only(runner.model),
+            dense_linears(runner.model),
+            bounded_recurrence(runner.model, check=st.check),
+        ):
+            logits = runner.model(mx.array([tokens]), cache=runner.cache)[:, -1, :]  # (1, V)
+        nxt = runner.sampler(logits)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        mx.eval(nxt)  # the chunk's fence
     t2, c2 = time.perf_counter(), time.thread_time()
     steps.span("eval", -1, t1, t2, c2 - c1)
     steps.cur.cpu = c2 - c0

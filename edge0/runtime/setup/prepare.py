@@ -98,7 +98,7 @@ def prepare(
         steps.groups = SyncGroups(sync_every, steps)
     if opts.mode == "route" and opts.route_policy != "predicted":
         deadline = DEFAULT_DEADLINE_MS if opts.route_deadline_ms is None else opts.route_deadline_ms
-        steps.policy = RoutePolicy(opts.route_policy, deadline, steps, layer_heads)
+        steps.use_policy(RoutePolicy(opts.route_policy, deadline, steps, layer_heads))
     streams = make_streams(layers, steps, memory, manifest, opts.run_mode, opts.overlap)
     if predictor is not None:  # heads only for layers that are streamed
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
