@@ -104,7 +104,7 @@ def test_the_table_sets_llama_cpp_beside_each_budget() -> None:
     ]
     text = budget.table(rows)
     assert "llama.cpp tok/s | Edge0 / llama.cpp |" in text.splitlines()[0]
-    assert text.splitlines()[2].endswith("| 0.120 | 25.0 |")
+    assert text.splitlines()[2].endswith("| 0.120 | 25.00 |")
     assert text.splitlines()[3].endswith("| - | - |")  # llama.cpp gave no figure there
     plain = budget.table([{**base, "budget_bytes": 1 << 30, "decode_tps": 1.0}])
     assert "llama.cpp" not in plain  # no peer ran: no columns for it

@@ -57,6 +57,19 @@ def test_ratios_pair_chunked_with_one_token_and_native_with_mlx() -> None:
     assert "| native chunk=64 | 800 |" in prompt.table(s, 16)
 
 
+def test_same_tokens_compares_each_prompt_across_rounds() -> None:
+    vs = prompt.parse_variants("native", "64")
+    run = {"prompt_tps": 1.0, "ttft_s": 0.1, "mib_per_prompt_token": 0.5, "cpu_s": 1.0}
+
+    def rnd(*toks: list[int]) -> dict:
+        return {"native chunk=64": {"runs": [{**run, "tokens": t} for t in toks]}}
+
+    same = prompt.summarise(vs, [rnd([1, 2], [3, 4]), rnd([1, 2], [3, 4])])  # two prompts
+    assert same["rows"]["native chunk=64"]["same_tokens_every_round"]
+    moved = prompt.summarise(vs, [rnd([1, 2], [3, 4]), rnd([1, 2], [3, 5])])
+    assert not moved["rows"]["native chunk=64"]["same_tokens_every_round"]
+
+
 def test_a_small_run_end_to_end(tmp_path: Path) -> None:
     store = build_store(tmp_path, "qwen3_moe")
     out = tmp_path / "bench.json"

@@ -169,7 +169,7 @@ def table(rows: list[dict]) -> str:
             theirs = (r.get("llama_cpp") or {}).get("decode_tps")
             ours = r["decode_tps"]
             ratio = ours / theirs if ours is not None and theirs else None
-            lines[-1] += f" {_num(theirs, '.3f')} | {_num(ratio, '.1f')} |"
+            lines[-1] += f" {_num(theirs, '.3f')} | {_num(ratio, '.2f')} |"
     return "\n".join(lines)
 
 

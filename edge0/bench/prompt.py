@@ -162,7 +162,9 @@ def summarise(variants: list[Variant], rounds: list[dict[str, dict[str, Any]]]) 
         rows[v.name]["tokens"] = runs[0]["tokens"]
         chunks = {rd[v.name].get("chunk") for rd in rounds if v.name in rd}
         rows[v.name]["chunk"] = chunks.pop() if len(chunks) == 1 else sorted(chunks, key=str)
-        rows[v.name]["same_tokens_every_run"] = all(r["tokens"] == runs[0]["tokens"] for r in runs)
+        # each round runs the same prompts in the same order: prompt i's tokens in every round
+        per_round = [[r["tokens"] for r in rd[v.name]["runs"]] for rd in rounds if v.name in rd]
+        rows[v.name]["same_tokens_every_round"] = all(t == per_round[0] for t in per_round)
     ratios = []
     for a, b in _pairs(variants):
         per = []
