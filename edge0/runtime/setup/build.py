@@ -18,7 +18,7 @@ from edge0.options.engine import EngineOptions
 from edge0.runtime.compute.runner import Runner
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.compute.thread import ComputeThread
-from edge0.runtime.io.scheduler import Scheduler
+from edge0.runtime.io.scheduler import Scheduler, build_scheduler
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.plan.chunk import DEFAULT_CHUNK
 from edge0.runtime.plan.footprint import footprint
@@ -106,6 +106,6 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     layers = list(table.order)
     if not layers:
         return setup  # nothing streamed (a single MoE layer kept resident)
-    setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
+    setup.scheduler = build_scheduler(setup.tier, memory, table, tracer, opts.io_workers)
     ctx.attach(setup.scheduler)
     return setup
