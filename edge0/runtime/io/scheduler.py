@@ -4,13 +4,13 @@ step boundaries (docs/runtime.md, "The I/O room")."""
 from __future__ import annotations
 
 import asyncio
-import time
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, Literal, overload
 
 import attrs
 
+from edge0.runtime.io import route_reads
 from edge0.runtime.io.fetcher import Fetcher
 from edge0.runtime.io.planner import Planner
 from edge0.runtime.io.slotmem import SlotMemory
@@ -179,9 +179,10 @@ class Scheduler:
             got, done = self._start(layer, step, experts, True)
             return Arrivals(got, done, partial(self.arrived, layer, step, experts, got))
         if within is not None:
-            return self._fetch_within(layer, step, experts, within)
+            parts = self.slots, self.fetcher, self.planner
+            return route_reads.within(*parts, self.request, layer, step, experts, within)
         if servable:
-            return self._servable(layer, experts)
+            return route_reads.servable(self.slots, self.fetcher, self.planner, layer, experts)
         got, done = self._start(layer, step, experts, fenced)
         if done:
             return got
@@ -308,13 +309,13 @@ class Scheduler:
         (0 inside `deferred()`: the planner issues them). `unless_servable`, `keep` and
         `staged`: see `ExpertSource.prefetch`."""
         if unless_servable:
-            have = self._servable(layer, experts)
+            have = route_reads.servable(self.slots, self.fetcher, self.planner, layer, experts)
             misses = [e for e in experts if e not in have]
             return self.prefetch(layer, step, misses) if misses else 0
         if keep:
-            return self._keep(layer, step, experts)
+            return route_reads.keep(self.slots, self.fetcher, self.planner, layer, step, experts)
         if staged:
-            ready = self._staged(layer, set(experts))
+            ready = route_reads.staged(self.slots, self.planner, layer, set(experts))
             if ready:
                 self.prefetch(layer, step, ready)  # all held: reservations, no tickets
             return ready
@@ -342,51 +343,6 @@ class Scheduler:
         return new
 
     # --- route policies ---------------------------------------------------------------------
-    def _servable(self, layer: int, experts: list[int]) -> set[int]:
-        """Those of `experts` of `layer` compute can have without waiting on storage: ready in
-        a slot, or held by the outermost tier's RAM cache (a copy; route policies)."""
-        with self._lock:
-            self.planner.drain()
-            out = self.slots.ready(layer, experts)
-        return out | self.fetcher.cached(layer, [e for e in experts if e not in out])
-
-    def _staged(self, layer: int, skip: set[int]) -> list[int]:
-        """Every expert of `layer` ready in a slot, but those in `skip` (the pool's order)."""
-        with self._lock:
-            self.planner.drain()
-            return self.slots.staged(layer, skip)
-
-    def _keep(self, layer: int, step: int, experts: list[int]) -> int:
-        """Hold the slots of `experts` of `layer` for `step`; copy those the RAM cache holds
-        into free slots here (`Fetcher.copy_cached`). Returns how many were copied."""
-        with self._lock:
-            self.planner.drain()
-        return self.fetcher.copy_cached(layer, step, experts)
-
-    def _fetch_within(
-        self, layer: int, step: int, experts: list[int], timeout_s: float
-    ) -> set[int]:
-        """Read `experts` of `layer` for `step` (demand) and wait at most `timeout_s`; return
-        those ready by then. The others go on loading (used later if still staged) or are
-        released by `acquire`; an expert without a free slot is not waited for."""
-        table, st, end = self.table, self.slots, time.perf_counter() + timeout_s
-        with st.cond:
-            self.planner.drain()
-            slots: dict[int, int] = {}
-            new: list[FetchTicket] = []
-            for e in experts:
-                got = self.fetcher.issue(self.request, layer, step, e, DEMAND)
-                if got is not None:
-                    slots[e] = got[0]
-                    new += [got[1]] if got[1] is not None else []
-            self.planner.submit(new)
-            while True:
-                loading = [s for s in slots.values() if table.state(s) is SlotState.LOADING]
-                left = end - time.perf_counter()
-                if not loading or left <= 0 or st.closed:
-                    break
-                st.cond.wait(left)
-            return {e for e, s in slots.items() if table.state(s) is SlotState.READY}
 
 
 def build_scheduler(

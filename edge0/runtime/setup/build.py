@@ -19,6 +19,7 @@ from edge0.runtime.compute.runner import Runner
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.compute.thread import ComputeThread
 from edge0.runtime.io.scheduler import Scheduler, build_scheduler
+from edge0.runtime.io.source import ReadView
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.plan.chunk import DEFAULT_CHUNK
 from edge0.runtime.plan.footprint import footprint
@@ -52,6 +53,11 @@ class Setup:
     on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     dist: Any = None  # the pipeline node (edge0.ranks.build.Node) of rank 0
     exactness: str = "exact"  # what the stats line says of the output (routing.validation)
+
+    @property
+    def reads(self) -> ReadView | None:
+        """The scheduler's counters and pool, read only (None: nothing is streamed)."""
+        return self.scheduler
 
     def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:
         if self.runner is not None:
