@@ -69,7 +69,7 @@ def test_slot_table_keeps_failures_and_answers_what_is_ready() -> None:
             table.check(1, b.slot, 6)
         table.forget_failures()
         assert pool.state(b.slot) is SlotState.EMPTY and not table.errors
-        table.closed = True
+        table.close()
         with pytest.raises(Edge0Error, match="closed"):
             table.wait()
 

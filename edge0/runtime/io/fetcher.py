@@ -115,12 +115,11 @@ class Fetcher:
         """Fail the reads left and wake a compute thread still waiting for one (it raises)."""
         table = self.table
         with table.cond:
-            table.closed = True
             for t in self.tickets.values():
                 if t.outcome in ("queued", "running"):
                     t.outcome = "cancelled"
                     table.pool.mark_failed(t.slot, t.layer, t.expert)
-            table.cond.notify_all()
+            table.close()
 
     # --- one read ---------------------------------------------------------------------------
     def _begin(self, t: FetchTicket, wid: int) -> bool:
@@ -243,6 +242,10 @@ class Fetcher:
         return n
 
     # --- figures --------------------------------------------------------------------------
+    def forget_spans(self) -> None:
+        """Read spans so far are dropped (a new request: `io_time` never asks for them)."""
+        self.intervals.clear()
+
     def io_time(self, since: float, until: float) -> float:
         """Wall time in [since, until] with at least one read in flight (union of reads)."""
         with self.table.lock:

@@ -83,7 +83,7 @@ class Scheduler:
             self.request = request
             slots.forget_failures()
             self.staging.clear()
-            fetcher.intervals.clear()  # read spans of earlier requests: io_time never asks again
+            fetcher.forget_spans()
 
     def end_request(self) -> int:
         """The request ended: its prefetches still queued are cancelled, never read."""

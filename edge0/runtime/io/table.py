@@ -27,6 +27,11 @@ class SlotTable:
             raise Edge0Error("the engine closed while compute waited for expert reads")
         self.cond.wait()
 
+    def close(self) -> None:
+        """The engine closed (lock held): whoever waits for a read, or will, raises."""
+        self.closed = True
+        self.cond.notify_all()
+
     def check(self, layer: int, slot: int, expert: int) -> None:
         """A read compute waited for: its slot is ready, or its error is raised (lock held)."""
         if self.pool.state(slot) is not SlotState.READY:
