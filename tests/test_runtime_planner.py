@@ -19,7 +19,9 @@ def _planner() -> tuple[Planner, threading.Lock, list[list[Any]], list[tuple[str
     lock = threading.Lock()
     posted: list[list[Any]] = []
     done: list[tuple[str, int]] = []
-    return Planner(lock, posted.append), lock, posted, done
+    planner = Planner(lock, posted.append)
+    planner.start()
+    return planner, lock, posted, done
 
 
 def _op(done: list[tuple[str, int]], i: int) -> tuple[Any, tuple[Any, ...]]:
@@ -92,7 +94,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def _decode(path: Path, **opts: Any) -> tuple[list[int], Any, int, int]:
     async with Engine.open(path, tiers="pread", predictor="init", **opts) as eng:
         toks = [t async for t in eng.tokens(PROMPT, max_tokens=12, stop=False)]
-        planner = eng.setup.scheduler._planner
+        planner = eng.setup.scheduler.planner
         return toks, eng.last_stats, planner.applied, planner.applied_here
 
 

@@ -13,8 +13,11 @@ from runtime_helpers import PROMPT, build_store
 from edge0.errors import TierReadError
 from edge0.layout.manifest import Manifest
 from edge0.runtime.engine.api import Engine
+from edge0.runtime.io.fetcher import Fetcher
+from edge0.runtime.io.planner import Planner
 from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.slots import SlotPool
+from edge0.runtime.io.table import SlotTable
 from edge0.runtime.io.trace import Tracer
 from edge0.storage.spec import open_tiers
 from edge0.storage.tier import ExpertKey, ReadInfo, Tier, blocking_read
@@ -143,15 +146,15 @@ class _NoMemory:
 
 def _scheduler(layers: list[int], n_slots: int) -> Scheduler:
     table = SlotPool(layers, n_slots)
-    sched = Scheduler(_NoTier(), _NoMemory(), table, layers, Tracer())  # type: ignore[arg-type]
 
     def read_now(tickets: list[Any]) -> None:  # called under the lock: a finished read
         for t in tickets:
             t.outcome = "ok"
             table.mark_ready(t.slot, t.layer, t.expert)
 
-    sched._submit = read_now  # type: ignore[method-assign]
-    return sched
+    slots = SlotTable(table, _NoMemory())  # type: ignore[arg-type]
+    fetcher = Fetcher(slots, _NoTier(), Tracer())  # type: ignore[arg-type]
+    return Scheduler(slots, fetcher, Planner(slots.lock, read_now))
 
 
 def _holds(sched: Scheduler, layer: int, experts: list[int], slots: list[int]) -> bool:

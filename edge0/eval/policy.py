@@ -56,7 +56,7 @@ async def forced_decode(
     from edge0.runtime.prefill.chunks import prefill
 
     setup = eng.setup
-    steps, sched = setup.ctx, setup.scheduler
+    steps, sched = setup.ctx, setup.reads
     logits: list[mx.array] = []
 
     def record(out: mx.array) -> mx.array:

@@ -223,8 +223,8 @@ async def build_node(
     node.n_slots = table.n_slots
     setup.tier = open_tiers(spec, path, manifest)
     remote = set(manifest.moe_layers) - set(table.layers)
-    setup.scheduler = StageScheduler(
-        setup.tier, memory, table, list(table.layers), tracer, opts.io_workers, remote=remote
+    setup.scheduler = StageScheduler.build(
+        setup.tier, memory, table, tracer, opts.io_workers, remote
     )
     node.ctx.attach(setup.scheduler)
     return setup, node

@@ -32,8 +32,15 @@ from edge0.ranks.link import (
 from edge0.ranks.stage import Stage
 from edge0.runtime.compute.runner import greedy
 from edge0.runtime.compute.steps import Steps
+from edge0.runtime.io.fetcher import Fetcher
+from edge0.runtime.io.planner import Planner
 from edge0.runtime.io.scheduler import Scheduler
+from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.slots import SlotPool
+from edge0.runtime.io.table import SlotTable
+from edge0.runtime.io.trace import Tracer
 from edge0.stats import peak_rss_bytes
+from edge0.storage.tier import Tier
 
 log = get_logger("edge0.ranks.pipeline")
 # per rank in a STATS message (the latest request): compute-thread wall and CPU time of its
@@ -64,23 +71,38 @@ STAT_WORDS = len(STAT_NAMES)
 class StageScheduler(Scheduler):
     """A scheduler whose prefetches for another rank's layer go to the outbox, not to a tier."""
 
-    def __init__(self, *args: Any, remote: set[int], **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(
+        self, slots: SlotTable, fetcher: Fetcher, planner: Planner, remote: set[int]
+    ) -> None:
+        super().__init__(slots, fetcher, planner)
         self.remote = remote
         self.outbox: dict[int, tuple[int, list[int]]] = {}  # layer -> (step, experts)
-        self.read_layers: set[int] = set()  # layers whose experts this rank has read
 
-    def _issue(self, layer: int, step: int, expert: int, kind: str) -> Any:
-        got = super()._issue(layer, step, expert, kind)
-        if got is not None and got[1] is not None:
-            self.read_layers.add(layer)
-        return got
+    @classmethod
+    def build(
+        cls,
+        tier: Tier,
+        memory: SlotMemory,
+        pool: SlotPool,
+        tracer: Tracer,
+        workers: int,
+        remote: set[int],
+    ) -> StageScheduler:
+        """This rank's scheduler (`build_scheduler`'s parts); `remote`: the other ranks' layers."""
+        table = SlotTable(pool, memory)
+        fetcher = Fetcher(table, tier, tracer, workers)
+        return cls(table, fetcher, Planner(table.lock, fetcher.post), remote)
 
-    def prefetch(self, layer: int, step: int, experts: list[int]) -> int:
+    @property
+    def read_layers(self) -> set[int]:
+        """Layers whose experts this rank has read."""
+        return self.fetcher.layers_read
+
+    def _prefetch(self, layer: int, step: int, experts: list[int]) -> int:
         if layer in self.remote:
             self.outbox[layer] = (step, list(experts))
             return 0
-        return super().prefetch(layer, step, experts)
+        return super()._prefetch(layer, step, experts)
 
 
 def inject(steps: Steps, layer: int, experts: list[int]) -> None:

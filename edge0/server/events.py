@@ -144,7 +144,7 @@ class EventHub:
 def engine_info(engine: Engine, model_id: str) -> dict[str, Any]:
     """The `engine` event: what runs, in which mode, within which memory plan."""
     setup = engine.setup
-    sched = setup.scheduler
+    sched = setup.reads
     plan = setup.memory_plan
     return {
         "model": model_id,

@@ -74,6 +74,7 @@ def install(c: Counters) -> None:
     import edge0.families.base as fam
     import edge0.runtime.compute.steps as steps
     import edge0.runtime.io.fetcher as fetcher
+    import edge0.runtime.io.planner as planner
     import edge0.runtime.io.readers as readers
     import edge0.runtime.io.scheduler as scheduler
     import edge0.runtime.io.slots as slots
@@ -93,8 +94,12 @@ def install(c: Counters) -> None:
         (layers.Lookahead, ["graph", "issue"]),
         (layers.SlotExperts, ["acquire"]),
         (syncs.SyncGroups, ["add", "launch", "complete", "flush", "_finish"]),
-        (scheduler.Scheduler, ["acquire", "evaluated", "begin_step", "_claim_step", "_consume"]),
-        *[(cls, ["prefetch", "_issue", "_submit", "_drain"]) for cls in fetcher.Fetcher.__mro__],
+        (
+            scheduler.Scheduler,
+            ["acquire", "evaluated", "begin_step", "_claim_step", "_consume", "prefetch", "stage"],
+        ),
+        (fetcher.Fetcher, ["issue", "post"]),
+        (planner.Planner, ["submit", "drain"]),
         (readers.ReaderThreads, ["put"]),
         (slots.SlotPool, ["advance", "claim", "reserve", "release"]),
         (steps.Steps, ["fence", "begin_step", "span"]),

@@ -62,7 +62,7 @@ def prefetch_plans(steps: Steps, rows: list[RowState]) -> None:
     for row in rows:
         for layer, experts in row.next.items():
             union.setdefault(layer, {}).update(dict.fromkeys(experts))
-    with sched.batched():
+    with steps.batched():
         for s in _streams(steps):
             if s.layer in union and not isinstance(s.experts, ResidentExperts):
                 sched.prefetch(s.layer, steps.step + 1, list(union[s.layer]))

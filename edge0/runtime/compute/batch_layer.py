@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -58,8 +57,7 @@ def batched_layer(block: StreamingMoE, x: mx.array, rows: list[RowState]) -> mx.
     sets = [p if p is not None else t for p, t in zip(plans or trues, trues, strict=True)]
     ahead = _host_work(block, x, rows, trues, sets, inds, got)
     h = fam.expert_input(x, w)  # (B, 1, d), or (B, 1, K, d): an input per expert
-    sched = steps.scheduler
-    with sched.demand_first() if sched is not None else contextlib.nullcontext():
+    with steps.demand_first():
         if ahead and head is not None and head.scheduler is not None:  # read after the union
             head.scheduler.prefetch(head.target.layer, steps.step + 1, ahead)
         staged = _stage(block, rows, sets) if h.ndim == 3 else None  # the union's reads issued
@@ -183,8 +181,7 @@ def _arriving(
             raise
         for i in bad:
             rows[i].error = exc
-        assert steps.scheduler is not None
-        steps.scheduler.forget_failures()  # the others may read this expert again later
+        steps.forget_failures()  # the others may read this expert again later
         return None
     y = mx.concatenate(ys) if len(ys) > 1 else ys[0]  # (B * K, 1, 1, 1, d), arrival order
     if order != list(range(b * k)):
@@ -217,7 +214,7 @@ def _slots(
                 raise
             for i in bad:
                 rows[i].error = exc
-            sched.forget_failures()  # the others may read this expert again later
+            steps.forget_failures()  # the others may read this expert again later
     steps.span("wait", layer, t0, time.perf_counter(), time.thread_time() - c0)
     slot_of = dict(zip(union, slots, strict=True))
     table = [[slot_of.get(e, 0) for e in s] for s in sets]

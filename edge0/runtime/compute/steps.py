@@ -5,14 +5,17 @@ executor each step hands its blocks, per-step timings, the step fence (docs/runt
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
-from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.source import ClockSource, ExpertSource
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.layers.clock import MoEExecutor, StepRecord
 from edge0.runtime.layers.policy import RoutePolicy
@@ -30,7 +33,7 @@ class Stream(Protocol):
 
     def reset(self) -> None: ...
 
-    def attach(self, scheduler: Scheduler) -> None: ...
+    def attach(self, scheduler: ExpertSource) -> None: ...
 
 
 class StepWatch(Protocol):
@@ -61,7 +64,7 @@ class Steps:
         self.tracer = tracer
         self.predictor = predictor
         self.memory = memory
-        self.scheduler: Scheduler | None = None
+        self.scheduler: ClockSource | None = None
         self.layers: dict[int, Stream] = {}  # model layer -> its stream (streaming blocks)
         self.step = -1  # global step counter (fences use it)
         self.pos = -1  # position within the current request
@@ -92,7 +95,7 @@ class Steps:
         self.cur.recall_hits += len(set(used) & set(true))
         self.cur.recall_slots += len(true)
 
-    def attach(self, scheduler: Scheduler) -> None:
+    def attach(self, scheduler: ClockSource) -> None:
         """Give the layers' slot acquisition and prefetch the scheduler (built after the model)."""
         self.scheduler = scheduler
         for stream in self.layers.values():
@@ -132,6 +135,39 @@ class Steps:
             self.scheduler.begin_step(self.step)
         if self.watch is not None:
             self.watch.begin()
+
+    def substep(self) -> None:
+        """The next sub-step of a prompt chunk (every graph so far is evaluated)."""
+        self.step += 1
+        if self.scheduler is not None:
+            self.scheduler.begin_step(self.step)
+
+    # --- the order of reads (the scheduler's, for the layers) ----------------------------
+    def demand_first(self) -> AbstractContextManager[None]:
+        """Prefetches issued inside are read after the demand reads issued inside."""
+        return self.scheduler.demand_first() if self.scheduler is not None else nullcontext()
+
+    def batched(self) -> AbstractContextManager[None]:
+        """Prefetches issued inside reach the readers together."""
+        return self.scheduler.batched() if self.scheduler is not None else nullcontext()
+
+    @contextlib.contextmanager
+    def evaluated(self, layer: int | None) -> Iterator[None]:
+        """Every graph of this step before `layer` ran (its slots may be reused); the slot
+        work inside (that fence move, prefetches) is applied by the planner thread."""
+        sched = self.scheduler
+        if sched is None:
+            yield
+            return
+        with sched.deferred():
+            if layer is not None:
+                sched.evaluated(self.step, layer)
+            yield
+
+    def forget_failures(self) -> None:
+        """Failed reads are forgotten (a batch ended the requests that needed them)."""
+        if self.scheduler is not None:
+            self.scheduler.forget_failures()
 
     def fence(self, out: mx.array) -> None:
         """Evaluate `out` and everything deferred: every graph of the step has run after it."""

@@ -194,7 +194,7 @@ class Batcher:
         return not req.cancelled
 
     def _bytes(self) -> int:
-        sched = self.engine.setup.scheduler
+        sched = self.engine.setup.reads
         return sched.stats.bytes if sched is not None else 0
 
     async def _to_rows(self) -> None:
@@ -221,7 +221,7 @@ class Batcher:
     async def _decode(self, runnable: list[Active]) -> None:
         """One decode step of the runnable requests."""
         eng = self.engine
-        ctx, sched, compute = eng.setup.ctx, eng.setup.scheduler, eng._compute
+        ctx, sched, compute = eng.setup.ctx, eng.setup.reads, eng._compute
         rows = [a.row for a in runnable]
         bytes0 = sched.stats.bytes if sched is not None else 0
         cpu0 = time.process_time()
@@ -290,7 +290,7 @@ class Batcher:
 
     async def _end(self, a: Active, error: BaseException | None) -> None:
         eng, stats = self.engine, a.stats
-        sched = eng.setup.scheduler
+        sched = eng.setup.reads
         decode_io = sched.io_time(a.t_decode, time.perf_counter()) if sched and a.t_decode else 0
         a.req.stats = stats
         finish_stats(eng, stats, a.records, a.reads0, decode_io, a.decode_bytes)

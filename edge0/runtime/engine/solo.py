@@ -82,7 +82,7 @@ def prefill_piece(
 
 
 def reads_now(engine: Host) -> ReadStats | None:
-    sched = engine.setup.scheduler
+    sched = engine.setup.reads
     return sched.counters() if sched else None
 
 
@@ -104,7 +104,7 @@ def new_stats(engine: Host, req: Request, runner: Any) -> RunStats:
 
 async def run_request(engine: Host, req: Request) -> None:
     """One request's steps on the compute thread; tokens go to its queue as they come."""
-    ctx, sched, compute = engine.setup.ctx, engine.setup.scheduler, engine._compute
+    ctx, sched, compute = engine.setup.ctx, engine.setup.reads, engine._compute
     settings = req.settings
     runner = await compute.run(  # the sampler is seeded on this thread
         lambda: engine.setup.make_runner(req.id, Sampler(settings), settings)
@@ -169,7 +169,7 @@ def finish_stats(
     decode_bytes: float,
 ) -> None:
     """Fill a finished request's stats from its step records and read counters; log them."""
-    sched = engine.setup.scheduler
+    sched = engine.setup.reads
     reads = diff_reads(sched.counters(), reads0) if sched and reads0 else ReadStats()
     fill(stats, records, reads, decode_io, int(decode_bytes))
     stats.peak_mlx_bytes = peak_mlx_bytes()

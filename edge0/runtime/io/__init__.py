@@ -1,3 +1,2 @@
-"""The I/O side: the scheduler, fetch tickets, reads into the slot pool, slot memory, tracing
-(docs/architecture.md).
-"""
+"""The I/O room: a slot table, a fetcher and a planner, composed by the scheduler; the Protocols
+the other rooms see (docs/runtime.md, "The I/O room")."""

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 import attrs
 import mlx.core as mx
 
-from edge0.runtime.io.scheduler import Scheduler
 from edge0.runtime.io.slotmem import SlotMemory
+from edge0.runtime.io.source import ExpertSource
 from edge0.runtime.layers.syncs import SyncGroups
 
 
@@ -64,7 +64,7 @@ class Clock(Protocol):
     def prefetching(self) -> bool: ...
 
     @property
-    def scheduler(self) -> Scheduler | None: ...
+    def scheduler(self) -> ExpertSource | None: ...
 
     @property
     def memory(self) -> SlotMemory | None: ...

@@ -115,14 +115,14 @@ class RoutePolicy:
         rank = host_rank(true, scores.reshape(-1).tolist())  # type: ignore[arg-type]  # (E,)
         # the predicted set was staged for this step (compute waits for it as `predicted`
         # does): never worse than the prediction, by true score
-        now = sched.servable(layer, rank) | set(planned)
+        now = sched.acquire(layer, steps.step, rank, servable=True) | set(planned)
         missing = [e for e in true if e not in now]
         if missing and self.deadline_s > 0:
             t0 = time.perf_counter()
-            now |= sched.fetch_within(layer, steps.step, missing, self.deadline_s)
+            now |= sched.acquire(layer, steps.step, missing, within=self.deadline_s)
             steps.span("wait", layer, t0, time.perf_counter())
         chosen = [e for e in rank if e in now][:k]  # K of them: `planned` has K
-        sched.keep(layer, steps.step, chosen)  # their slots held; RAM hits copied here
+        sched.prefetch(layer, steps.step, chosen, keep=True)  # slots held; RAM hits copied here
         return chosen
 
     def _lead_graph(
@@ -146,10 +146,9 @@ class RoutePolicy:
         of lead time (used by `_select` there if they are in by then)."""
         sched, nxt = self.steps.scheduler, self.ahead[layer]
         assert sched is not None
-        have = sched.servable(nxt, predicted)
-        misses = [e for e in predicted if e not in have]
-        if misses:
-            self.steps.cur.lead_reads += sched.prefetch(nxt, self.steps.step, misses)
+        self.steps.cur.lead_reads += sched.prefetch(
+            nxt, self.steps.step, predicted, unless_servable=True
+        )
 
 
 def layer_heads_for(model_dir: object, model: object) -> PrerouterSet:

@@ -70,10 +70,7 @@ class DeviceChoice:
         steps, layer = stream.steps, stream.layer
         sched = steps.scheduler
         assert sched is not None, "Steps.attach(scheduler) was not called"
-        ready = sched.staged(layer, set(planned))
-        if ready:
-            sched.prefetch(layer, steps.step, ready)  # all held: reservations, no tickets
-        return list(planned) + ready
+        return list(planned) + sched.prefetch(layer, steps.step, planned, staged=True)
 
     def graph(
         self,

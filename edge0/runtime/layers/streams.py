@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import mlx.core as mx
 
 from edge0.routing.predictors import Predictor
-from edge0.runtime.io.scheduler import FenceNeeded, Scheduler
+from edge0.runtime.io.source import Arrivals, ExpertSource, FenceNeeded
 from edge0.runtime.layers.clock import Clock, MoEExecutor
 from edge0.runtime.layers.policy import RoutePolicy
 from edge0.runtime.layers.syncs import Deferred, Issuing
@@ -26,6 +27,8 @@ class StreamClock(Clock, Protocol):
 
     @property
     def executor(self) -> MoEExecutor: ...
+
+    def demand_first(self) -> AbstractContextManager[None]: ...
 
 
 class Experts(Protocol):
@@ -53,7 +56,7 @@ class SlotExperts:
         self.layer = layer
         self.views = views
         self.steps = steps
-        self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+        self.scheduler: ExpertSource | None = None  # attached once the tier stack is open
 
     def index(self, experts: list[int], inds: mx.array) -> mx.array:
         return mx.array([[self.acquire(experts)]], dtype=mx.uint32)  # (1, 1, K) slot indices
@@ -83,14 +86,13 @@ class SlotExperts:
         block between them."""
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         t0 = time.perf_counter()
-        slots, done = self.scheduler.stage(self.layer, self.steps.step, experts)  # fenced
-        return self._groups(experts, slots, done, t0)
+        staged = self.scheduler.acquire(self.layer, self.steps.step, experts, arrivals=True)
+        return self._groups(experts, staged, t0)
 
     def _groups(
-        self, experts: list[int], slots: list[int], done: bool, t0: float
+        self, experts: list[int], staged: Arrivals, t0: float
     ) -> Iterator[list[tuple[int, int]]]:
-        steps, sched = self.steps, self.scheduler
-        assert sched is not None
+        steps, slots, done = self.steps, staged.slots, staged.done
         pending = list(range(len(experts)))
         first = True
         while pending:
@@ -99,7 +101,7 @@ class SlotExperts:
                 if done:
                     more = pending
                 else:
-                    more = sched.arrived(self.layer, steps.step, experts, slots, pending)
+                    more = staged.arrived(pending)
                 got += more
                 pending = [i for i in pending if i not in more]
             first = False
@@ -118,7 +120,7 @@ class Lookahead:
         self.predictor = predictor
         self.target = target
         self.steps = steps
-        self.scheduler: Scheduler | None = None  # attached once the tier stack is open
+        self.scheduler: ExpertSource | None = None  # attached once the tier stack is open
         self.on_host: bool | None = None  # the predictor decides on the host (known once run)
 
     def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
@@ -174,7 +176,7 @@ class LayerStream:
         # the owned prediction's prefetch, held until this layer's own reads are issued
         self._held: tuple[Issuing, tuple[Any, ...]] | None = None
 
-    def attach(self, scheduler: Scheduler) -> None:
+    def attach(self, scheduler: ExpertSource) -> None:
         """The scheduler, once the tier stack is open: for slot acquisition and prefetch."""
         if isinstance(self.experts, SlotExperts):
             self.experts.scheduler = scheduler
@@ -289,9 +291,9 @@ class LayerStream:
         missing ones. None where `overlaps` says no: take `slots` in one piece."""
         if not self.overlaps():
             return None
-        assert isinstance(self.experts, SlotExperts) and self.experts.scheduler is not None
+        assert isinstance(self.experts, SlotExperts)
         held, self._held = self._held, None
-        with self.experts.scheduler.demand_first():  # slots reserved as before, read after
+        with self.steps.demand_first():  # slots reserved as before, read after
             if held is not None:
                 held[0].issue(*held[1])
             return self.experts.arrivals(experts)

@@ -5,13 +5,11 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import attrs
 import mlx.core as mx
-
-from edge0.runtime.io.scheduler import Scheduler
 
 
 class Counts(Protocol):
@@ -24,8 +22,9 @@ class SyncClock(Protocol):
     @property
     def step(self) -> int: ...
 
-    @property
-    def scheduler(self) -> Scheduler | None: ...
+    def evaluated(self, layer: int | None) -> AbstractContextManager[None]:
+        """Every graph of the step before `layer` ran; the slot work inside is deferred."""
+        ...
 
     @property
     def cur(self) -> Counts: ...
@@ -119,10 +118,8 @@ class SyncGroups:
         mx.eval([a for w in group for a in w.arrays()] + extra)
         steps.span("eval", -1, t0, time.perf_counter(), time.thread_time() - c0)
         steps.cur.syncs += 1
-        sched = steps.scheduler
-        # the fence move and the group's prefetches: applied by the planner thread
-        with sched.deferred() if sched is not None else nullcontext():
-            if group and sched is not None:  # their inputs ran: earlier layers' slots free
-                sched.evaluated(steps.step, group[-1].stream.layer)
+        # the fence move (their inputs ran: earlier layers' slots are free) and the group's
+        # prefetches: applied by the planner thread
+        with steps.evaluated(group[-1].stream.layer if group else None):
             for work in group:
                 work.stream.finish(work)

@@ -56,10 +56,7 @@ class ChunkState:
 
     def substep(self) -> None:
         """Start the next scheduler sub-step (every graph so far is evaluated)."""
-        steps = self.steps
-        steps.step += 1
-        if steps.scheduler is not None:
-            steps.scheduler.begin_step(steps.step)
+        self.steps.substep()
 
     def prefetch(self, layer: int, experts: list[int], ahead: int = 1) -> None:
         """Stage `experts` of `layer` for the sub-step `ahead` of this one."""

@@ -19,7 +19,8 @@ from edge0.options.engine import EngineOptions
 from edge0.runtime.compute.runner import Runner
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.compute.thread import ComputeThread
-from edge0.runtime.io.scheduler import Scheduler
+from edge0.runtime.io.scheduler import Scheduler, build_scheduler
+from edge0.runtime.io.source import ReadView
 from edge0.runtime.io.trace import Tracer
 from edge0.runtime.plan.chunk import DEFAULT_CHUNK
 from edge0.runtime.plan.footprint import footprint
@@ -53,6 +54,11 @@ class Setup:
     on_close: list[Callable[[], Awaitable[None]]] = attrs.Factory(list)
     dist: Any = None  # the pipeline node (edge0.ranks.build.Node) of rank 0
     exactness: str = "exact"  # what the stats line says of the output (routing.validation)
+
+    @property
+    def reads(self) -> ReadView | None:
+        """The scheduler's counters and pool, read only (None: nothing is streamed)."""
+        return self.scheduler
 
     def make_runner(self, request: int, sampler: Any, settings: Any) -> Any:
         if self.runner is not None:
@@ -110,6 +116,6 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     layers = list(table.order)
     if not layers:
         return setup  # nothing streamed (a single MoE layer kept resident)
-    setup.scheduler = Scheduler(setup.tier, memory, table, layers, tracer, opts.io_workers)
+    setup.scheduler = build_scheduler(setup.tier, memory, table, tracer, opts.io_workers)
     ctx.attach(setup.scheduler)
     return setup
