@@ -29,13 +29,15 @@ def stores(runtime_stores: dict[str, Path]) -> dict[str, Path]:
     return {mt: runtime_stores[mt] for mt in FAMILIES}
 
 
-def decode(path: Path, **opts: Any) -> tuple[list[int], Any]:
+def decode(path: Path, now: int | None = None, **opts: Any) -> tuple[list[int], Any]:
     async def go() -> tuple[list[int], Any]:
         opts.setdefault("tiers", MockTier(path, delay=0.002))
         async with Engine.open(path, top_k=K, **opts) as eng:
             width = eng.setup.ctx.width if opts["mode"] == "hint" else None
             if width is not None and width.auto:  # decide often in a short run
                 width.every, width.min_samples = 2, 2
+                if now is not None:  # held at `now`: scored, never re-decided
+                    width.now, width.min_samples = now, 1 << 30
             toks = [t async for t in eng.tokens(PROMPT, max_tokens=N, stop=False)]
             return toks, eng
 
@@ -74,6 +76,9 @@ def test_hint_tokens_equal_resident_at_every_width(
             assert w.now == width and not w.auto
             assert max(prefetches(eng).values()) <= width
     assert n_experts is not None and n_experts >= 2 * K
+    got, eng = decode(path, now=0, mode="hint", predictor="init", trace=tmp_path / "z.json")
+    assert got == ref and not prefetches(eng)  # auto at 0: scored, nothing read ahead
+    assert eng.setup.ctx.width.samples > 0
     _, eng = decode(path, mode="hint", predictor="init", prefetch_width=2 * K, trace=tmp_path / "w")
     assert max(prefetches(eng).values()) > K  # the wider set was read
 
@@ -114,9 +119,12 @@ def test_auto_follows_the_measured_hit_rates_and_costs(info_logs: None) -> None:
     with capture_logs() as logs:
         w = Width(4, 64, None, room=8, every=4, min_samples=10)
         assert w.now == 4  # K until measured
+        # one step in `sample` ranks every scored rank; the others ask the best `now`
+        assert w.ask(0) == (8, True) and w.ask(1) == (4, False)
         feed(w, rates, stall_ms=1.0, waste_ms=1.0, steps=5)
     assert w.decisions == 1
     assert w.now == 3  # ranks hitting more than half the time: stall = waste
+    assert w.ask(1) == (3, False) and w.ask(w.sample) == (8, True)
     event = [e for e in logs if e["event"] == "prefetch_width"][-1]
     assert event["width"] == 3 and event["hit_rates"][:2] == [0.9, 0.7]
     assert event["stall_ms"] == pytest.approx(1.0) and event["waste_ms"] == pytest.approx(1.0)
@@ -127,7 +135,7 @@ def test_auto_follows_the_measured_hit_rates_and_costs(info_logs: None) -> None:
     # reads that cost more than any stall they save: none prefetched
     w = Width(4, 64, None, room=8, every=4, min_samples=10)
     feed(w, [0.6, 0.4, 0.3, 0.2], stall_ms=0.1, waste_ms=5.0, steps=5)
-    assert w.now == 0
+    assert w.now == 0 and w.ask(1) == (0, False)  # nothing predicted but to score
 
 
 def test_auto_goes_above_k_only_where_the_pool_has_room() -> None:

@@ -132,15 +132,19 @@ class Lookahead:
         self.on_host = got is None
         return got
 
+    def wanted(self) -> bool:
+        """Whether this step predicts at all (a prefetch width of 0 predicts only to score)."""
+        return self.width is None or self.width.ask(self.steps.step)[0] > 0
+
     def step_graph(
         self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int
     ) -> mx.array | None:
-        """A one-token step's prediction: K experts, or under a prefetch width the ones it
-        asks for (auto: ranked, every scored rank)."""
+        """A one-token step's prediction: K experts, or the prefetch width's ask (the `now`
+        best, or on a scored step every rank, best first)."""
         width = self.width
         if width is None:
             return self.graph(x, inds, prev, k)
-        return self.graph(x, inds, prev, width.ask, width.auto)
+        return self.graph(x, inds, prev, *width.ask(self.steps.step))
 
     def issue(
         self,
@@ -158,14 +162,13 @@ class Lookahead:
             got = graph.tolist()  # type: ignore[assignment]
         else:
             t0 = time.perf_counter()
-            ask = k if width is None else width.ask
+            ask = k if width is None else width.ask(steps.step)[0]
             got = self.predictor.predict(self.layer, steps.pos, x, experts, true, prev, ask)
             steps.span("predict", self.layer, t0, time.perf_counter())
         if got is None:
             return
-        if width is not None:  # the first `width.now` (auto: the rest are scored, not read)
-            if width.auto:
-                self.target.ranked[(steps.step + 1) & 1] = (steps.step + 1, got)
+        if width is not None and width.scoring(steps.step):  # the best `now` are read
+            self.target.ranked[(steps.step + 1) & 1] = (steps.step + 1, got)
             got = got[: width.now]
             if not got:
                 return
@@ -260,6 +263,8 @@ class LayerStream:
         `arrivals`, which the caller calls next); return the experts to run."""
         steps = self.steps
         head = self.head if steps.prefetching else None
+        if head is not None and not head.wanted():
+            head = None
         pred = head.step_graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer

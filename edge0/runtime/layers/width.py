@@ -11,7 +11,8 @@ from edge0.log import get_logger
 log = get_logger("edge0.runtime.layers.width")
 
 EVERY = 16  # decode steps between two decisions
-MIN_SAMPLES = 64  # predicted layer-steps before the first decision (until then: K)
+MIN_SAMPLES = 32  # scored predictions before the first decision (until then: K)
+SAMPLE = 4  # one step in SAMPLE ranks its predictions and scores them (ranking costs compute)
 PRIOR = 4.0  # demand reads' worth of prior: a demand read blocks about one read's time
 DECAY = 0.5  # what each decision keeps of the measurements behind it
 
@@ -67,10 +68,11 @@ def best_width(rates: list[float], stall_s: float, waste_s: float, cap: int) -> 
 
 
 class Width:
-    """The engine's prefetch width in hint. Fixed (`fixed`), or auto: the predictor ranks
-    `ranks` experts, each step's true routing scores each rank, the decode steps' read
-    counters give the costs, and every `every` steps the width is re-decided (K until
-    `min_samples` predictions are scored; above K only up to `room`)."""
+    """The engine's prefetch width in hint. Fixed (`fixed`), or auto: one step in `sample`
+    the predictor ranks `ranks` experts and the next step's true routing scores each rank
+    (the other steps predict the `now` best, in no order, as a fixed width would); the
+    decode steps' read counters give the costs, and every `every` steps the width is
+    re-decided (K until `min_samples` predictions are scored; above K only up to `room`)."""
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class Width:
         room: int,
         every: int = EVERY,
         min_samples: int = MIN_SAMPLES,
+        sample: int = SAMPLE,
     ) -> None:
         self.top_k = top_k
         self.fixed = None if fixed is None else min(fixed, n_experts)
@@ -90,6 +93,7 @@ class Width:
         self.now = self.fixed or top_k  # the width in use
         self.every = every
         self.min_samples = min_samples
+        self.sample = sample
         self.hits = [0.0] * self.ranks  # per rank: predictions in the true top-K
         self.samples = 0.0  # scored predictions
         self.costs = Costs()
@@ -98,10 +102,15 @@ class Width:
         self._last: tuple[float, float, float] | None = None  # demand, busy_s, issued
         self._step = -2  # the last decode step counted
 
-    @property
-    def ask(self) -> int:
-        """How many experts the predictor returns (auto: ranked, all the ranks scored)."""
-        return self.ranks
+    def scoring(self, step: int) -> bool:
+        """Whether `step`'s predictions are ranked and scored (auto only)."""
+        return self.auto and step % self.sample == 0
+
+    def ask(self, step: int) -> tuple[int, bool]:
+        """How many experts `step` asks the predictor for, and whether ranked (0: none)."""
+        if self.scoring(step):
+            return self.ranks, True
+        return self.now, False
 
     def label(self) -> str:
         return f"auto: {self.now}" if self.auto else str(self.now)
