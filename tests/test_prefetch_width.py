@@ -160,3 +160,21 @@ def test_best_width_takes_the_best_prefix() -> None:
     assert best_width([0.9, 0.2, 0.2, 0.95], 1.0, 1.0, 4) == 1
     assert best_width([0.9, 0.45, 0.45, 0.95], 1.0, 1.0, 4) == 4
     assert best_width([0.9, 0.9], 1.0, 1.0, 1) == 1  # capped
+
+
+def test_ranked_predictions_come_best_first() -> None:
+    import mlx.core as mx
+
+    from edge0.routing.predictors import HeadPredictor
+
+    logits = mx.array([0.1, 3.0, -1.0, 2.0, 0.5, 2.5, -0.2, 1.0])
+
+    class Heads:
+        def predict(self, *args: Any) -> mx.array:
+            return logits
+
+    pred = object.__new__(HeadPredictor)
+    pred.heads, pred.hidden_only = Heads(), True  # type: ignore[assignment]
+    x = mx.zeros((1, 1, 4))
+    assert pred.graph(0, x, x, None, 4, ranked=True).tolist() == [1, 5, 3, 7]  # type: ignore[union-attr]
+    assert sorted(pred.graph(0, x, x, None, 4).tolist()) == [1, 3, 5, 7]  # type: ignore[union-attr]
