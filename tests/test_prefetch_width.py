@@ -128,8 +128,15 @@ def test_auto_follows_the_measured_hit_rates_and_costs(info_logs: None) -> None:
     event = [e for e in logs if e["event"] == "prefetch_width"][-1]
     assert event["width"] == 3 and event["hit_rates"][:2] == [0.9, 0.7]
     assert event["stall_ms"] == pytest.approx(1.0) and event["waste_ms"] == pytest.approx(1.0)
-    # a demand read stalls 9x what a wasted read costs: ranks hitting > 10% pay
+    # a demand read stalls 9x what a wasted read costs: ranks up to K hitting > 10% pay;
+    # above K a miss also displaces a kept expert (one more stall): they need > 50%
     w = Width(4, 64, None, room=8, every=4, min_samples=10)
+    feed(w, rates, stall_ms=9.0, waste_ms=1.0, steps=5)
+    assert w.now == 4
+    w = Width(4, 64, None, room=8, every=4, min_samples=10)
+    feed(w, rates[:4] + [0.6, 0.3], stall_ms=9.0, waste_ms=1.0, steps=5)
+    assert w.now == 5
+    w = Width(6, 64, None, room=6, every=4, min_samples=10)  # K=6: ranks 5 and 6 are within K
     feed(w, rates, stall_ms=9.0, waste_ms=1.0, steps=5)
     assert w.now == 6
     # reads that cost more than any stall they save: none prefetched
@@ -157,9 +164,11 @@ def test_auto_goes_above_k_only_where_the_pool_has_room() -> None:
 
 def test_best_width_takes_the_best_prefix() -> None:
     # a later rank that pays alone does not pay for the ones before it
-    assert best_width([0.9, 0.2, 0.2, 0.95], 1.0, 1.0, 4) == 1
-    assert best_width([0.9, 0.45, 0.45, 0.95], 1.0, 1.0, 4) == 4
-    assert best_width([0.9, 0.9], 1.0, 1.0, 1) == 1  # capped
+    assert best_width([0.9, 0.2, 0.2, 0.95], 1.0, 1.0, 4, 4) == 1
+    assert best_width([0.9, 0.45, 0.45, 0.95], 1.0, 1.0, 4, 4) == 4
+    assert best_width([0.9, 0.9], 1.0, 1.0, 1, 4) == 1  # capped
+    assert best_width([0.9, 0.6, 0.6], 1.0, 0.0, 3, 1) == 3  # 0.6 > (0 + 1) / (1 + 1)
+    assert best_width([0.9, 0.4, 0.4], 1.0, 0.0, 3, 1) == 1
 
 
 def test_ranked_predictions_come_best_first() -> None:

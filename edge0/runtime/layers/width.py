@@ -56,12 +56,15 @@ class Costs:
         return self.read_s * busy
 
 
-def best_width(rates: list[float], stall_s: float, waste_s: float, cap: int) -> int:
+def best_width(rates: list[float], stall_s: float, waste_s: float, cap: int, top_k: int) -> int:
     """The prefix of ranks, at most `cap`, whose expected saving (hit rate x stall) less
-    expected waste ((1 - hit rate) x waste) sums highest; ties: the narrower."""
+    expected waste ((1 - hit rate) x waste) sums highest; ties: the narrower. A rank above
+    `top_k` takes a spare slot, which otherwise keeps an expert read earlier (a hit for
+    free when it comes back): its miss also costs that expert's next read, one stall."""
     best, gain, total = 0, 0.0, 0.0
     for r, p in enumerate(rates[:cap]):
-        total += p * stall_s - (1.0 - p) * waste_s
+        waste = waste_s + (stall_s if r >= top_k else 0.0)
+        total += p * stall_s - (1.0 - p) * waste
         if total > gain + 1e-12:
             best, gain = r + 1, total
     return best
@@ -154,7 +157,7 @@ class Width:
         """Re-decide the width from the measurements, log the decision, decay them."""
         rates, c = self.rates(), self.costs
         stall, waste = c.stall_s, c.waste_s
-        self.now = best_width(rates, stall, waste, self.cap)
+        self.now = best_width(rates, stall, waste, self.cap, self.top_k)
         self.decisions += 1
         log.info(
             "prefetch_width",
