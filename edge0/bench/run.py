@@ -42,6 +42,9 @@ COLUMNS = [
     ("slot_hit_rate", "staged hit", "{:.2f}", 1.0),
     ("cache_hit_rate", "cache hit", "{:.2f}", 1.0),
     ("overlap_efficiency", "overlap eff.", "{:.2f}", 1.0),
+    ("prefetch_width", "prefetch width", "{:.0f}", 1.0),
+    ("tickets_consumed", "reads consumed", "{:.0f}", 1.0),
+    ("tickets_wasted", "reads wasted", "{:.0f}", 1.0),
     ("peak_mlx_bytes", "peak MLX MiB", "{:.0f}", 1 / _MIB),
     ("gen_peak_rss_bytes", "peak RSS gen. MiB", "{:.0f}", 1 / _MIB),
     ("peak_rss_bytes", "peak RSS run MiB", "{:.0f}", 1 / _MIB),
@@ -61,6 +64,7 @@ class Variant:
     deadline_ms: float | None = None  # its --route-deadline-ms (None: the engine's default)
     kernels: str = "native"  # "mlx": EDGE0_NATIVE_KERNELS=0 (MLX's own ops, edge0.kernels)
     sync_every: int | None = None  # route mode's --sync-every (None: the engine's default)
+    width: int | str | None = None  # hint's --prefetch-width (None: the engine's default)
 
     @property
     def label(self) -> str:
@@ -74,7 +78,8 @@ class Variant:
         chunk = "" if self.prefill_chunk is None else f" chunk={self.prefill_chunk}"
         ops = "" if self.kernels == "native" else f" [{self.kernels} ops]"
         sync = "" if self.sync_every is None else f" sync={self.sync_every}"
-        return f"{self.mode}{pred} {k}{chunk}{sync}{ops} @ {tiers}"
+        width = "" if self.width is None else f" width={self.width}"
+        return f"{self.mode}{pred} {k}{chunk}{sync}{width}{ops} @ {tiers}"
 
 
 @attrs.frozen
@@ -113,10 +118,11 @@ def make_variants(
     deadline_ms: float | None = None,
     kernels: Sequence[str] = ("native",),
     sync_every: Sequence[int | None] = (None,),
+    widths: Sequence[int | str | None] = (None,),
 ) -> list[Variant]:
     """modes x K x tier stacks x prefill chunks x kernels, hint and route x predictors,
-    and route x route policies x --sync-every values (resident once per K: it reads
-    nothing)."""
+    route x route policies x --sync-every values, and hint x prefetch widths (resident
+    once per K: it reads nothing)."""
     from edge0.options.engine import MODES
 
     out: list[Variant] = []
@@ -128,9 +134,10 @@ def make_variants(
                 for pol in policies if mode == "route" else ("predicted",):
                     dl = deadline_ms if pol != "predicted" else None
                     out += [
-                        Variant(mode, k, spec, pred, c, pol, dl, kern, g)
+                        Variant(mode, k, spec, pred, c, pol, dl, kern, g, wd)
                         for pred in (predictors if mode in ("hint", "route") else predictors[:1])
                         for g in (sync_every if mode == "route" else (None,))
+                        for wd in (widths if mode == "hint" else (None,))
                         for c in chunks
                         for kern in kernels
                     ]
@@ -158,6 +165,7 @@ def make_job(v: Variant, opts: BenchOptions, rnd: int, trace: str | None = None)
         "route_deadline_ms": v.deadline_ms,
         "kernels": v.kernels,
         "sync_every": v.sync_every,
+        "prefetch_width": v.width,
     }
 
 

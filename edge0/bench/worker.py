@@ -82,8 +82,11 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         if recall_slots
         else {}
     )  # only where the true sets were read
+    widths = [s["prefetch_width"] for s in stats if s.get("prefetch_width") is not None]
+    width = {"prefetch_width": float(widths[-1])} if widths else {}  # at the run's end
     return {
         **recall,
+        **width,
         "decode_tps": steps / decode_s if decode_s > 0 else 0.0,
         "prefill_tps": prompt / prefill_s if prefill_s > 0 else 0.0,
         "blocked_ms_per_step": wmean("blocked_ms_per_step"),
@@ -111,6 +114,8 @@ def combine(stats: list[dict[str, Any]]) -> dict[str, float]:
         "slot_hit_rate": wmean("slot_hit_rate"),
         "cache_hit_rate": wmean("cache_hit_rate"),
         "tickets_wasted": float(sum(s["tickets_wasted"] for s in stats)),
+        "tickets_consumed": float(sum(s["tickets_consumed"] for s in stats)),
+        "tickets_issued": float(sum(s["tickets_issued"] for s in stats)),
         "peak_mlx_bytes": float(max(s["peak_mlx_bytes"] for s in stats)),
         "loop_max_lag_ms": max(s["loop_max_lag_ms"] for s in stats),
         "generated_tokens": float(gen),
@@ -165,7 +170,13 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     )
     if job["mode"] != "resident":
         opts["tiers"] = job["tiers"]
-    for key in ("prefill_chunk", "route_policy", "route_deadline_ms", "sync_every"):
+    for key in (
+        "prefill_chunk",
+        "route_policy",
+        "route_deadline_ms",
+        "sync_every",
+        "prefetch_width",
+    ):
         if job.get(key) is not None:
             opts[key] = job[key]
 

@@ -299,6 +299,7 @@ def run_cmd(**kw: Any) -> None:
         kw["route_deadline_ms"],
         kernels,
         kw["sync_every"],
+        kw["prefetch_width"],
     )
     peer = _peer(kw)
     runs = bench_run.run_rounds(variants, opts, _progress, peer)

@@ -41,16 +41,21 @@ def _checker(name: str, o: Opt, many: bool) -> Callable[..., Any]:
     """A click callback: the declaration's own check, in the API's words."""
 
     def one(text: str) -> Any:
-        if o.choices is not None or o.kind is str:
+        if o.choices is not None or o.kind is str or (o.auto and text == "auto"):
             return text
         try:
             return o.kind(text)
         except ValueError:
             want = "an integer" if o.kind is int else "a number"
+            want += " or 'auto'" if o.auto else ""
             raise ConfigError(f"{label(name, o)} takes {want}, not {text!r}") from None
 
     def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        values = [one(t.strip()) for t in value.split(",") if t.strip()] if many else [value]
+        if many:
+            values = [one(t.strip()) for t in value.split(",") if t.strip()]
+        else:
+            value = one(value) if o.auto and isinstance(value, str) else value
+            values = [value]
         for v in values:
             check_value(name, o, v)  # a ConfigError: the CLI's one-line error, exit code 2
         if len(set(values)) != len(values):
@@ -81,7 +86,8 @@ def _flag(a: attrs.Attribute[Any], o: Opt, command: str) -> Decorator:
     elif o.choices is not None:
         kw.update(default=default, type=click.Choice(o.cli_choices or o.choices))
     else:
-        kw.update(default=default, type={int: click.INT, float: click.FLOAT}.get(o.kind, str))
+        kind = str if o.auto else {int: click.INT, float: click.FLOAT}.get(o.kind, str)
+        kw.update(default=default, type=kind)
     kw["callback"] = _checker(a.name, o, many)
     old = o.old if command in ("bench", "sweep") else ()
     if old:

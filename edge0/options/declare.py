@@ -39,6 +39,7 @@ class Opt:
     repeats: tuple[str, ...] = ()
     old: tuple[str, ...] = ()  # earlier spellings the benchmarks accept, left out of --help
     dest: str | None = None  # the CLI's name for it where the field's would clash
+    auto: bool = False  # the word "auto" is a value too (worked out by measurement)
 
     def cli_name(self, field: str) -> str:
         return self.dest or field
@@ -64,7 +65,7 @@ def label(name: str, o: Opt) -> str:
 
 def check_value(name: str, o: Opt, value: Any) -> None:
     """ConfigError unless `value` has the option's kind, is one of its choices and in range."""
-    if value is None:
+    if value is None or (o.auto and value == "auto"):
         return  # None means "worked out later" wherever a declaration allows it
     if o.choices is not None:
         if value not in o.choices:
@@ -74,7 +75,8 @@ def check_value(name: str, o: Opt, value: Any) -> None:
             )
         return
     if o.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{label(name, o)} must be an integer, got {value!r}")
+        also = " or 'auto'" if o.auto else ""
+        raise ConfigError(f"{label(name, o)} must be an integer{also}, got {value!r}")
     if o.kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{label(name, o)} must be a number, got {value!r}")

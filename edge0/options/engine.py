@@ -131,6 +131,19 @@ class EngineOptions:
         flag="--overlap",
         commands=BENCH,
     )
+    prefetch_width: int | str = opt(
+        "auto",
+        "hint: predicted experts prefetched per layer, best first: N, or auto (chosen by "
+        "measurement: each rank's hit rate against the stall a hit saves and the reader time "
+        "a miss wastes; above K only where the slot pool has room). route prefetches its K "
+        "(its prediction is the routing) and refuses another N (docs/prerouter.md).",
+        kind=int,
+        auto=True,
+        flag="--prefetch-width",
+        commands=BENCH,
+        low=1,
+        lists=("bench",),
+    )
     recording: dict[tuple[int, int], list[int]] | None = None  # for the oracle predictor
     record_routing: bool = False  # keep true routing in steps.recording (to replay as oracle)
     adapter: bool = opt(

@@ -25,7 +25,13 @@ class Predictor(Protocol):
     targets: dict[int, int]  # owner layer -> target layer (predicted for the next step)
 
     def graph(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+        self,
+        layer: int,
+        x: mx.array,
+        executed: mx.array,
+        prev: mx.array | None,
+        k: int,
+        ranked: bool = False,
     ) -> mx.array | None: ...
 
     def predict(
@@ -49,10 +55,17 @@ def chain(layers: list[int], wrap: bool) -> dict[int, int]:
 
 
 class _HostOnly:
-    """Predictors that decide on the host from routing already known: no MLX graph."""
+    """Predictors that decide on the host from routing already known: no MLX graph (their
+    sets come in router order, best first)."""
 
     def graph(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+        self,
+        layer: int,
+        x: mx.array,
+        executed: mx.array,
+        prev: mx.array | None,
+        k: int,
+        ranked: bool = False,
     ) -> mx.array | None:
         return None
 
@@ -111,14 +124,23 @@ class HeadPredictor:
         self.hidden_only = all(isinstance(h, RouterCopyHead) for h in heads.heads.values())
 
     def graph(
-        self, layer: int, x: mx.array, executed: mx.array, prev: mx.array | None, k: int
+        self,
+        layer: int,
+        x: mx.array,
+        executed: mx.array,
+        prev: mx.array | None,
+        k: int,
+        ranked: bool = False,
     ) -> mx.array | None:
-        """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d))."""
+        """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d)); `ranked`:
+        best first (else in no order)."""
         if self.hidden_only:  # untrained lean heads: the sets are not inputs
             logits = self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
         else:
             prev_flat = None if prev is None else prev.reshape(-1)
             logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1), prev_flat)
+        if ranked:  # best first: one sort of the E logits (fewer nodes than sorting the k)
+            return mx.argsort(-logits, axis=-1)[:k]
         return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
 
     def rows(self, layer: int, x: mx.array, executed: mx.array, prev: mx.array, k: int) -> mx.array:

@@ -21,6 +21,7 @@ from edge0.runtime.layers.clock import MoEExecutor, StepRecord
 from edge0.runtime.layers.policy import RoutePolicy
 from edge0.runtime.layers.single import OnDeviceToken, SingleToken
 from edge0.runtime.layers.syncs import SyncGroups
+from edge0.runtime.layers.width import Width
 
 __all__ = ["StepRecord", "Steps", "Stream"]
 
@@ -83,6 +84,7 @@ class Steps:
         self.token: MoEExecutor = SingleToken()  # how a one-token step runs a streaming block
         self.executor: MoEExecutor = self.token  # ... and how the step under way runs it
         self.watch: StepWatch | None = None  # set only while someone watches the steps
+        self.width: Width | None = None  # hint: the prefetch width (fixed, or measured)
 
     def use_policy(self, policy: RoutePolicy) -> None:
         """Route mode's policy (at setup); an in-graph one brings its own one-token executor."""
@@ -182,6 +184,10 @@ class Steps:
     def end_step(self, wall: float) -> None:
         self.cur.wall = wall
         self.records.append(self.cur)
+        width, sched = self.width, self.scheduler
+        if width is not None and width.auto and sched is not None and not self.cur.prefill:
+            st = sched.stats  # (read without the lock: counters, a step's staleness is fine)
+            width.step(self.step, self.cur.wait, wall, st.demand, st.read_busy_s, st.issued)
         if self.watch is not None:
             self.watch.end()
 

@@ -172,6 +172,9 @@ def finish_stats(
     sched = engine.setup.reads
     reads = diff_reads(sched.counters(), reads0) if sched and reads0 else ReadStats()
     fill(stats, records, reads, decode_io, int(decode_bytes))
+    width = engine.setup.ctx.width
+    if width is not None:
+        stats.prefetch_width, stats.prefetch_auto = width.now, width.auto
     stats.peak_mlx_bytes = peak_mlx_bytes()
     stats.peak_rss_bytes = peak_rss_bytes()
     lags = sorted(engine._lags) or [0.0]

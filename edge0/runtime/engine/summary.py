@@ -56,6 +56,8 @@ class RunStats:
     recall_hits: int = 0  # decode, routed layers whose true top-K was read back: true experts run
     recall_slots: int = 0  # ... out of this many (K per such layer-step)
     lead_reads: int = 0  # reads the deadline policy started one layer ahead
+    prefetch_width: int | None = None  # hint: predicted experts prefetched per layer at the end
+    prefetch_auto: bool = False  # ... chosen by measurement (--prefetch-width auto)
 
     @property
     def route_recall(self) -> float | None:
@@ -107,7 +109,7 @@ class RunStats:
                     self.peak_rss_bytes,
                 ),
                 f"mode {self.mode}, {self.exactness or 'exact'} (top-k {self.top_k}, predictor "
-                f"{self.predictor or '-'}{self._policy()}) | "
+                f"{self.predictor or '-'}{self._policy()}{self._width()}) | "
                 f"blocked load {self.blocked_ms_per_step:.2f} ms/step | compute "
                 f"{self.compute_ms_per_step:.2f} ms/step | scheduler overhead "
                 f"{self.overhead_ms_per_layer:.3f} ms/layer ({self.overhead_cpu_ms_per_layer:.3f} "
@@ -128,6 +130,11 @@ class RunStats:
                 f"p99 {self.loop_p99_lag_ms:.1f} ms",
             ]
         )
+
+    def _width(self) -> str:
+        if self.prefetch_width is None:
+            return ""
+        return f", prefetch width {self.prefetch_width}{' (auto)' if self.prefetch_auto else ''}"
 
     def _policy(self) -> str:
         if not self.route_policy:

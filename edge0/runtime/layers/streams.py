@@ -16,6 +16,7 @@ from edge0.runtime.io.source import Arrivals, ExpertSource, FenceNeeded
 from edge0.runtime.layers.clock import Clock, MoEExecutor
 from edge0.runtime.layers.policy import RoutePolicy
 from edge0.runtime.layers.syncs import Deferred, Issuing
+from edge0.runtime.layers.width import Width
 
 
 class StreamClock(Clock, Protocol):
@@ -122,12 +123,30 @@ class Lookahead:
         self.steps = steps
         self.scheduler: ExpertSource | None = None  # attached once the tier stack is open
         self.on_host: bool | None = None  # the predictor decides on the host (known once run)
+        self.width: Width | None = None  # hint: how many predicted experts are prefetched
 
-    def graph(self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int) -> mx.array | None:
-        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor)."""
-        got = self.predictor.graph(self.layer, x, inds, prev, k)
+    def graph(
+        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int, ranked: bool = False
+    ) -> mx.array | None:
+        """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor);
+        `ranked`: best first."""
+        got = self.predictor.graph(self.layer, x, inds, prev, k, ranked)
         self.on_host = got is None
         return got
+
+    def wanted(self) -> bool:
+        """Whether this step predicts at all (a prefetch width of 0 predicts only to score)."""
+        return self.width is None or self.width.ask(self.steps.step)[0] > 0
+
+    def step_graph(
+        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int
+    ) -> mx.array | None:
+        """A one-token step's prediction: K experts, or the prefetch width's ask (the `now`
+        best, or on a scored step every rank, best first)."""
+        width = self.width
+        if width is None:
+            return self.graph(x, inds, prev, k)
+        return self.graph(x, inds, prev, *width.ask(self.steps.step))
 
     def issue(
         self,
@@ -139,16 +158,22 @@ class Lookahead:
         k: int,
     ) -> None:
         """Hand the prediction to the target layer and prefetch it for the next step."""
-        steps = self.steps
+        steps, width = self.steps, self.width
         got: list[int] | None
         if graph is not None:
             got = graph.tolist()  # type: ignore[assignment]
         else:
             t0 = time.perf_counter()
-            got = self.predictor.predict(self.layer, steps.pos, x, experts, true, prev, k)
+            ask = k if width is None else width.ask(steps.step)[0]
+            got = self.predictor.predict(self.layer, steps.pos, x, experts, true, prev, ask)
             steps.span("predict", self.layer, t0, time.perf_counter())
         if got is None:
             return
+        if width is not None and width.scoring(steps.step):  # the best `now` are read
+            self.target.ranked[(steps.step + 1) & 1] = (steps.step + 1, got)
+            got = got[: width.now]
+            if not got:
+                return
         self.target.offer(steps.step + 1, got)
         assert self.scheduler is not None, "Steps.attach(scheduler) was not called"
         self.scheduler.prefetch(self.target.layer, steps.step + 1, got)
@@ -171,6 +196,10 @@ class LayerStream:
         # (step, experts) predicted for this layer, by step parity: an owner that runs earlier
         # in the step predicts step t+1 before this layer has used its plan for step t
         self.plans: list[tuple[int, list[int]] | None] = [None, None]
+        # (step, experts best first) ranked for this layer under an auto prefetch width: the
+        # width scores each rank against this layer's true top-K at that step
+        self.ranked: list[tuple[int, list[int]] | None] = [None, None]
+        self.width: Width | None = None  # the engine's prefetch width (hint; scores ranks)
         self.prev_experts: list[int] | None = None  # executed at the previous step
         self.prev_inds: mx.array | None = None
         # the owned prediction's prefetch, held until this layer's own reads are issued
@@ -186,6 +215,7 @@ class LayerStream:
     def reset(self) -> None:
         """A new request: nothing predicted, no previous step."""
         self.plans = [None, None]
+        self.ranked = [None, None]
         self.prev_experts = self.prev_inds = None
         self._held = None
 
@@ -235,7 +265,9 @@ class LayerStream:
         `arrivals`, which the caller calls next); return the experts to run."""
         steps = self.steps
         head = self.head if steps.prefetching else None
-        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        if head is not None and not head.wanted():
+            head = None
+        pred = head.step_graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
         steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
@@ -260,6 +292,10 @@ class LayerStream:
         assert experts is not None
         if steps.recording is not None and true is not None:
             steps.recording[(steps.pos, self.layer)] = list(true)
+        ranked = self.ranked[steps.step & 1]
+        if ranked is not None and ranked[0] == steps.step and true is not None:
+            assert self.width is not None
+            self.width.observe(ranked[1], true)
         if (
             true is not None
             and work.experts is not None

@@ -36,6 +36,7 @@ from edge0.runtime.layers.streams import (
     SlotExperts,
 )
 from edge0.runtime.layers.syncs import SyncGroups
+from edge0.runtime.layers.width import Width, room
 from edge0.runtime.plan.footprint import batch_k
 
 
@@ -104,6 +105,13 @@ def prepare(
         predictor.targets = {a: b for a, b in predictor.targets.items() if b in streamed}
         for owner, target in predictor.targets.items():
             streams[owner].head = Lookahead(owner, predictor, streams[target], steps)
+    width = prefetch_width(opts, k, manifest.n_experts, n_slots, len(streamed))
+    if width is not None:
+        steps.width = width
+        for stream in streams.values():
+            stream.width = width
+            if stream.head is not None:
+                stream.head.width = width
     install_streams(model, blocks, family, steps, streams)
     return steps, memory, table
 
@@ -125,6 +133,23 @@ def choose_predictor(
     for head in (heads or {}).values():  # their float linears as native nodes (kernels.md)
         use_native(head)
     return pred
+
+
+def prefetch_width(
+    opts: EngineOptions, k: int, n_experts: int, n_slots: int, streamed: int
+) -> Width | None:
+    """hint's prefetch width (None: K, unordered, as route and batched steps prefetch).
+    route's prediction is its routing: it reads K, and refuses another width."""
+    w = opts.prefetch_width
+    if opts.mode == "route" and w not in ("auto", k):
+        raise ConfigError(
+            f"--prefetch-width {w}: route mode runs the experts it prefetches, so it reads "
+            f"its K={k}; use --mode hint for another width, or leave it auto"
+        )
+    if opts.mode != "hint" or opts.max_batch > 1:
+        return None
+    fixed = None if w == "auto" else int(w)
+    return Width(k, n_experts, fixed, room(n_slots, k, streamed))
 
 
 def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
