@@ -51,11 +51,13 @@ def prepare(
     model_dir: Path | None,
     tracer: Tracer,
     n_slots: int | None = None,
+    more_resident: int = 0,
 ) -> tuple[Steps, SlotMemory | None, SlotPool | None]:
     """On the compute thread: predictor, slot memory, one stream per layer, streaming blocks.
 
     The mode is decided here, once: which stream class each layer gets, which
-    layers own a prediction, where each layer's experts are.
+    layers own a prediction, where each layer's experts are. `more_resident`: streamed
+    layers the memory plan made resident (`kept_layers`).
     """
     blocks = sparse_blocks(model)
     layers = [i for i, _, _ in blocks]
@@ -72,7 +74,7 @@ def prepare(
     layer_heads = (
         layer_heads_for(model_dir, model) if opts.route_policy == "deadline" else None
     )  # read from the routers before the blocks are replaced
-    keep = kept_layers(layers, opts)
+    keep = kept_layers(layers, opts, more_resident)
     streamed = [i for i in layers if i not in keep]
     base = pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
     grouped = opts.mode == "route" and (opts.sync_every or SYNC_EVERY) > 1
@@ -127,9 +129,11 @@ def choose_predictor(
     return pred
 
 
-def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
-    """The MoE layers whose experts stay resident (not streamed) outside resident mode."""
-    return layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+def kept_layers(layers: list[int], opts: EngineOptions, more: int = 0) -> list[int]:
+    """The MoE layers whose experts stay resident (not streamed) outside resident mode: the
+    first (--first-layer resident), then the `more` that follow it (the memory plan's)."""
+    first = 1 if opts.first_layer == "resident" and len(layers) > 1 else 0
+    return layers[: first + more]
 
 
 def make_streams(
