@@ -234,11 +234,11 @@ def cap_pool(store: Path, monkeypatch: pytest.MonkeyPatch, **opts: Any) -> None:
     monkeypatch.setattr(build, "current_rss_bytes", lambda: BASE)
 
 
-@pytest.mark.parametrize("more", [-1, 2])
+@pytest.mark.parametrize("more", [-1, 2, 3])
 def test_planned_parts_are_what_the_engine_holds(
     wide: Path, more: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Slots only (the pool at its cap), and two more layers resident."""
+    """Slots only (the pool at its cap), two more layers resident, and every layer."""
     store = wide
     opts: dict[str, Any] = dict(mode="route", predictor="init", context=100)
     cap_pool(store, monkeypatch, **opts)
@@ -258,10 +258,11 @@ def test_planned_parts_are_what_the_engine_holds(
                     for h in setup.ctx.predictor.heads.heads.values()
                     for _, v in tree_flatten(h.parameters())
                 ),
-                "slots": setup.scheduler.memory.nbytes,
-                "n_slots": setup.scheduler.table.n_slots,
-                "streamed": list(setup.scheduler.table.order),
             }
+            reads = setup.scheduler  # None: nothing is streamed
+            held["slots"] = reads.memory.nbytes if reads else 0
+            held["n_slots"] = reads.table.n_slots if reads else 0
+            held["streamed"] = list(reads.table.order) if reads else []
             toks = [t async for t in eng.tokens(PROMPT * 4, max_tokens=400, stop=False)]
             return setup.memory_plan, held, len(toks)
 

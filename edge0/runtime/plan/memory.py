@@ -162,7 +162,7 @@ def more_resident(fp: Footprint, made: MemoryPlan) -> int:
     """How many streamed layers to make resident: the most `n` whose experts (and, for the
     first, their load transient) fit in what the pool leaves once it holds the most slots
     it can for the other layers (`Footprint.max_slots`: 8 GiB, or one slot per record).
-    The budget's remainder buys slots first (docs/memory.md, "Resident layers")."""
+    The remainder buys slots first (docs/memory.md, "Resident layers under a large budget")."""
     if not fp.layers or not fp.layer_experts or fp.max_slots is None:
         return 0
     left = made.budget - made.spent + made.extra_slots * fp.slot  # after fixed parts (n = 0)

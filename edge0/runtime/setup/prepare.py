@@ -88,8 +88,10 @@ def prepare(
         len(streamed),
         manifest.record_size,
     )
-    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
-    table = SlotPool(streamed, n_slots)
+    memory, table = None, None  # every layer resident (the memory plan's): no pool, no reads
+    if streamed:
+        memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+        table = SlotPool(streamed, n_slots)
     steps = Steps(opts.run_mode, k, tracer, predictor=predictor, memory=memory)
     if keep and model_dir is not None:
         steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
@@ -139,7 +141,7 @@ def kept_layers(layers: list[int], opts: EngineOptions, more: int = 0) -> list[i
 def make_streams(
     layers: list[int],
     steps: Steps,
-    memory: SlotMemory,
+    memory: SlotMemory | None,
     manifest: Manifest,
     mode: str,
     overlap: bool = False,
@@ -149,11 +151,12 @@ def make_streams(
     stream_cls = RoutedStream if mode == "route" else LayerStream
     streams: dict[int, LayerStream] = {}
     for i in layers:
-        where: ResidentExperts | SlotExperts = (
-            ResidentExperts(steps.resident_experts[i])
-            if i in steps.resident_experts
-            else SlotExperts(i, memory.views[i], steps)
-        )
+        where: ResidentExperts | SlotExperts
+        if i in steps.resident_experts:
+            where = ResidentExperts(steps.resident_experts[i])
+        else:
+            assert memory is not None, f"MoE layer {i} is streamed but there is no slot pool"
+            where = SlotExperts(i, memory.views[i], steps)
         streams[i] = stream_cls(i, steps, where, manifest.quantization)
         streams[i].overlap = overlap
     return streams
