@@ -298,6 +298,36 @@ def test_resident_layers_keep_the_tokens_exact(wide: Path, monkeypatch: pytest.M
         assert tokens(more, memory_budget=budget, **opts) == want, mode
 
 
+def test_a_batch_over_resident_layers_decodes_as_resident(
+    wide: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests batched in hint mode with a layer the plan made resident: each gets
+    resident mode's tokens."""
+    prompts = [PROMPT, [9, 3, 77, 12]]
+
+    async def alone(prompt: list[int]) -> list[int]:
+        async with Engine.open(wide, mode="resident", context=100) as eng:
+            return [t async for t in eng.tokens(prompt, max_tokens=8, stop=False)]
+
+    want = [asyncio.run(alone(p)) for p in prompts]
+    opts: dict[str, Any] = dict(mode="hint", predictor="init", context=100, max_batch=2)
+    cap_pool(wide, monkeypatch, **opts)
+    budget = budget_for(wide, 1, **opts)
+
+    async def main() -> tuple[list[list[int]], int]:
+        async with Engine.open(wide, tiers="pread", memory_budget=budget, **opts) as eng:
+
+            async def one(prompt: list[int]) -> list[int]:
+                return [t async for t in eng.tokens(prompt, max_tokens=8, stop=False)]
+
+            got = await asyncio.gather(*(one(p) for p in prompts))
+            assert eng.batcher is not None and max(s.rows for s in eng.batcher.log) == 2
+            return list(got), len(eng.setup.ctx.resident_experts)
+
+    got, kept = asyncio.run(main())
+    assert kept == 2 and got == want
+
+
 SCRIPT = textwrap.dedent("""
     import asyncio, sys
     from edge0.runtime.engine.api import Engine
