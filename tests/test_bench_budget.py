@@ -57,6 +57,7 @@ def test_each_budget_runs_in_its_own_cgroup(store: Path, tmp_path: Path) -> None
         assert r["cgroup_limit_bytes"] == r["budget_bytes"]  # the cap was the budget
         assert 0 < r["cgroup_peak_bytes"] <= r["budget_bytes"]
         assert r["peak_rss_bytes"] > 0
+        assert r["memory_plans"][0].startswith(f"memory budget {r['budget_bytes'] >> 20} MiB")
     assert "| 0.75 GiB |" in res.output and "| 1.00 GiB |" in res.output
 
 

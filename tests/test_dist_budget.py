@@ -24,7 +24,6 @@ from edge0.runtime.engine.api import Engine
 from edge0.runtime.io.slotmem import ALIGN
 from edge0.runtime.io.slots import pool_size
 from edge0.runtime.plan.footprint import footprint
-from edge0.runtime.plan.memory import plan
 
 ROUTE = EngineOptions(mode="route", predictor="init", tiers="pread", top_k=2)
 PARTS = ("resident", "resident_experts", "heads", "layers", "kv", "state")
@@ -60,7 +59,7 @@ def test_rank_footprints_add_up_to_one_process(hybrid: Path, opts: EngineOptions
             )
     # the split balances exactly the per-rank bytes that vary (baseline etc. are per rank)
     split = plan_split(lb.costs(), 2)
-    fixed = [plan(1 << 40, lb.footprint(r, i == 0, i == 1)) for i, r in enumerate(split.ranges)]
+    fixed = [rank_plan(1 << 40, lb, split.ranges, i) for i in range(2)]  # as a rank plans
     got = [  # (the minimum pool: a budget's remainder buys more slots)
         p.resident + p.heads + p.kv + (p.n_slots - p.extra_slots - 2 * whole.top_k) * whole.slot
         if whole.layers

@@ -105,7 +105,13 @@ def test_sync_wrapper(store: Path) -> None:
         SyncEngine(store, mode="nope")
 
 
-def test_memory_budget_buys_slots_not_a_ram_cache(store: Path) -> None:
+def test_memory_budget_buys_slots_not_a_ram_cache(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edge0.runtime.plan.memory as memory
+
+    monkeypatch.setattr(memory, "more_resident", lambda *a: 0)  # else the tiny store is resident
+
     async def main(budget: str) -> Any:
         async with Engine.open(store, mode="route", tiers="ram>pread", memory_budget=budget) as eng:
             return eng.setup.memory_plan, eng.setup.tier

@@ -89,6 +89,33 @@ def test_the_pool_stops_where_mlx_can_address_it() -> None:
     assert "a slot pool holds at most 8 GiB" in p.line()
 
 
+def test_what_the_capped_pool_leaves_makes_whole_layers_resident() -> None:
+    """Past the pool's cap whole streamed layers become resident, more as the budget grows,
+    never more than are streamed; their experts, the load transient and the smaller pool
+    are counted, and the plan line says how many and why."""
+    slot, layer = 64 * _MIB, 1500 * _MIB
+    fp = _fp(slot=slot, record=slot, experts=1000, layer_experts=layer, layer_load=3 * _MIB)
+    cap = (POOL_LIMIT - 4096) // slot
+    seen, last = [], 0
+    for gib in range(8, 30):
+        p = plan(gib << 30, fp)
+        assert p.spent <= p.budget and p.resident_layers <= fp.layers
+        assert p.resident_layers >= last  # a larger budget never fewer
+        last = p.resident_layers
+        if 0 < p.resident_layers < fp.layers:  # the pool stays at its cap
+            assert p.n_slots == cap and p.load == 3 * _MIB
+            assert p.resident == fp.resident + p.resident_layers * layer
+            assert f"{p.resident_layers} more MoE layers are resident" in p.line()
+            spare = p.budget - p.spent
+            assert spare < layer  # no room was left for one more layer
+        seen.append(p.resident_layers)
+    assert seen[0] == 0 and 1 < len(set(seen)) and seen[-1] == fp.layers
+    whole = plan(29 << 30, fp)
+    assert whole.n_slots == 0 and whole.slots == 0 and "every streamed MoE layer" in whole.line()
+    assert plan(20 << 30, fp, cache=64 * _MIB).resident_layers == 0  # a sized RAM cache: as was
+    assert plan(20 << 30, _fp(slot=slot, record=slot, experts=1000)).resident_layers == 0
+
+
 def test_a_ram_size_given_in_the_spec_is_kept_and_counted_or_refused() -> None:
     fp = _fp()
     fixed = 100 + 10 + 4 * 12 * 2 + 10 + 20 + 80  # MiB, as above
@@ -121,8 +148,9 @@ def test_engine_keeps_the_given_ram_size_under_a_budget(store: Path) -> None:
     assert kept.cache == 3 * _MIB and size == 3 * _MIB
     assert kept.extra_slots > 0 and "keeps its 3 MiB from --tiers" in kept.line()
     chosen, size = asyncio.run(main("ram>pread"))
-    # the plan's choice: the whole (tiny) store fits in slots, the rest is unspent, no cache
-    assert chosen.cache == 0 and size is None and "unspent" in chosen.line()
+    # the plan's choice: no cache; the whole (tiny) store fits resident, so nothing streams
+    assert chosen.cache == 0 and size is None and chosen.n_slots == 0
+    assert "every streamed MoE layer fits resident" in chosen.line()
 
 
 def test_ram_stage_of_the_spec_is_sized_added_or_dropped() -> None:
@@ -152,37 +180,152 @@ def test_budget_is_refused_before_anything_is_loaded(
         asyncio.run(main())
 
 
-def test_planned_parts_are_what_the_engine_holds(store: Path) -> None:
-    async def main() -> tuple[Any, dict[str, int], int]:
-        async with Engine.open(
-            store,
-            mode="route",
-            predictor="init",
-            tiers="ram>pread",
-            memory_budget="1GiB",
-            context=100,
-        ) as eng:
+BASE = 200 * _MIB  # the process baseline the plan is told (build.current_rss_bytes)
+
+
+@pytest.fixture(scope="module")
+def wide(runtime_store_root: Path) -> Path:
+    """64 experts a layer: one layer's experts outweigh the pool's few slots, as on the 35B
+    shape (the default fixture's 8 padded records a layer cost more as slots than resident)."""
+    from runtime_helpers import build_store
+
+    return build_store(runtime_store_root, "qwen3_5_moe", experts=64)
+
+
+def budget_for(store: Path, n: int, **opts: Any) -> int:
+    """The smallest budget whose plan makes `n` streamed layers resident (`n` = -1: the
+    largest that makes none), with the pool capped at two slots above the rule's (the
+    caller patches `POOL_LIMIT` to `cap_pool`) and a `BASE` process."""
+    from edge0.kernels import native
+    from edge0.layout.manifest import Manifest
+    from edge0.options.engine import EngineOptions
+    from edge0.runtime.plan.footprint import footprint
+
+    native.module()  # the kernels decide which stacks stay narrow
+    fp = footprint(store, Manifest.load(store), EngineOptions(**opts), BASE)
+
+    def made(b: int) -> int:
+        try:
+            return plan(b, fp).resident_layers
+        except ConfigError:
+            return -1
+
+    lo, hi = BASE, 2 * BASE + (1 << 30)  # made(lo) < max(n, 1) <= made(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if made(mid) < max(n, 1) else (lo, mid)
+    b = lo if n < 0 else hi
+    assert made(b) == max(n, 0)
+    return b
+
+
+def cap_pool(store: Path, monkeypatch: pytest.MonkeyPatch, **opts: Any) -> None:
+    """`POOL_LIMIT` two slots above the rule's pool, the plan's baseline `BASE`: a tiny
+    store's pool reaches its cap as the 35B shape's does at 8 GiB."""
+    import edge0.runtime.plan.memory as memory
+    import edge0.runtime.setup.build as build
+    from edge0.layout.manifest import Manifest
+    from edge0.options.engine import EngineOptions
+    from edge0.runtime.io.slotmem import ALIGN
+    from edge0.runtime.plan.footprint import footprint
+
+    fp = footprint(store, Manifest.load(store), EngineOptions(**opts), BASE)
+    monkeypatch.setattr(memory, "POOL_LIMIT", (fp.min_slots + 2) * fp.slot + ALIGN)
+    monkeypatch.setattr(build, "current_rss_bytes", lambda: BASE)
+
+
+@pytest.mark.parametrize("more", [-1, 2, 3])
+def test_planned_parts_are_what_the_engine_holds(
+    wide: Path, more: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slots only (the pool at its cap), two more layers resident, and every layer."""
+    store = wide
+    opts: dict[str, Any] = dict(mode="route", predictor="init", context=100)
+    cap_pool(store, monkeypatch, **opts)
+    budget = budget_for(store, more, **opts)
+
+    async def main() -> tuple[Any, dict[str, Any], int]:
+        async with Engine.open(store, tiers="ram>pread", memory_budget=budget, **opts) as eng:
             setup = eng.setup
             held = {
                 "resident": sum(int(v.nbytes) for _, v in tree_flatten(setup.model.parameters()))
                 + sum(
                     int(a.nbytes) for d in setup.ctx.resident_experts.values() for a in d.values()
-                ),  # the first MoE layer's experts
+                ),  # the first MoE layer's experts, and the plan's
+                "layers": sorted(setup.ctx.resident_experts),
                 "heads": sum(
                     int(v.nbytes)
                     for h in setup.ctx.predictor.heads.heads.values()
                     for _, v in tree_flatten(h.parameters())
                 ),
-                "slots": setup.scheduler.memory.nbytes,
-                "n_slots": setup.scheduler.table.n_slots,
             }
+            reads = setup.scheduler  # None: nothing is streamed
+            held["slots"] = reads.memory.nbytes if reads else 0
+            held["n_slots"] = reads.table.n_slots if reads else 0
+            held["streamed"] = list(reads.table.order) if reads else []
             toks = [t async for t in eng.tokens(PROMPT * 4, max_tokens=400, stop=False)]
             return setup.memory_plan, held, len(toks)
 
     p, held, n = asyncio.run(main())
+    assert p.resident_layers == max(more, 0) and len(held["layers"]) == 1 + p.resident_layers
+    assert not set(held["layers"]) & set(held["streamed"])
     assert p.resident == held["resident"] and p.heads == held["heads"]
     assert p.n_slots == held["n_slots"] and p.slots == held["slots"]
+    assert p.spent <= p.budget
     assert n == 100 - len(PROMPT * 4)  # the request stops at the planned context
+
+
+def test_resident_layers_keep_the_tokens_exact(wide: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hint and reactive with layers the plan made resident, and route with every layer
+    resident, give resident mode's tokens."""
+
+    def tokens(kept: int, **opts: Any) -> list[int]:
+        async def go() -> list[int]:
+            async with Engine.open(wide, tiers="pread", **opts) as eng:
+                if opts["mode"] != "resident":
+                    assert len(eng.setup.ctx.resident_experts) == 1 + kept  # and the first
+                return [t async for t in eng.tokens(PROMPT, max_tokens=12, stop=False)]
+
+        return asyncio.run(go())
+
+    want = tokens(0, mode="resident", context=100)
+    for mode, more in (("hint", 2), ("reactive", 1), ("route", 3)):
+        opts: dict[str, Any] = dict(mode=mode, context=100)
+        if mode != "reactive":
+            opts["predictor"] = "init"
+        cap_pool(wide, monkeypatch, **opts)
+        budget = budget_for(wide, more, **opts)
+        assert tokens(more, memory_budget=budget, **opts) == want, mode
+
+
+def test_a_batch_over_resident_layers_decodes_as_resident(
+    wide: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests batched in hint mode with a layer the plan made resident: each gets
+    resident mode's tokens."""
+    prompts = [PROMPT, [9, 3, 77, 12]]
+
+    async def alone(prompt: list[int]) -> list[int]:
+        async with Engine.open(wide, mode="resident", context=100) as eng:
+            return [t async for t in eng.tokens(prompt, max_tokens=8, stop=False)]
+
+    want = [asyncio.run(alone(p)) for p in prompts]
+    opts: dict[str, Any] = dict(mode="hint", predictor="init", context=100, max_batch=2)
+    cap_pool(wide, monkeypatch, **opts)
+    budget = budget_for(wide, 1, **opts)
+
+    async def main() -> tuple[list[list[int]], int]:
+        async with Engine.open(wide, tiers="pread", memory_budget=budget, **opts) as eng:
+
+            async def one(prompt: list[int]) -> list[int]:
+                return [t async for t in eng.tokens(prompt, max_tokens=8, stop=False)]
+
+            got = await asyncio.gather(*(one(p) for p in prompts))
+            assert eng.batcher is not None and max(s.rows for s in eng.batcher.log) == 2
+            return list(got), len(eng.setup.ctx.resident_experts)
+
+    got, kept = asyncio.run(main())
+    assert kept == 2 and got == want
 
 
 SCRIPT = textwrap.dedent("""

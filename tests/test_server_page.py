@@ -51,7 +51,9 @@ def _playwright() -> Any:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = demo_model(tmp_path_factory)
     env = {**os.environ, "EDGE0_API_KEY": KEY}
-    proc, url = _start([str(model), "--max-batch", "1", "--memory-budget", "1GiB"], env)
+    # a sized RAM cache keeps the plan streaming (else the demo's layers all fit resident)
+    args = ["--max-batch", "1", "--memory-budget", "1GiB", "--tiers", "ram:1MiB>pread"]
+    proc, url = _start([str(model), *args], env)
     assert proc.stderr is not None
     drain = threading.Thread(target=proc.stderr.read, daemon=True)  # a full pipe would stall it
     drain.start()

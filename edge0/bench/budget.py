@@ -84,6 +84,7 @@ def row(budget: int, cap: dict[str, Any], report: dict[str, Any] | None) -> dict
     for key in ("decode_tps", "compute_ms_per_step", "blocked_ms_per_step", "bytes_per_token"):
         got[key] = median.get(key)
     got["errors"] = variant.get("errors", []) if report else ["the run wrote no result"]
+    got["memory_plans"] = [r.get("memory_plan") for r in variant.get("runs", [])]  # plan lines
     return got
 
 

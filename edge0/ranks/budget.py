@@ -152,7 +152,7 @@ def rank_plan(
     own = ranges[rank]
     fp = lb.footprint(own, rank == 0, rank == len(ranges) - 1)
     try:
-        return plan(budget, fp)
+        return plan(budget, attrs.evolve(fp, layer_experts=0))  # no more layers resident
     except ConfigError as exc:
         raise ConfigError(
             f"rank {rank} (layers {own.start}-{own.stop - 1}): {exc}, or give rank {rank} "

@@ -84,6 +84,8 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
         manifest.n_experts,
         context=opts.context,
         prompt_k=k,
+        layer_experts=manifest.n_experts * expert,  # what one more resident layer holds
+        layer_load=load,
     )
 
 

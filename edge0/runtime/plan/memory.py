@@ -48,6 +48,8 @@ class Footprint:
     experts: int = 0  # experts a streamed layer has (0: unknown, nothing is capped)
     context: int = 0  # tokens the KV cache is planned for (0: unknown): no chunk is longer
     prompt_k: int = 0  # experts a prompt token routes to (0: top_k)
+    layer_experts: int = 0  # one streamed layer's experts loaded resident (0: none can be)
+    layer_load: int = 0  # ... and the transient of loading them (load_bytes)
 
     @property
     def max_slots(self) -> int | None:
@@ -87,6 +89,13 @@ class MemoryPlan:
     prefill_chunk: int = 1  # prompt tokens per forward that `prompt` holds
     load: int = 0  # loading resident experts: the transient (load_bytes)
     chunk_note: str = ""  # what the chosen prompt chunk trades (plan.chunk.choose)
+    resident_layers: int = 0  # streamed MoE layers made resident with what the pool left
+
+    @property
+    def spent(self) -> int:
+        """The bytes of every part the plan counts."""
+        parts = (self.resident, self.heads, self.slots, self.kv, self.overhead, self.working)
+        return sum(parts) + self.load + self.prompt + self.cache
 
     def line(self) -> str:
         return (
@@ -118,8 +127,59 @@ def plan(
     `chunk`: the asked-for `--prefill-chunk` (ConfigError when it cannot fit what the
     fixed parts leave); None: the plan chooses one (`prompt_chunk`). `cache`: a RAM
     cache size the tier spec gives (`given_cache`): kept, or ConfigError when it cannot
-    fit; None: the plan chooses.
+    fit; None: the plan chooses. What the slot pool leaves at its cap makes whole
+    streamed layers resident (`more_resident`).
     """
+    made = _plan(budget, fp, chunk, cache)
+    n = 0 if cache is not None else more_resident(fp, made)  # a sized RAM cache is kept as is
+    if not n:
+        return made
+    again = _plan(made.budget, with_resident(fp, n), made.prefill_chunk)
+    first = fp.resident_experts // fp.layer_experts  # --first-layer resident's layer
+    which = f"MoE layer {first}" if n == 1 else f"MoE layers {first}-{first + n - 1}"
+    why = (
+        f"every streamed MoE layer fits resident ({which}"
+        if n == fp.layers
+        else f"the slot pool at its cap ({made.n_slots} slots), {n} more MoE layers are "
+        f"resident ({which}, the first streamed ones"
+    ) + f": {fp.layer_experts / _MIB:.0f} MiB of experts each, loaded whole; no slots, no reads)"
+    return attrs.evolve(
+        again, choice=f"{why}; {again.choice}", chunk_note=made.chunk_note, resident_layers=n
+    )
+
+
+def with_resident(fp: Footprint, n: int) -> Footprint:
+    """`fp` with its first `n` streamed layers' experts resident instead."""
+    return attrs.evolve(
+        fp,
+        layers=fp.layers - n,
+        resident_experts=fp.resident_experts + n * fp.layer_experts,
+        load=max(fp.load, fp.layer_load),
+    )
+
+
+def more_resident(fp: Footprint, made: MemoryPlan) -> int:
+    """How many streamed layers to make resident: the most `n` whose experts (and, for the
+    first, their load transient) fit in what the pool leaves once it holds the most slots
+    it can for the other layers (`Footprint.max_slots`: 8 GiB, or one slot per record).
+    The remainder buys slots first (docs/memory.md, "Resident layers under a large budget")."""
+    if not fp.layers or not fp.layer_experts or fp.max_slots is None:
+        return 0
+    left = made.budget - made.spent + made.extra_slots * fp.slot  # after fixed parts (n = 0)
+    best = 0
+    for n in range(1, fp.layers + 1):
+        fp_n = with_resident(fp, n)
+        cap = fp_n.max_slots or 0
+        freed = (fp.min_slots - fp_n.min_slots) * fp.slot  # the fewer slots the rule asks
+        left_n = left - n * fp.layer_experts - (fp_n.load - fp.load) + freed
+        if left_n >= max(0, cap - fp_n.min_slots) * fp.slot:
+            best = n
+    return best
+
+
+def _plan(
+    budget: str | int, fp: Footprint, chunk: int | None = None, cache: int | None = None
+) -> MemoryPlan:
     total = to_bytes(budget)
     n_min = fp.min_slots
     kv = fp.kv + fp.state

@@ -172,11 +172,13 @@ def chunk_experts(block: StreamingMoE, x: mx.array, inds: np.ndarray, st: Chunk)
     x2 = x.reshape(-1, x.shape[-1])  # (T, d), or (T*K, d): an input per expert (Llama-4)
     per_pair = x.ndim == 4
     resident = isinstance(stream.experts, ResidentExperts)
-    assert steps.memory is not None
-    g = group_size(steps.memory.n_slots, len(steps.memory.views), stream.top_k)
+    memory = steps.memory  # None: every layer resident, nothing is read
+    assert memory is not None or resident
+    g = group_size(memory.n_slots, len(memory.views), stream.top_k) if memory else 0
     if resident:  # every expert in memory: one sorted gather over all pairs
         groups = [sorted(set(flat.tolist()))]
-        read_ahead(block, g, st)
+        if memory is not None:
+            read_ahead(block, g, st)
     else:
         early = st.ahead.pop(layer, None)
         union = stage_order(sorted(set(flat.tolist())), st.decode_set(layer), early)

@@ -100,8 +100,9 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
     loaded: LoadedModel = await compute.run(load)
     tracer = Tracer(chrome=opts.trace is not None)
     n_slots = memory_plan.n_slots if memory_plan is not None else None
+    more = memory_plan.resident_layers if memory_plan is not None else 0
     ctx, memory, table = await compute.run(
-        lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots)
+        lambda: prepare(loaded.model, manifest, opts, path, tracer, n_slots, more)
     )
     ctx.prefill_chunk = (
         memory_plan.prefill_chunk

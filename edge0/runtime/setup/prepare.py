@@ -52,11 +52,13 @@ def prepare(
     model_dir: Path | None,
     tracer: Tracer,
     n_slots: int | None = None,
+    more_resident: int = 0,
 ) -> tuple[Steps, SlotMemory | None, SlotPool | None]:
     """On the compute thread: predictor, slot memory, one stream per layer, streaming blocks.
 
     The mode is decided here, once: which stream class each layer gets, which
-    layers own a prediction, where each layer's experts are.
+    layers own a prediction, where each layer's experts are. `more_resident`: streamed
+    layers the memory plan made resident (`kept_layers`).
     """
     blocks = sparse_blocks(model)
     layers = [i for i, _, _ in blocks]
@@ -73,7 +75,7 @@ def prepare(
     layer_heads = (
         layer_heads_for(model_dir, model) if opts.route_policy == "deadline" else None
     )  # read from the routers before the blocks are replaced
-    keep = kept_layers(layers, opts)
+    keep = kept_layers(layers, opts, more_resident)
     streamed = [i for i in layers if i not in keep]
     base = pool_size(batch_k(k, opts.max_batch, manifest.n_experts), len(streamed))
     grouped = opts.mode == "route" and (opts.sync_every or SYNC_EVERY) > 1
@@ -87,8 +89,10 @@ def prepare(
         len(streamed),
         manifest.record_size,
     )
-    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
-    table = SlotPool(streamed, n_slots)
+    memory, table = None, None  # every layer resident (the memory plan's): no pool, no reads
+    if streamed:
+        memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+        table = SlotPool(streamed, n_slots)
     steps = Steps(opts.run_mode, k, tracer, predictor=predictor, memory=memory)
     if keep and model_dir is not None:
         steps.resident_experts = {i: resident_stacks(model_dir, manifest, i) for i in keep}
@@ -152,15 +156,17 @@ def prefetch_width(
     return Width(k, n_experts, fixed, room(n_slots, k, streamed))
 
 
-def kept_layers(layers: list[int], opts: EngineOptions) -> list[int]:
-    """The MoE layers whose experts stay resident (not streamed) outside resident mode."""
-    return layers[:1] if opts.first_layer == "resident" and len(layers) > 1 else []
+def kept_layers(layers: list[int], opts: EngineOptions, more: int = 0) -> list[int]:
+    """The MoE layers whose experts stay resident (not streamed) outside resident mode: the
+    first (--first-layer resident), then the `more` that follow it (the memory plan's)."""
+    first = 1 if opts.first_layer == "resident" and len(layers) > 1 else 0
+    return layers[: first + more]
 
 
 def make_streams(
     layers: list[int],
     steps: Steps,
-    memory: SlotMemory,
+    memory: SlotMemory | None,
     manifest: Manifest,
     mode: str,
     overlap: bool = False,
@@ -170,11 +176,12 @@ def make_streams(
     stream_cls = RoutedStream if mode == "route" else LayerStream
     streams: dict[int, LayerStream] = {}
     for i in layers:
-        where: ResidentExperts | SlotExperts = (
-            ResidentExperts(steps.resident_experts[i])
-            if i in steps.resident_experts
-            else SlotExperts(i, memory.views[i], steps)
-        )
+        where: ResidentExperts | SlotExperts
+        if i in steps.resident_experts:
+            where = ResidentExperts(steps.resident_experts[i])
+        else:
+            assert memory is not None, f"MoE layer {i} is streamed but there is no slot pool"
+            where = SlotExperts(i, memory.views[i], steps)
         streams[i] = stream_cls(i, steps, where, manifest.quantization)
         streams[i].overlap = overlap
     return streams
