@@ -255,11 +255,11 @@ def test_llama_cpp_runs_once_a_round_after_the_variants(
 ) -> None:
     calls: list[tuple] = []
 
-    def fake(gguf: Path, prompt_len: int, tokens: int, prompts: int, threads: int, t: float):
-        calls.append((gguf.name, prompt_len, tokens, prompts, threads))
+    def fake(self: bench_run.Peer, prompt_len: int, tokens: int, prompts: int, t: float):
+        calls.append((self.gguf.name, prompt_len, tokens, prompts, self.threads))
         return {"decode_tps": 50.0} if len(calls) == 1 else {"error": "x"}
 
-    monkeypatch.setattr(bench_run.llama_peer, "run_capped_or_not", fake)
+    monkeypatch.setattr(bench_run.Peer, "decode", fake)
     variants = bench_run.make_variants(["resident"], [None], ["pread"])
     peer = bench_run.Peer(Path("m.gguf"), threads=2)
     runs = bench_run.run_rounds(variants, _opts(store), peer=peer)

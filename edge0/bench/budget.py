@@ -10,23 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from edge0.bench.cgroup import CapError, Cgroup, run_capped
+from edge0.bench.llama_peer import Peer
 from edge0.errors import ConfigError
 from edge0.storage.spec import parse_size
 
 _MIB = 1 << 20
-
-
-@attrs.frozen
-class Peer:
-    """llama.cpp's side of a sweep: the same shape as a GGUF file, decoded greedily."""
-
-    gguf: Path
-    tokens: int
-    prompts: int
-    threads: int = 1
+PROMPT_LEN = 16  # the prompt length of the budgets' `bench run`s (its default), for llama.cpp too
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -88,24 +78,6 @@ def row(budget: int, cap: dict[str, Any], report: dict[str, Any] | None) -> dict
     return got
 
 
-def peer_command(peer: Peer, out: Path) -> list[str]:
-    """llama.cpp's decode of the same shape (edge0.bench.llama_peer), for one budget's cgroup."""
-    return [
-        sys.executable,
-        "-m",
-        "edge0.bench.llama_peer",
-        str(peer.gguf),
-        "--tokens",
-        str(peer.tokens),
-        "--prompts",
-        str(peer.prompts),
-        "--threads",
-        str(peer.threads),
-        "--json",
-        str(out),
-    ]
-
-
 def peer_row(cap: dict[str, Any], report: dict[str, Any] | None) -> dict[str, Any]:
     """llama.cpp's figures at one budget: decode tok/s and what its cgroup saw."""
     return {
@@ -124,9 +96,12 @@ def sweep(
     run_args: list[str],
     interval: float = 0.2,
     peer: Peer | None = None,
+    tokens: int = 16,
+    prompts: int = 2,
 ) -> list[dict]:
     """Each budget's run, smallest first, each in its own cgroup of that size; with `peer`,
-    llama.cpp's run of the same budget follows Edge0's, in a cgroup of its own."""
+    llama.cpp's run of the same budget (`tokens` x `prompts`) follows Edge0's, in a cgroup of
+    its own."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="edge0-budget-") as tmp:
         for budget in budgets:
@@ -136,7 +111,7 @@ def sweep(
             rows.append(row(budget, cap, report))
             if peer is not None:
                 out = Path(tmp) / f"{budget}-llama.json"
-                cap = run_capped(peer_command(peer, out), budget, interval)
+                cap = run_capped(peer.command(out, PROMPT_LEN, tokens, prompts), budget, interval)
                 got = json.loads(out.read_text()) if out.exists() else None
                 rows[-1]["llama_cpp"] = peer_row(cap, got)
     return rows

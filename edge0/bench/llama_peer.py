@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 TEXT = b"The river carried small boats of grain down to the market town."
 
@@ -100,27 +104,37 @@ def _generate(llm: Any, ids: list[int], tokens: int) -> dict[str, Any]:
     }
 
 
-def run_capped_or_not(
-    gguf: Path, prompt_len: int, tokens: int, prompts: int, threads: int, timeout_s: float
-) -> dict[str, Any]:
-    """`decode` in a process of its own (as each Edge0 variant runs): its figures, or an error."""
-    import subprocess  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
+@attrs.frozen
+class Peer:
+    """llama.cpp beside Edge0 in a benchmark: the same model as a GGUF file."""
 
-    with tempfile.TemporaryDirectory(prefix="edge0-llama-") as tmp:
-        out = Path(tmp) / "out.json"
-        cmd = [sys.executable, "-m", "edge0.bench.llama_peer", str(gguf), "--json", str(out)]
-        cmd += ["--prompt-len", str(prompt_len), "--tokens", str(tokens)]
-        cmd += ["--prompts", str(prompts), "--threads", str(threads)]
-        try:
-            got = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"error": f"llama.cpp did not finish within {timeout_s:g} s"}
-        if got.returncode != 0 or not out.exists():
-            tail = (got.stderr or got.stdout).strip().splitlines()[-2:]
-            return {"error": " | ".join(tail) or f"exit {got.returncode}"}
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
+    gguf: Path
+    threads: int = 1
+
+    label = "llama.cpp"
+
+    def command(self, out: Path, prompt_len: int, tokens: int, prompts: int) -> list[str]:
+        """`decode` as a process of its own, writing its figures to `out` (JSON)."""
+        return [
+            *(sys.executable, "-m", "edge0.bench.llama_peer", str(self.gguf), "--json", str(out)),
+            *("--prompt-len", str(prompt_len), "--tokens", str(tokens)),
+            *("--prompts", str(prompts), "--threads", str(self.threads)),
+        ]
+
+    def decode(self, prompt_len: int, tokens: int, prompts: int, timeout_s: float) -> dict:
+        """`decode` in a process of its own (as each Edge0 variant runs): figures, or an error."""
+        with tempfile.TemporaryDirectory(prefix="edge0-llama-") as tmp:
+            out = Path(tmp) / "out.json"
+            cmd = self.command(out, prompt_len, tokens, prompts)
+            try:
+                got = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return {"error": f"llama.cpp did not finish within {timeout_s:g} s"}
+            if got.returncode != 0 or not out.exists():
+                tail = (got.stderr or got.stdout).strip().splitlines()[-2:]
+                return {"error": " | ".join(tail) or f"exit {got.returncode}"}
+            result: dict[str, Any] = json.loads(out.read_text())
+            return result
 
 
 def main(argv: list[str] | None = None) -> int:

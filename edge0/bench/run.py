@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from edge0.bench import llama_peer
+from edge0.bench.llama_peer import Peer
 from edge0.bench.worker import measure
 from edge0.errors import ConfigError
 from edge0.stats import proc_field
@@ -229,16 +229,6 @@ def run_one(job: dict[str, Any], opts: BenchOptions) -> dict[str, Any]:
     return run_subprocess(job, opts.timeout_s, opts.mem_floor)
 
 
-@attrs.frozen
-class Peer:
-    """llama.cpp in each round, after the variants: the same model as a GGUF file."""
-
-    gguf: Path
-    threads: int = 1
-
-    label = "llama.cpp"
-
-
 def run_rounds(
     variants: Sequence[Variant],
     opts: BenchOptions,
@@ -261,9 +251,7 @@ def run_rounds(
             if progress is not None:
                 progress(rnd, v, res)
         if peer is not None:
-            res = llama_peer.run_capped_or_not(
-                peer.gguf, opts.prompt_len, opts.tokens, opts.prompts, peer.threads, opts.timeout_s
-            )
+            res = peer.decode(opts.prompt_len, opts.tokens, opts.prompts, opts.timeout_s)
             res.update(label=peer.label, round=rnd, seq=sum(len(r) for r in runs.values()))
             runs[peer.label].append(res)
     return runs

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from edge0.cli.bench_run import llama_options, llama_peer
 from edge0.errors import ConfigError
 
 
@@ -31,16 +32,7 @@ from edge0.errors import ConfigError
 @click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt.")
 @click.option("--prompts", default=2, show_default=True, help="Prompts per run.")
 @click.option("--repeats", default=1, show_default=True, help="Runs per budget.")
-@click.option(
-    "--gguf",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="The same model as a GGUF file: llama.cpp (llama-cpp-python) decodes it in each "
-    "budget's cgroup after Edge0, greedy, the same tokens and prompts.",
-)
-@click.option(
-    "--llama-threads", default=1, show_default=True, help="llama.cpp's threads (with --gguf)."
-)
+@llama_options("in each budget's cgroup after Edge0, greedy, the same tokens and prompts")
 @click.option(
     "--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the rows."
 )
@@ -85,15 +77,8 @@ def command(
         run_args += ["--tiers", tiers]
     if first_layer is not None:
         run_args += ["--first-layer", first_layer]
-    peer = None
-    if gguf is not None:
-        from edge0.bench.llama_peer import missing
-
-        why = missing(gguf)
-        if why is not None:
-            raise ConfigError(why)
-        peer = bench_budget.Peer(gguf, tokens, prompts, llama_threads)
-    rows = bench_budget.sweep(model, sizes, run_args, peer=peer)
+    peer = llama_peer(gguf, llama_threads)
+    rows = bench_budget.sweep(model, sizes, run_args, peer=peer, tokens=tokens, prompts=prompts)
     load = os.getloadavg()[0]
     n = f"{len(sizes)} budget{'s' if len(sizes) != 1 else ''}"
     click.echo(f"{model}: {mode}, {n}; load average {load:.1f} at the end")

@@ -116,18 +116,34 @@ def _options(kw: dict[str, Any]) -> Any:
     )
 
 
-def _peer(kw: dict[str, Any]) -> Any:
-    """llama.cpp beside the variants (--gguf), or None; one line when it cannot run."""
-    if kw["gguf"] is None:
+def llama_options(where: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--gguf` and `--llama-threads`: llama.cpp beside Edge0, run `where`."""
+
+    def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option(
+            "--llama-threads", default=1, show_default=True, help="llama.cpp's threads (--gguf)."
+        )(fn)
+        return click.option(
+            "--gguf",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            default=None,
+            help=f"The same model as a GGUF file: llama.cpp (llama-cpp-python) decodes it {where}.",
+        )(fn)
+
+    return add
+
+
+def llama_peer(gguf: Path | None, threads: int) -> Any:
+    """llama.cpp beside Edge0 (--gguf), or None; one line when it cannot run."""
+    if gguf is None:
         return None
-    from edge0.bench import llama_peer
-    from edge0.bench.run import Peer
+    from edge0.bench.llama_peer import Peer, missing
     from edge0.errors import ConfigError
 
-    why = llama_peer.missing(kw["gguf"])
+    why = missing(gguf)
     if why is not None:
         raise ConfigError(why)
-    return Peer(kw["gguf"], kw["llama_threads"])
+    return Peer(gguf, threads)
 
 
 def _peer_report(peer: Any, got: list[dict[str, Any]], variants: Any, runs: Any) -> dict:
@@ -242,15 +258,8 @@ def _write(
     "per call, native-int8 = with EDGE0_INT8_ACTIVATIONS=1, mlx = MLX's own ops, as "
     "with EDGE0_NATIVE_KERNELS=0); each variant runs once per choice.",
 )
-@click.option(
-    "--gguf",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="The same model as a GGUF file: llama.cpp (llama-cpp-python) decodes it in each "
-    "round after the variants (its own process, greedy, the same prompt length and tokens).",
-)
-@click.option(
-    "--llama-threads", default=1, show_default=True, help="llama.cpp's threads (with --gguf)."
+@llama_options(
+    "in each round after the variants (its own process, greedy, the same prompt length and tokens)"
 )
 def run_cmd(**kw: Any) -> None:
     """Decode benchmark: modes x K x tier stacks, interleaved rounds, medians and spread.
@@ -301,7 +310,7 @@ def run_cmd(**kw: Any) -> None:
         kw["sync_every"],
         kw["prefetch_width"],
     )
-    peer = _peer(kw)
+    peer = llama_peer(kw["gguf"], kw["llama_threads"])
     runs = bench_run.run_rounds(variants, opts, _progress, peer)
     report = bench_run.report(variants, opts, runs, _command_line())
     report["calibration"] = extra or None
