@@ -164,9 +164,10 @@ def test_a_pool_past_mlx_int32_dimensions_is_two_dimensional_with_the_same_views
     data = np.fromfile(store / EXPERTS_FILE, dtype=np.uint8)
     record = data[manifest.record_offset(layers[0], 1) :][: manifest.record_size]
     pools = []
-    for limit, dtype in ((slotmem.DIM_LIMIT, None), (0, None), (0, mx.float32)):  # 0: 2-D
+    wide = {f.name: mx.float32 for f in manifest.fields}
+    for limit, dtypes in ((slotmem.DIM_LIMIT, None), (0, None), (0, wide)):  # 0: 2-D
         monkeypatch.setattr(slotmem, "DIM_LIMIT", limit)
-        mem = slotmem.SlotMemory(manifest, layers, 5, dtype)  # float32: with the sidecar
+        mem = slotmem.SlotMemory(manifest, layers, 5, dtypes)  # float32: with the sidecar
         np.frombuffer(mem.dest(layers[0], 3), dtype=np.uint8)[:] = record
         mem.widen(3)
         pools.append(mem)

@@ -43,10 +43,13 @@ def test_slot_views_see_bytes_written_into_slot_memory(store: Path) -> None:
 
 
 def test_widened_scales_are_the_records_values_in_the_compute_dtype(store: Path) -> None:
-    """fp32 compute: scales/biases get an fp32 sidecar (one pool for every layer), bit-exact."""
+    """Scales/biases held as float32 (MLX's gather_qmm computes): an fp32 sidecar (one pool for
+    every layer), bit-exact."""
     manifest = Manifest.load(store)
     layers = manifest.moe_layers
-    mem = SlotMemory(manifest, layers, n_slots=3, compute_dtype=mx.float32)
+    mem = SlotMemory(
+        manifest, layers, n_slots=3, dtypes={f.name: mx.float32 for f in manifest.fields}
+    )
     assert mem.widened and all(mem.views[a] is mem.views[layers[0]] for a in layers)
     tier = MockTier(store)
     off = manifest.record_offset(layers[-1], 2)

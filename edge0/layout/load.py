@@ -108,12 +108,17 @@ def resident_tensor_bytes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> di
 
 
 def expert_dtypes(path: Path, manifest: Manifest, dtype: mx.Dtype) -> dict[str, mx.Dtype]:
-    """Record field -> the dtype a resident expert stack holds it in with compute dtype
-    `dtype` (`keeps_dtype`: the stored one where the native expert FFN reads it, else
-    `dtype` for a narrower float), from the headers and the model's skeleton."""
+    """`stack_dtypes` of the model at `path`, from the headers and its skeleton (the memory
+    plan's: nothing is loaded)."""
     header = read_header(path / RESIDENT_FILE)
     meta = {k: _Meta(tuple(v.shape), MX_DTYPES[v.dtype]) for k, v in header.items()}
-    model = _skeleton(path, manifest, meta)
+    return stack_dtypes(_skeleton(path, manifest, meta), manifest, dtype)
+
+
+def stack_dtypes(model: nn.Module, manifest: Manifest, dtype: mx.Dtype) -> dict[str, mx.Dtype]:
+    """Record field -> the dtype an expert stack of `model` holds it in with compute dtype
+    `dtype`, resident or in the slot pool (`keeps_dtype`: the stored one where the native
+    expert FFN reads it, else `dtype` for a narrower float)."""
     modules = dict(model.named_modules())
     prefix = next(iter(switch_modules(model).values()))[0]  # every layer's stack is alike
     out = {}

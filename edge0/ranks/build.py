@@ -39,6 +39,7 @@ from edge0.runtime.setup.prepare import (
     make_streams,
     model_top_k,
     resident_stacks,
+    slot_dtypes,
 )
 from edge0.storage.spec import open_tiers
 
@@ -123,7 +124,7 @@ def load_node(
     streamed = [i for i, _, _ in blocks if i not in keep]
     # one pool shared by this rank's streamed layers (sized by the rank's memory plan if any)
     n_slots = n_slots or pool_size(k, len(streamed))
-    memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+    memory = SlotMemory(manifest, streamed, n_slots, slot_dtypes(stage.model, manifest))
     table = SlotPool(streamed, n_slots)
     steps = Steps(opts.run_mode, k, tracer, predictor=predictor, memory=memory)
     node.ctx = steps

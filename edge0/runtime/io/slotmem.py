@@ -1,9 +1,11 @@
 """Slot memory: one MLX byte buffer of record-shaped slots for all streamed layers, its field
-views and their compute-dtype sidecar (docs/runtime.md, "Slot memory and the slot pool").
+views and, where MLX's gather_qmm computes the experts, a compute-dtype sidecar of their
+scales and biases (docs/runtime.md, "Slot memory and the slot pool").
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
@@ -35,7 +37,11 @@ def _row_major(shape: tuple[int, ...]) -> list[int]:
 class SlotMemory:
     """The slot pool's buffer and views (`views[layer]` is the same pool for every layer).
 
-    Build on the compute thread.
+    `dtypes`: record field -> the dtype its view holds (`edge0.layout.load.stack_dtypes`, the
+    rule resident expert stacks follow). A bf16/fp16 field held as float32 (MLX's gather_qmm
+    computes the experts) gets a float32 sidecar copy, widened after each read (`widen`);
+    one held as stored (the native expert FFN reads it so), or any field under a None map,
+    is viewed in the record's own bytes. Build on the compute thread.
     """
 
     def __init__(
@@ -43,7 +49,7 @@ class SlotMemory:
         manifest: Manifest,
         layers: list[int],
         n_slots: int,
-        compute_dtype: mx.Dtype | None = None,
+        dtypes: Mapping[str, mx.Dtype] | None = None,
     ) -> None:
         self.manifest = manifest
         self.n_slots = n_slots
@@ -56,19 +62,19 @@ class SlotMemory:
         base = (-flat.ctypes.data) % ALIGN
         rows = flat[base : base + n_slots * r].reshape(n_slots, r)  # (n_slots, record_size) uint8
         self.pool = self._field_views(self._buffer, base)  # field -> (n_slots, *shape)
-        self.widened = _widened(manifest, compute_dtype)
+        self.widened = _widened(manifest, dtypes)
         self._side: mx.array | None = None
         self._side_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if self.widened:
-            self._add_sidecar(rows, compute_dtype)
+            self._add_sidecar(rows)
         mx.eval(list(self.pool.values()))
         self._rows = {layer: rows for layer in layers}
         self.views: dict[int, dict[str, mx.array]] = {layer: self.pool for layer in layers}
 
-    def _add_sidecar(self, rows: np.ndarray, dtype: Any) -> None:
+    def _add_sidecar(self, rows: np.ndarray) -> None:
         fields = [f for f in self.manifest.fields if f.name in self.widened]
         width = sum(int(np.prod(f.shape)) for f in fields)
-        self._side = mx.zeros((self.n_slots, width), dtype=dtype)
+        self._side = mx.zeros((self.n_slots, width), dtype=mx.float32)
         mx.eval(self._side)
         side = np.asarray(self._side)  # (n_slots, width) float32, zero-copy
         at = 0
@@ -141,15 +147,19 @@ class SlotMemory:
         return int(self._buffer.nbytes) + side
 
 
-def _widened(manifest: Manifest, compute_dtype: Any) -> tuple[str, ...]:
-    """Record fields (scales, biases) narrower than a float32 compute dtype."""
-    if compute_dtype is None or compute_dtype != mx.float32:
+def _widened(manifest: Manifest, dtypes: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """Record fields (bf16/fp16 scales, biases) that `dtypes` holds as float32."""
+    if dtypes is None:
         return ()
-    return tuple(f.name for f in manifest.fields if f.dtype in ("bfloat16", "float16"))
+    narrow = ("bfloat16", "float16")
+    return tuple(
+        f.name for f in manifest.fields if f.dtype in narrow and dtypes[f.name] == mx.float32
+    )
 
 
-def slot_bytes(manifest: Manifest, n_slots: int, compute_dtype: Any = None) -> int:
-    """Bytes of a slot pool of `n_slots` records and its sidecar (the memory plan's figure)."""
-    wide = set(_widened(manifest, compute_dtype))
+def slot_bytes(manifest: Manifest, n_slots: int, dtypes: Mapping[str, Any] | None = None) -> int:
+    """Bytes of a slot pool of `n_slots` records and its sidecar, the fields held in `dtypes`
+    (the memory plan's figure)."""
+    wide = set(_widened(manifest, dtypes))
     side = sum(4 * int(np.prod(f.shape)) for f in manifest.fields if f.name in wide)
     return n_slots * (manifest.record_size + side) + ALIGN

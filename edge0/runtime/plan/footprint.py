@@ -36,7 +36,7 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
     dtype = activation_dtype(MX_DTYPES[manifest.float_dtype])
     k = opts.top_k or int(text["num_experts_per_tok"])
     moe = list(manifest.moe_layers)
-    kept_as = expert_dtypes(path, manifest, dtype)  # a resident stack's fields, as loaded
+    kept_as = expert_dtypes(path, manifest, dtype)  # a resident stack's and a slot's fields
     expert = sum(int(np.prod(f.shape)) * kept_as[f.name].size for f in manifest.fields)
     resident = resident_bytes(path, manifest, dtype) + _adapter_bytes(path, opts)
     chunk = (
@@ -71,7 +71,7 @@ def footprint(path: Path, manifest: Manifest, opts: EngineOptions, baseline: int
         resident,
         kept * manifest.n_experts * expert,
         heads,
-        slot_bytes(manifest, 1, dtype) - ALIGN,
+        slot_bytes(manifest, 1, kept_as) - ALIGN,
         manifest.record_size,
         len(moe) - kept,
         batch_k(k, b, manifest.n_experts),

@@ -34,7 +34,7 @@ class Footprint:
     resident: int
     resident_experts: int
     heads: int
-    slot: int  # one slot: a record and its sidecar
+    slot: int  # one slot: a record and its float32 sidecar where MLX computes the experts
     record: int  # one record as read
     layers: int  # streamed MoE layers
     top_k: int

@@ -91,7 +91,7 @@ def prepare(
     )
     memory, table = None, None  # every layer resident (the memory plan's): no pool, no reads
     if streamed:
-        memory = SlotMemory(manifest, streamed, n_slots, activation_dtype())
+        memory = SlotMemory(manifest, streamed, n_slots, slot_dtypes(model, manifest))
         table = SlotPool(streamed, n_slots)
     steps = Steps(opts.run_mode, k, tracer, predictor=predictor, memory=memory)
     if keep and model_dir is not None:
@@ -118,6 +118,15 @@ def prepare(
                 stream.head.width = width
     install_streams(model, blocks, family, steps, streams)
     return steps, memory, table
+
+
+def slot_dtypes(model: nn.Module, manifest: Manifest) -> dict[str, mx.Dtype]:
+    """The dtypes the slot pool holds the record's fields in: resident stacks' rule (bf16/fp16
+    scales kept where the native expert FFN reads them, else a float32 sidecar), decided on
+    `model`'s expert stacks before its sparse blocks are replaced."""
+    from edge0.layout.load import stack_dtypes
+
+    return stack_dtypes(model, manifest, activation_dtype())
 
 
 def choose_predictor(
