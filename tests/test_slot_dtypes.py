@@ -196,3 +196,44 @@ def smallest_budget(fp: Any) -> int:
         except ConfigError:
             lo = mid
     return hi
+
+
+def test_the_kernel_reads_kept_scales_of_a_two_dimensional_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool past MLX's int32 dimensions views its bf16 fields through uint32 words: the
+    native expert FFN reads them there as it does in a flat pool and in a widened one."""
+    import numpy as np
+    from mlx_lm.models.switch_layers import SwiGLU
+    from runtime_helpers import build_store
+
+    import edge0.runtime.io.slotmem as slotmem
+    from edge0.kernels.ops import expert_ffn
+    from edge0.layout.manifest import EXPERTS_FILE
+    from edge0.runtime.layers.block import ffn_plan
+
+    store = build_store(tmp_path, "qwen3_5_moe", moe_ff=64)  # bf16 fields of even width
+    manifest = Manifest.load(store)
+    layers = list(manifest.moe_layers)
+    data = np.fromfile(store / EXPERTS_FILE, dtype=np.uint8)
+    wide = {f.name: mx.float32 for f in manifest.fields}
+    d_model = next(f.shape[-1] for f in manifest.fields if f.name == "up_proj.weight") * 8
+    x = mx.random.normal((1, 1, 1, d_model), key=mx.random.key(0))  # 4-bit: 8 a word
+    idx = mx.array([[[1, 4, 5]]], dtype=mx.uint32)
+    outs = []
+    for limit, dtypes in ((slotmem.DIM_LIMIT, None), (0, None), (slotmem.DIM_LIMIT, wide)):
+        monkeypatch.setattr(slotmem, "DIM_LIMIT", limit)  # 0: 2-D
+        mem = slotmem.SlotMemory(manifest, layers, 6, dtypes)
+        for slot in range(6):
+            start = manifest.record_offset(layers[0], slot)
+            np.frombuffer(mem.dest(layers[0], slot), dtype=np.uint8)[:] = data[
+                start : start + manifest.record_size
+            ]
+            if mem.widened:
+                mem.widen(slot)
+        up, gate, down = ffn_plan(manifest.quantization, mem.pool)
+        y = expert_ffn(x, idx, up, gate, down, SwiGLU())
+        assert y is not None  # the native op ran
+        outs.append(y)
+    flat, two_d, widened = outs
+    assert mx.array_equal(flat, two_d).item() and mx.array_equal(flat, widened).item()
