@@ -114,8 +114,11 @@ struct V {
   static f q8_mul(f a, const float* b) { return _mm256_mul_ps(a, _mm256_load_ps(b)); }
   static f q8_fma(f a, f b, f c) { return _mm256_fmadd_ps(a, b, c); }
   static f bytes(const uint8_t* p) { return _mm256_cvtepi32_ps(widen(p)); }
+  // into L2, not L1 (kernel_impl.h, PREFETCH_BYTES): a line headed for L1 holds one of its
+  // ~12 fill buffers until it arrives, which caps one core's stream from DRAM near 6 GB/s;
+  // L2 keeps more lines in flight (docs/benchmarks/kernels.md, "Prefetch into L2")
   static void prefetch(const void* p) {
-    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
   }
 };
 
