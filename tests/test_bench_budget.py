@@ -128,3 +128,13 @@ def test_repacking_off_reaches_llama_cpp_model_params() -> None:
         assert api.llama_model_default_params().use_extra_bufts is False
     assert api.llama_model_default_params is default
     assert default().use_extra_bufts is True
+
+
+def test_each_run_starts_with_its_files_out_of_the_page_cache(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    for name in ("edge0.json", "experts.bin"):
+        (tmp_path / "model" / name).write_bytes(b"x" * 8192)
+    files = budget.model_files(str(tmp_path / "model"))
+    assert [p.name for p in files] == ["edge0.json", "experts.bin"]
+    assert budget.model_files("org/hub-model") == []  # a hub id: nothing local to evict
+    budget.evict([*files, tmp_path / "missing.gguf"])  # a missing file is passed over
