@@ -11,8 +11,9 @@ in F32. Names, shapes, the linear-attention value-head order and the metadata fo
 `convert_hf_to_gguf.py`'s Qwen3.5-MoE model (llama.cpp as vendored by llama-cpp-python 0.3.36);
 unlike `llama-quantize Q4_0`, the output matrix is Q4_0 too, as Edge0 holds it at int4.
 
-Streams tensor by tensor (the experts a layer and a slice of experts at a time): memory stays
-at a few hundred MiB plus one layer's Q4_0 experts. Needs gguf-py (`pip install gguf`).
+Streams tensor by tensor, a resident matrix 8192 rows and a layer's experts 16 at a time, each
+slice written as it is quantized: memory stays at a few hundred MiB (the 35B shape: 18.2 GiB
+written in under 10 minutes on one core). Needs gguf-py (`pip install gguf`).
 """
 
 from __future__ import annotations
