@@ -109,3 +109,32 @@ def test_the_table_sets_llama_cpp_beside_each_budget() -> None:
     assert text.splitlines()[3].endswith("| - | - |")  # llama.cpp gave no figure there
     plain = budget.table([{**base, "budget_bytes": 1 << 30, "decode_tps": 1.0}])
     assert "llama.cpp" not in plain  # no peer ran: no columns for it
+
+
+def test_llama_cpp_in_a_cap_keeps_its_weights_in_the_file_mapping(tmp_path: Path) -> None:
+    from edge0.bench.llama_peer import Peer
+
+    gguf = tmp_path / "m.gguf"
+    assert "--no-repack" in Peer(gguf, 1, repack=False).command(tmp_path / "o.json", 16, 4, 1)
+    assert "--no-repack" not in Peer(gguf, 1).command(tmp_path / "o.json", 16, 4, 1)
+
+
+def test_repacking_off_reaches_llama_cpp_model_params() -> None:
+    api = pytest.importorskip("llama_cpp.llama_cpp")
+    from edge0.bench.llama_peer import _repacking
+
+    default = api.llama_model_default_params
+    with _repacking(False):
+        assert api.llama_model_default_params().use_extra_bufts is False
+    assert api.llama_model_default_params is default
+    assert default().use_extra_bufts is True
+
+
+def test_each_run_starts_with_its_files_out_of_the_page_cache(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    for name in ("edge0.json", "experts.bin"):
+        (tmp_path / "model" / name).write_bytes(b"x" * 8192)
+    files = budget.model_files(str(tmp_path / "model"))
+    assert [p.name for p in files] == ["edge0.json", "experts.bin"]
+    assert budget.model_files("org/hub-model") == []  # a hub id: nothing local to evict
+    budget.evict([*files, tmp_path / "missing.gguf"])  # a missing file is passed over

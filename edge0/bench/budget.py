@@ -56,6 +56,28 @@ def inner_command(model: str, budget: int, run_args: list[str], out: Path) -> li
     ]
 
 
+def evict(paths: list[Path]) -> None:
+    """Drop each file's pages from the page cache (POSIX_FADV_DONTNEED).
+
+    A memory cgroup is charged for the pages its processes bring in; pages already cached
+    (by an earlier run, whose cgroup is gone, or by whoever wrote the file) are charged
+    elsewhere, so a run that maps or reads them gets memory its cap does not count. Each
+    budget's runs start with their files out of the cache instead."""
+    for path in paths:
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def model_files(model: str) -> list[Path]:
+    """The files of a local model directory a run reads (none for a hub id)."""
+    path = Path(model)
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+
+
 def row(budget: int, cap: dict[str, Any], report: dict[str, Any] | None) -> dict[str, Any]:
     """One budget's figures: the run's medians and what its cgroup saw."""
     got: dict[str, Any] = {
@@ -101,16 +123,18 @@ def sweep(
 ) -> list[dict]:
     """Each budget's run, smallest first, each in its own cgroup of that size; with `peer`,
     llama.cpp's run of the same budget (`tokens` x `prompts`) follows Edge0's, in a cgroup of
-    its own."""
+    its own. Each run starts with the files it reads out of the page cache (`evict`)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="edge0-budget-") as tmp:
         for budget in budgets:
             out = Path(tmp) / f"{budget}.json"
+            evict(model_files(model))
             cap = run_capped(inner_command(model, budget, run_args, out), budget, interval)
             report = json.loads(out.read_text()) if out.exists() else None
             rows.append(row(budget, cap, report))
             if peer is not None:
                 out = Path(tmp) / f"{budget}-llama.json"
+                evict([peer.gguf])
                 cap = run_capped(peer.command(out, PROMPT_LEN, tokens, prompts), budget, interval)
                 got = json.loads(out.read_text()) if out.exists() else None
                 rows[-1]["llama_cpp"] = peer_row(cap, got)

@@ -4,12 +4,14 @@ of a GGUF file, in this process or as `python -m edge0.bench.llama_peer` inside 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +35,43 @@ def missing(gguf: Path | None) -> str | None:
     return None
 
 
-def _open(gguf: Path, threads: int, n_ctx: int, n_batch: int) -> Any:
+def _open(gguf: Path, threads: int, n_ctx: int, n_batch: int, repack: bool = True) -> Any:
     import llama_cpp  # noqa: PLC0415
 
-    return llama_cpp.Llama(
-        model_path=str(gguf),
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_batch=n_batch,
-        n_ctx=n_ctx,
-        verbose=False,
-    )
+    with _repacking(repack):
+        return llama_cpp.Llama(
+            model_path=str(gguf),
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=n_batch,
+            n_ctx=n_ctx,
+            verbose=False,
+        )
+
+
+@contextlib.contextmanager
+def _repacking(on: bool) -> Iterator[None]:
+    """llama.cpp's load-time weight repacking (its CPU "extra buffer types") on or off.
+
+    On (llama.cpp's default) the CPU backend copies the weights it repacks out of the file
+    mapping into anonymous memory; off, they stay file-backed page cache the kernel can
+    reclaim, which a memory cap smaller than the model needs. llama-cpp-python's `Llama` takes
+    no argument for it, so its default model parameters are wrapped while it loads.
+    """
+    import llama_cpp.llama_cpp as api  # noqa: PLC0415
+
+    default = api.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = on
+        return p
+
+    api.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        api.llama_model_default_params = default
 
 
 def _prompt_ids(llm: Any, prompt_len: int) -> list[int]:
@@ -65,11 +93,18 @@ def prompt(gguf: Path, prompt_len: int, rounds: int, threads: int = 1) -> dict[s
 
 
 def decode(
-    gguf: Path, prompt_len: int, tokens: int, prompts: int, threads: int = 1, warmup: int = 4
+    gguf: Path,
+    prompt_len: int,
+    tokens: int,
+    prompts: int,
+    threads: int = 1,
+    warmup: int = 4,
+    repack: bool = True,
 ) -> dict[str, Any]:
     """Greedy decode tok/s: `prompts` requests of `tokens` tokens after a `prompt_len`-token
     prompt, one token a step (llama.cpp's own sampler: the argmax), after a short warm-up."""
-    llm = _open(gguf, threads, prompt_len + tokens + warmup + 8, max(prompt_len, 8))
+    n_ctx = prompt_len + tokens + warmup + 8
+    llm = _open(gguf, threads, n_ctx, max(prompt_len, 8), repack)
     ids = _prompt_ids(llm, prompt_len)
     _generate(llm, ids, warmup)  # page in what a step reads, as Edge0's warm-up request does
     runs = []
@@ -80,6 +115,7 @@ def decode(
     return {
         "gguf": str(gguf),
         "threads": threads,
+        "repack": repack,
         "runs": runs,
         "decode_tps": statistics.median(r["decode_tps"] for r in runs),
         "prompt_tps": statistics.median(r["prompt_tps"] for r in runs),
@@ -110,6 +146,7 @@ class Peer:
 
     gguf: Path
     threads: int = 1
+    repack: bool = True  # llama.cpp's load-time weight repacking (off inside a memory cap)
 
     label = "llama.cpp"
 
@@ -119,6 +156,7 @@ class Peer:
             *(sys.executable, "-m", "edge0.bench.llama_peer", str(self.gguf), "--json", str(out)),
             *("--prompt-len", str(prompt_len), "--tokens", str(tokens)),
             *("--prompts", str(prompts), "--threads", str(self.threads)),
+            *(() if self.repack else ("--no-repack",)),
         ]
 
     def decode(self, prompt_len: int, tokens: int, prompts: int, timeout_s: float) -> dict:
@@ -146,12 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-repack", action="store_true", help="weights stay in the file mapping")
     args = ap.parse_args(argv)
     why = missing(args.gguf)
     if why is not None:
         print(why, file=sys.stderr)  # noqa: T201 - a command's one line
         return 2
-    got = decode(args.gguf, args.prompt_len, args.tokens, args.prompts, args.threads)
+    repack = not args.no_repack
+    got = decode(args.gguf, args.prompt_len, args.tokens, args.prompts, args.threads, repack=repack)
     args.json.write_text(json.dumps(got))
     return 0
 

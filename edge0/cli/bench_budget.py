@@ -32,7 +32,10 @@ from edge0.errors import ConfigError
 @click.option("--tokens", default=16, show_default=True, help="Decode tokens per prompt.")
 @click.option("--prompts", default=2, show_default=True, help="Prompts per run.")
 @click.option("--repeats", default=1, show_default=True, help="Runs per budget.")
-@llama_options("in each budget's cgroup after Edge0, greedy, the same tokens and prompts")
+@llama_options(
+    "in each budget's cgroup after Edge0, greedy, the same tokens and prompts, its weights "
+    "left in the file mapping (no load-time repacking, which copies them out of it)"
+)
 @click.option(
     "--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the rows."
 )
@@ -77,7 +80,9 @@ def command(
         run_args += ["--tiers", tiers]
     if first_layer is not None:
         run_args += ["--first-layer", first_layer]
-    peer = llama_peer(gguf, llama_threads)
+    # llama.cpp's default repacking copies the weights into anonymous memory at load, so a
+    # cap below the model's size OOM-kills it; without it they stay reclaimable page cache
+    peer = llama_peer(gguf, llama_threads, repack=False)
     rows = bench_budget.sweep(model, sizes, run_args, peer=peer, tokens=tokens, prompts=prompts)
     load = os.getloadavg()[0]
     n = f"{len(sizes)} budget{'s' if len(sizes) != 1 else ''}"
@@ -89,7 +94,7 @@ def command(
     if json_out is not None:
         out = {"model": model, "mode": mode, "run_args": run_args, "load": load, "rows": rows}
         if peer is not None:
-            out["llama_cpp"] = {"gguf": str(gguf), "threads": llama_threads}
+            out["llama_cpp"] = {"gguf": str(gguf), "threads": llama_threads, "repack": False}
         json_out.write_text(json.dumps(out, indent=1))
         click.echo(f"wrote {json_out}", err=True)
     if plot_out is not None:

@@ -133,8 +133,9 @@ def llama_options(where: str) -> Callable[[Callable[..., Any]], Callable[..., An
     return add
 
 
-def llama_peer(gguf: Path | None, threads: int) -> Any:
-    """llama.cpp beside Edge0 (--gguf), or None; one line when it cannot run."""
+def llama_peer(gguf: Path | None, threads: int, repack: bool = True) -> Any:
+    """llama.cpp beside Edge0 (--gguf), or None; one line when it cannot run. `repack` False
+    keeps its weights in the file mapping (inside a memory cap smaller than the model)."""
     if gguf is None:
         return None
     from edge0.bench.llama_peer import Peer, missing
@@ -143,7 +144,7 @@ def llama_peer(gguf: Path | None, threads: int) -> Any:
     why = missing(gguf)
     if why is not None:
         raise ConfigError(why)
-    return Peer(gguf, threads)
+    return Peer(gguf, threads, repack)
 
 
 def _peer_report(peer: Any, got: list[dict[str, Any]], variants: Any, runs: Any) -> dict:
