@@ -68,7 +68,7 @@ def test_the_native_path_is_active_here() -> None:
         assert prompt >= 1
     assert (
         native.status()
-        == f"kernels: native {mod.isa()}, {mod.threads()} thread"
+        == f"kernels: native {native.units_line(mod)}, {mod.threads()} thread"
         + ("s" if mod.threads() != 1 else "")
         + f" (prompts {prompt})"
     )

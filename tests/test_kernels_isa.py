@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import mlx.core as mx
 import pytest
 
 from edge0.kernels import isa, native
@@ -17,9 +18,10 @@ def mod() -> Iterator[ModuleType]:
     got = native.module()
     if got is None:
         pytest.fail(f"the native kernels are not loaded: {native.status()}")
-    first = got.isa()
+    first = {kind: got.isa(kind) for kind in isa.KINDS}
     yield got
-    got.use_isa(first)
+    for kind, unit in first.items():
+        got.use_isa(unit, kind)
 
 
 def _simd(mod: ModuleType) -> str:
@@ -34,10 +36,52 @@ def test_a_slow_unit_loses_even_as_the_widest(mod: ModuleType, tmp_path: Path) -
     timing must find it slow and run the SIMD unit."""
     fast = _simd(mod)
     path = tmp_path / "isa.json"
-    assert isa.choose(mod, path, units=("portable", fast)) == fast
-    assert mod.isa() == fast
+    assert isa.choose(mod, path, units=("portable", fast)) == {k: fast for k in isa.KINDS}
+    assert mod.isa("affine") == mod.isa("mxfp4") == fast
     kept = json.loads(path.read_text())[isa.machine_key(mod)]
-    assert kept["unit"] == fast and kept["median_ms"]["portable"] > kept["median_ms"][fast]
+    assert kept["unit"] == {k: fast for k in isa.KINDS}
+    for kind in isa.KINDS:
+        assert kept["median_ms"][kind]["portable"] > kept["median_ms"][kind][fast]
+
+
+def test_each_kind_runs_the_unit_timed_fastest_for_it(
+    mod: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit slow for one kind of matrix and fast for the other (the timing forced so) is
+    chosen for the other alone, and each kind's products then run their own unit."""
+    fast = _simd(mod)
+    real = isa.time_units
+
+    def slow_affine(m: ModuleType, units: object, rounds: int = 3, kind: str = "affine"):
+        got = real(m, units, rounds=3, kind=kind)  # type: ignore[arg-type]
+        if kind == "affine":  # the SIMD unit made 10x slower for affine matrices only
+            got[fast] = [t * 10 for t in got[fast]]
+        return got
+
+    monkeypatch.setattr(isa, "time_units", slow_affine)
+    chosen = isa.choose(mod, tmp_path / "isa.json", units=(fast, "portable"))
+    assert chosen == {"affine": "portable", "mxfp4": fast}
+    assert mod.isa() == mod.isa("affine") == "portable" and mod.isa("mxfp4") == fast
+    assert native.units_line(mod) == f"portable (MXFP4: {fast})"
+    # each kind's products run on its unit: the same results as the other unit's, to float
+    # rounding (a unit's lane width orders its sums)
+    x, mats = isa.problem()
+    w, s, b = mats[0]
+    e = mx.random.randint(120, 123, (w.shape[0], w.shape[1] * 8 // 32)).astype(mx.uint8)
+    got = [mod.qmm(x, w, s, b, 64, 4, "affine"), mod.qmm(x, w, e, None, 32, 4, "mxfp4")]
+    mod.use_isa(fast)
+    want = [mod.qmm(x, w, s, b, 64, 4, "affine"), mod.qmm(x, w, e, None, 32, 4, "mxfp4")]
+    for g, ww in zip(got, want, strict=True):
+        assert mx.allclose(g, ww, rtol=1e-5, atol=1e-5).item()
+
+
+def test_a_kind_is_named_or_refused(mod: ModuleType) -> None:
+    fast = _simd(mod)
+    assert mod.use_isa(fast)
+    assert mod.use_isa("portable", "mxfp4") and mod.isa("mxfp4") == "portable"
+    assert mod.isa("affine") == mod.isa() == fast
+    with pytest.raises(ValueError, match="kind must be 'affine' or 'mxfp4'"):
+        mod.use_isa(fast, "int8")
 
 
 def test_the_choice_is_kept_and_not_timed_again(
@@ -52,7 +96,7 @@ def test_the_choice_is_kept_and_not_timed_again(
         raise AssertionError("timed again")
 
     monkeypatch.setattr(isa, "time_units", no_timing)
-    assert isa.choose(mod, path, units=("portable", fast)) == fast
+    assert isa.choose(mod, path, units=("portable", fast)) == {k: fast for k in isa.KINDS}
     assert mod.isa() == fast
 
 
@@ -61,21 +105,21 @@ def test_another_machine_s_or_a_broken_cache_is_timed_again(
 ) -> None:
     fast = _simd(mod)
     path = tmp_path / "isa.json"
-    other = {"unit": "portable", "units": ["portable", fast], "median_ms": {}}
+    other = {"unit": {"affine": "portable"}, "units": ["portable", fast], "median_ms": {}}
     path.write_text(json.dumps({"another cpu|x86_64|1:2|mlx 0": other}))
-    assert isa.choose(mod, path, units=("portable", fast)) == fast
+    assert isa.choose(mod, path, units=("portable", fast))["affine"] == fast
     table = json.loads(path.read_text())
     assert table["another cpu|x86_64|1:2|mlx 0"] == other and len(table) == 2
     path.write_text("{not json")
-    assert isa.choose(mod, path, units=("portable", fast)) == fast
-    assert json.loads(path.read_text())[isa.machine_key(mod)]["unit"] == fast
+    assert isa.choose(mod, path, units=("portable", fast))["mxfp4"] == fast
+    assert json.loads(path.read_text())[isa.machine_key(mod)]["unit"]["affine"] == fast
 
 
 def test_an_unwritable_cache_still_chooses(mod: ModuleType, tmp_path: Path) -> None:
     fast = _simd(mod)
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert isa.choose(mod, blocker / "isa.json", units=("portable", fast)) == fast
+    assert isa.choose(mod, blocker / "isa.json", units=("portable", fast))["affine"] == fast
 
 
 def test_pick_keeps_the_widest_within_the_margin() -> None:
@@ -89,6 +133,7 @@ def test_one_unit_is_used_without_timing(
     mod: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(isa, "time_units", lambda *a, **k: pytest.fail("timed one unit"))
-    assert isa.choose(mod, tmp_path / "isa.json", units=("portable",)) == "portable"
-    assert mod.isa() == "portable"
+    got = isa.choose(mod, tmp_path / "isa.json", units=("portable",))
+    assert got == {"affine": "portable", "mxfp4": "portable"}
+    assert mod.isa() == mod.isa("mxfp4") == "portable"
     assert not (tmp_path / "isa.json").exists()

@@ -1,5 +1,5 @@
-"""Which row-kernel unit runs: the fastest here, timed once at first use and cached
-(docs/kernels.md, "Variants and dispatch")."""
+"""Which row-kernel unit runs for each kind of 4-bit matrix: the fastest here, timed once at
+first use and cached (docs/kernels.md, "Variants and dispatch")."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +20,7 @@ import structlog
 log = structlog.get_logger("edge0.kernels")
 
 UNITS = ("avx512", "avx2", "neon")  # widest first; `portable` runs where none of them can
+KINDS = ("affine", "mxfp4")  # each kind of 4-bit matrix runs the unit timed fastest for it
 ROUNDS = 9  # interleaved rounds of one pass over the matrices per unit
 MARGIN = 0.03  # a narrower unit must beat the widest by this share to be chosen
 CACHE_NAME = "kernels-isa.json"
@@ -68,24 +69,43 @@ def problem(rows: int = 1) -> tuple[mx.array, list[tuple[mx.array, mx.array, mx.
 
 
 def time_units(
-    mod: ModuleType, units: Sequence[str], rounds: int = ROUNDS
+    mod: ModuleType, units: Sequence[str], rounds: int = ROUNDS, kind: str = "affine"
 ) -> dict[str, list[float]]:
-    """Seconds of one pass of int4 products (one row, the decode case) per unit and round,
-    the units interleaved in each round. Leaves the unit in use as it found it."""
-    first = mod.isa()
+    """Seconds of one pass of `kind`'s 4-bit products (one row, the decode case) per unit and
+    round, the units interleaved in each round. Leaves the unit in use as it found it."""
+    first = mod.isa(kind)
     got: dict[str, list[float]] = {u: [] for u in units}
     try:
         with mx.stream(mx.cpu):  # the kernels' only device, whatever the default one is
             x, mats = problem()
+            calls = _calls(mod, kind, x, mats)
             for _ in range(rounds + 1):  # the first round warms up, uncounted
                 for unit in units:
-                    mod.use_isa(unit)
+                    mod.use_isa(unit, kind)
                     t0 = time.perf_counter()
-                    mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
+                    mx.eval(calls())
                     got[unit].append(time.perf_counter() - t0)
     finally:
-        mod.use_isa(first)
+        mod.use_isa(first, kind)
     return {u: v[1:] for u, v in got.items()}
+
+
+def _calls(
+    mod: ModuleType, kind: str, x: mx.array, mats: list[tuple[mx.array, mx.array, mx.array]]
+) -> Callable[[], list[mx.array]]:
+    """The kernel calls one timed pass makes: the affine matrices as they are, or their
+    codes as MXFP4 with e8m0 scales (2^-7 .. 2^-5) per group of 32 and no biases."""
+    if kind == "affine":
+        return lambda: [mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats]
+    keys = mx.random.split(mx.random.key(1), len(mats))
+    e8m0 = [
+        mx.random.randint(120, 123, (w.shape[0], _COLS // 32), key=k).astype(mx.uint8)
+        for (w, _, _), k in zip(mats, keys, strict=True)
+    ]
+    mx.eval(e8m0)
+    return lambda: [
+        mod.qmm(x, w, e, None, 32, 4, "mxfp4") for (w, _, _), e in zip(mats, e8m0, strict=True)
+    ]
 
 
 def pick(times: dict[str, list[float]], units: Sequence[str]) -> str:
@@ -100,23 +120,31 @@ def pick(times: dict[str, list[float]], units: Sequence[str]) -> str:
     return best if ratio(best) <= 1 - MARGIN else widest
 
 
-def choose(mod: ModuleType, path: Path | None, units: Sequence[str] | None = None) -> str:
-    """Switch `mod` to the fastest unit this CPU runs and return its name: the cached choice
-    for this machine when `path` holds one, else timed now and written there."""
+def choose(
+    mod: ModuleType, path: Path | None, units: Sequence[str] | None = None
+) -> dict[str, str]:
+    """Switch `mod` to the fastest unit this CPU runs for each kind of 4-bit matrix (KINDS),
+    and return kind -> unit: the cached choice for this machine when `path` holds one, else
+    timed now and written there."""
     runs = [u for u in (units or UNITS) if _runs(mod, u)]
     if len(runs) < 2:
-        return str(mod.isa()) if not runs else _use(mod, runs[0])
+        one = str(mod.isa()) if not runs else runs[0]
+        return {kind: _use(mod, one, kind) for kind in KINDS}
     key = machine_key(mod)
     kept = read_table(path).get(key)
-    if isinstance(kept, dict) and kept.get("units") == runs and kept.get("unit") in runs:
-        return _use(mod, str(kept["unit"]))
-    times = time_units(mod, runs)
-    unit = pick(times, runs)
-    ms = {u: round(statistics.median(t) * 1e3, 3) for u, t in times.items()}
-    log.info("kernels.isa_timed", unit=unit, median_ms=ms)
+    if isinstance(kept, dict) and kept.get("units") == runs:
+        chosen = kept.get("unit")
+        if isinstance(chosen, dict) and all(chosen.get(k) in runs for k in KINDS):
+            return {kind: _use(mod, str(chosen[kind]), kind) for kind in KINDS}
+    chosen, ms = {}, {}
+    for kind in KINDS:
+        times = time_units(mod, runs, kind=kind)
+        chosen[kind] = pick(times, runs)
+        ms[kind] = {u: round(statistics.median(t) * 1e3, 3) for u, t in times.items()}
+        log.info("kernels.isa_timed", kind=kind, unit=chosen[kind], median_ms=ms[kind])
     if path is not None:
-        write_table(path, key, {"unit": unit, "units": runs, "median_ms": ms})
-    return _use(mod, unit)
+        write_table(path, key, {"unit": chosen, "units": runs, "median_ms": ms})
+    return {kind: _use(mod, chosen[kind], kind) for kind in KINDS}
 
 
 def _runs(mod: ModuleType, unit: str) -> bool:
@@ -126,8 +154,8 @@ def _runs(mod: ModuleType, unit: str) -> bool:
     return ok
 
 
-def _use(mod: ModuleType, unit: str) -> str:
-    mod.use_isa(unit)
+def _use(mod: ModuleType, unit: str, kind: str) -> str:
+    mod.use_isa(unit, kind)
     return unit
 
 

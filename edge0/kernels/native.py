@@ -88,6 +88,7 @@ def module() -> ModuleType | None:
             log.info(
                 "kernels.native",
                 isa=mod.isa(),
+                isa_mxfp4=mod.isa("mxfp4"),
                 threads=mod.threads(),
                 prompt_threads=_state["prompt_threads"],
                 int8_activations=mod.int8_inputs(),
@@ -132,13 +133,19 @@ def status() -> str:
     if mod is None:
         return f"kernels: MLX's own ops ({_state['why']})"
     n, p = mod.threads(), _state.get("prompt_threads", 1)
-    line = f"kernels: native {mod.isa()}, {n} thread{'s' if n != 1 else ''} (prompts {p})"
+    line = f"kernels: native {units_line(mod)}, {n} thread{'s' if n != 1 else ''} (prompts {p})"
     if mod.int8_inputs():
         return line + ", int8 activations (EDGE0_INT8_ACTIVATIONS)"
     asked, refused = _int8_setting()
     if asked:
         return line + f" (int8 activations asked for: not built for {mod.isa()}, float32 runs)"
     return line + (f" ({refused})" if refused else "")
+
+
+def units_line(mod: ModuleType) -> str:
+    """The unit in use, and MXFP4's where it differs (each kind is timed: isa.py)."""
+    affine, fp4 = mod.isa("affine"), mod.isa("mxfp4")
+    return affine if affine == fp4 else f"{affine} (MXFP4: {fp4})"
 
 
 def reset() -> None:

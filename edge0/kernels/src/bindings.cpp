@@ -37,9 +37,12 @@ NB_MODULE(_native, m) {
         "Dv"_a, "q_scale"_a, "k_scale"_a, "qk_eps"_a, "norm_eps"_a, nb::kw_only(),
         "stream"_a = nb::none(),
         "A Gated-DeltaNet layer between its projections in one CPU node: (y, conv state, state)");
-  m.def("isa", &edge0::isa, "The row kernel in use (avx512, avx2, neon, portable)");
-  m.def("use_isa", &edge0::use_isa, "name"_a,
-        "Switch to another built row kernel; False when this CPU cannot run it");
+  m.def("isa", &edge0::isa, "kind"_a = "",
+        "The row kernel in use (avx512, avx2, neon, portable) for kind 'affine' (also '') or "
+        "'mxfp4'");
+  m.def("use_isa", &edge0::use_isa, "name"_a, "kind"_a = "",
+        "Switch kind 'affine' or 'mxfp4' (both: '') to another built row kernel; False when "
+        "this CPU cannot run it");
   m.def("int8_inputs", &edge0::int8_inputs,
         "Whether 4-bit matrices now meet x quantized to int8 (asked for and built here)");
   m.def("set_int8_inputs", &edge0::set_int8_inputs, "on"_a,

@@ -74,7 +74,7 @@ class ExpertFFN : public CpuPrimitive {
       float* op = const_cast<float*>(o.data<float>());
       if (route_k == 0) {
         const int n = static_cast<int>(args[1].size());
-        edge0k::expert_ffn(kernels(), settings(), st[0], st[1], st[2],
+        edge0k::expert_ffn(kernels(st[0].m.mode), settings(), st[0], st[1], st[2],
                            reinterpret_cast<const float*>(xd.ptr),
                            reinterpret_cast<const uint32_t*>(id.ptr), n, act, alpha, limit, op);
         return;
@@ -99,7 +99,7 @@ class ExpertFFN : public CpuPrimitive {
       top_k(logits + n * E, E, k, norm, &idx[n * k], &w[n * k]);
       for (int j = 0; j < k; ++j) std::memcpy(&xr[(n * k + j) * d], x + n * d, d * sizeof(float));
     }
-    edge0k::expert_ffn(kernels(), settings(), st[0], st[1], st[2], xr.data(), idx.data(),
+    edge0k::expert_ffn(kernels(st[0].m.mode), settings(), st[0], st[1], st[2], xr.data(), idx.data(),
                        int(N * k), act, alpha, limit, y.data());
     for (int64_t n = 0; n < N; ++n) {
       float* orow = out + n * dout;

@@ -10,12 +10,24 @@ namespace edge0 {
 
 namespace {
 
-const edge0k::Kernels* g_kernels = edge0k::select_kernels(nullptr);
+// the row kernel of each mode (edge0k::Mode: affine, MXFP4): every unit computes both, and
+// the fastest unit for one need not be the fastest for the other (edge0/kernels/isa.py)
+const edge0k::Kernels* g_kernels[2] = {edge0k::select_kernels(nullptr),
+                                       edge0k::select_kernels(nullptr)};
 edge0k::Settings g_settings;
+
+int kind_index(const std::string& kind) {  // -1: both
+  if (kind.empty()) return -1;
+  if (kind == "affine") return 0;
+  if (kind == "mxfp4") return 1;
+  throw std::invalid_argument("edge0 kernels: kind must be 'affine' or 'mxfp4', not '" + kind + "'");
+}
 
 }  // namespace
 
-const edge0k::Kernels& kernels() { return *g_kernels; }
+const edge0k::Kernels& kernels(edge0k::Mode mode) {
+  return *g_kernels[mode == edge0k::Mode::Mxfp4 ? 1 : 0];
+}
 
 edge0k::Settings& settings() { return g_settings; }
 
@@ -89,12 +101,17 @@ void check_quant(const mx::array& w, const mx::array& scales,
     throw std::invalid_argument("edge0 kernels: biases and scales differ in dtype");
 }
 
-std::string isa() { return g_kernels->name; }
+std::string isa(const std::string& kind) {
+  const int i = kind_index(kind);
+  return g_kernels[i < 0 ? 0 : i]->name;
+}
 
-bool use_isa(const std::string& name) {
+bool use_isa(const std::string& name, const std::string& kind) {
+  const int i = kind_index(kind);
   const edge0k::Kernels* k = edge0k::select_kernels(name.c_str());
   if (k == nullptr) return false;
-  g_kernels = k;
+  if (i != 1) g_kernels[0] = k;
+  if (i != 0) g_kernels[1] = k;
   return true;
 }
 
@@ -105,7 +122,7 @@ void set_threads(int n) {
   edge0k::Pool::get().reserve(g_settings.threads);  // workers are kept: switching is cheap
 }
 
-bool has_int8_inputs() { return g_kernels->rows_q8 != nullptr; }
+bool has_int8_inputs() { return g_kernels[0]->rows_q8 != nullptr; }  // affine 4-bit only
 
 bool int8_inputs() { return g_settings.int8_inputs && has_int8_inputs(); }
 

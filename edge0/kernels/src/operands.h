@@ -12,7 +12,7 @@ namespace edge0 {
 
 namespace mx = mlx::core;
 
-const edge0k::Kernels& kernels();  // the row kernel in use
+const edge0k::Kernels& kernels(edge0k::Mode mode);  // the row kernel in use for a mode
 edge0k::Settings& settings();
 
 edge0k::DType dtype_of(const mx::array& a);

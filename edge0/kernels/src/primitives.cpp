@@ -35,7 +35,7 @@ class QuantMatmul : public CpuPrimitive {
       const Dense xd = dense(x);
       const edge0k::QMat q = matrix(w, sc, b ? &*b : nullptr, g, bits, mode);
       const int M = static_cast<int>(x.size() / x.shape(-1));
-      edge0k::qmm(kernels(), settings(), q, reinterpret_cast<const float*>(xd.ptr), M,
+      edge0k::qmm(kernels(q.mode), settings(), q, reinterpret_cast<const float*>(xd.ptr), M,
                   const_cast<float*>(o.data<float>()));
     });
   }

@@ -69,8 +69,9 @@ std::vector<mx::array> gated_delta(const mx::array& qkv, const mx::array& z, con
                                    float q_scale, float k_scale, float qk_eps, float norm_eps,
                                    mx::StreamOrDevice s = {});
 
-std::string isa();
-bool use_isa(const std::string& name);  // false: not built or not supported here
+std::string isa(const std::string& kind);  // kind "" (the affine one), "affine" or "mxfp4"
+// kind "" switches both modes; false: not built or not supported here
+bool use_isa(const std::string& name, const std::string& kind);
 int threads();
 void set_threads(int n);
 // the opt-in int8-input path (compute.h: Settings::int8_inputs) for 4-bit matrices
