@@ -77,3 +77,41 @@ def test_a_one_token_layer_builds_fewer_nodes(store: Path) -> None:
     lean = nodes()
     attn.__class__ = qwen3_moe.Attention
     assert nodes() - lean == 4
+
+
+# --- a decode step's embedding rows, dequantized on the host --------------------------------
+
+
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (4, 64), (4, 128), (8, 64)])
+def test_host_rows_are_mlxs_dequantize_bit_for_bit(bits: int, group: int) -> None:
+    from mlx.nn import QuantizedEmbedding
+
+    from edge0.kernels.layers import HOST_ROWS, NativeQuantizedEmbedding, host_rows
+
+    emb = QuantizedEmbedding(300, 256, group_size=group, bits=bits)
+    emb.__class__ = NativeQuantizedEmbedding
+    for ids in ([[0]], [[299]], [[7], [123]], [list(range(HOST_ROWS))]):
+        x = mx.array(ids)
+        got = host_rows(emb, x)
+        assert got is not None
+        want = QuantizedEmbedding.__call__(emb, x)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert mx.array_equal(got, want).item()
+    every = mx.arange(300).reshape(-1, 1)
+    for i in range(0, 300, HOST_ROWS):
+        rows = every[i : i + HOST_ROWS]
+        assert mx.array_equal(emb(rows), QuantizedEmbedding.__call__(emb, rows)).item()
+    assert host_rows(emb, mx.zeros((1, HOST_ROWS + 1), dtype=mx.int32)) is None  # a prompt
+
+
+def test_the_models_embedding_gives_the_same_logits(store: Path) -> None:
+    model = edge0.model.loader.load(store).model
+    emb = model.model.embed_tokens
+    from edge0.kernels.layers import host_rows
+
+    assert host_rows(emb, mx.array([[PROMPT[0]]])) is not None  # the decode steps take it
+    got = _decode_logits(model, [PROMPT])
+    emb.__class__ = __import__("mlx.nn", fromlist=["QuantizedEmbedding"]).QuantizedEmbedding
+    want = _decode_logits(model, [PROMPT])
+    for g, w in zip(got, want, strict=True):
+        assert mx.array_equal(g, w).item()
