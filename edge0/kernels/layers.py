@@ -3,7 +3,8 @@
 `use_native(model)` changes the class of each `nn.QuantizedLinear`, `nn.Linear` (float
 weights), `nn.QuantizedEmbedding` (its `as_linear`, tied output heads), mlx-lm `SwitchGLU`
 over quantized experts, mlx-lm's Qwen3-MoE sparse block (`moe`: routing, experts and weighted
-sum in one node), `nn.RMSNorm`, `nn.RoPE` and the Qwen3-Next / Qwen3.5 Gated-DeltaNet to a
+sum in one node), mlx-lm's Qwen3-MoE attention (a one-token step without transposes),
+`nn.RMSNorm`, `nn.RoPE` and the Qwen3-Next / Qwen3.5 Gated-DeltaNet to a
 subclass whose call goes through `qmm` / `linear` / `expert_ffn` / `moe` / `rms_norm` / `rope`
 / `gated_delta`. Attention has no
 layer of its own in mlx-lm: each model module calls the function
@@ -21,7 +22,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models import base as mlx_lm_base
+from mlx_lm.models import qwen3_moe
 from mlx_lm.models.qwen3_5 import GatedDeltaNet
 from mlx_lm.models.qwen3_moe import Qwen3MoeSparseMoeBlock
 from mlx_lm.models.qwen3_next import Qwen3NextGatedDeltaNet, Qwen3NextRMSNormGated
@@ -69,7 +72,14 @@ class NativeLinear(nn.Linear):
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
-    """nn.QuantizedEmbedding whose `as_linear` (a tied output head) runs `qmm`."""
+    """nn.QuantizedEmbedding whose `as_linear` (a tied output head) runs `qmm`, and whose
+    lookup of a few host-made token ids (a decode step's) dequantizes their rows on the host:
+    MLX's CPU `dequantize` of gathered rows is ~45 graph nodes, the same arithmetic in numpy
+    (`q * scale`, then `+ bias`, each rounded to float32) is none."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        rows = host_rows(self, x)
+        return super().__call__(x) if rows is None else rows
 
     def as_linear(self, x: mx.array) -> mx.array:
         return qmm(
@@ -81,6 +91,39 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
             self.bits,
             self.mode,
         )
+
+
+HOST_ROWS = 16  # at most this many ids are looked up on the host (a decode step's, a batch's)
+
+
+def host_rows(emb: nn.QuantizedEmbedding, x: mx.array) -> mx.array | None:
+    """`emb(x)` dequantized on the host, for a few ids on the CPU with affine 4/8-bit float32
+    scales and biases (what `mx.dequantize` computes there, value for value); None otherwise.
+    `x` is read on the host: the engine's ids are made there, never a lazy graph's."""
+    scales, biases = emb["scales"], emb.get("biases")
+    if (
+        x.size > HOST_ROWS
+        or emb.mode != "affine"
+        or emb.bits not in (4, 8)
+        or biases is None
+        or scales.dtype != mx.float32
+        or biases.dtype != mx.float32
+        or x.dtype not in (mx.int32, mx.uint32, mx.int64, mx.uint64)
+        or not native.on_cpu()
+    ):
+        return None
+    ids = np.asarray(x).reshape(-1)
+    packed = np.asarray(emb["weight"])[ids]  # (n, dims * bits / 32) uint32
+    per = 32 // emb.bits
+    shifts = np.arange(per, dtype=np.uint32) * emb.bits
+    q = (packed[..., None] >> shifts) & np.uint32((1 << emb.bits) - 1)  # low bits first
+    q = q.reshape(len(ids), -1).astype(np.float32)  # (n, dims)
+    g = emb.group_size
+    s = np.repeat(np.asarray(scales)[ids], g, axis=-1)
+    b = np.repeat(np.asarray(biases)[ids], g, axis=-1)
+    out = q * s
+    out += b
+    return mx.array(out.reshape(*x.shape, -1))
 
 
 def _proj(layer: Any) -> Proj:
@@ -257,12 +300,33 @@ class NativeQwen3NextGatedDeltaNet(Qwen3NextGatedDeltaNet):
         return self.out_proj(y)
 
 
+class OneTokenQwen3MoeAttention(qwen3_moe.Attention):
+    """mlx-lm's Qwen3-MoE attention; a one-token step lays its queries, keys and values out as
+    (B, heads, 1, head_dim) by a reshape alone and its output back the same way: with one
+    position the transposes move no value, so the same values in 4 fewer graph nodes a layer
+    (and the norms and the rope read contiguous rows)."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        B, L, _ = x.shape
+        if L != 1 or cache is None:
+            return super().__call__(x, mask, cache)
+        q = self.q_norm(self.q_proj(x).reshape(B, self.n_heads, 1, -1))
+        k = self.k_norm(self.k_proj(x).reshape(B, self.n_kv_heads, 1, -1))
+        v = self.v_proj(x).reshape(B, self.n_kv_heads, 1, -1)
+        q = self.rope(q, offset=cache.offset)
+        k = self.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = native_attention(q, k, v, cache, self.scale, mask)  # (B, heads, 1, head_dim)
+        return self.o_proj(out.reshape(B, 1, -1))
+
+
 _SWAPS: tuple[tuple[type, type], ...] = (
     (nn.QuantizedLinear, NativeQuantizedLinear),
     (nn.QuantizedEmbedding, NativeQuantizedEmbedding),
     (nn.Linear, NativeLinear),
     (SwitchGLU, NativeSwitchGLU),
     (Qwen3MoeSparseMoeBlock, NativeQwen3MoeBlock),
+    (qwen3_moe.Attention, OneTokenQwen3MoeAttention),
     (nn.RMSNorm, NativeRMSNorm),
     (nn.RoPE, NativeRoPE),
     (GatedDeltaNet, NativeGatedDeltaNet),

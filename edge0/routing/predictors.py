@@ -9,6 +9,7 @@ from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from edge0.errors import ConfigError
 from edge0.log import get_logger
@@ -16,6 +17,10 @@ from edge0.options.engine import PREDICTORS
 from edge0.routing.prerouter import PrerouterSet, RouterCopyHead
 
 log = get_logger("edge0.routing.predictors")
+
+# the host lists `executed` and `prev` were made from, when known (`prev` None: no previous
+# step): a head then takes its multi-hot inputs as one constant instead of building them
+HostSets = tuple[list[int], list[int] | None] | None
 
 
 class Predictor(Protocol):
@@ -32,6 +37,7 @@ class Predictor(Protocol):
         prev: mx.array | None,
         k: int,
         ranked: bool = False,
+        sets: HostSets = None,
     ) -> mx.array | None: ...
 
     def predict(
@@ -66,6 +72,7 @@ class _HostOnly:
         prev: mx.array | None,
         k: int,
         ranked: bool = False,
+        sets: HostSets = None,
     ) -> mx.array | None:
         return None
 
@@ -131,11 +138,14 @@ class HeadPredictor:
         prev: mx.array | None,
         k: int,
         ranked: bool = False,
+        sets: HostSets = None,
     ) -> mx.array | None:
         """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d)); `ranked`:
-        best first (else in no order)."""
+        best first (else in no order); `sets`: the host lists of `executed` and `prev`."""
         if self.hidden_only:  # untrained lean heads: the sets are not inputs
             logits = self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
+        elif sets is not None:  # the multi-hot inputs from the host: no nodes to build them
+            logits = self.heads.predict_hots(layer, x.reshape(-1), host_hots(self.heads, sets))
         else:
             prev_flat = None if prev is None else prev.reshape(-1)
             logits = self.heads.predict(layer, x.reshape(-1), executed.reshape(-1), prev_flat)
@@ -165,6 +175,17 @@ class HeadPredictor:
         assert top is not None
         out: list[int] = top.tolist()  # type: ignore[assignment]
         return out
+
+
+def host_hots(heads: PrerouterSet, sets: tuple[list[int], list[int] | None]) -> mx.array:
+    """(2E,) float32 [multi-hot(executed), multi-hot(prev)]: `multi_hot` of both, concatenated,
+    the same values, built on the host (an evaluated constant: no graph nodes)."""
+    e = heads.config.num_experts
+    hots = np.zeros(2 * e, dtype=np.float32)
+    hots[sets[0]] = 1.0
+    if sets[1] is not None:
+        hots[[e + i for i in sets[1]]] = 1.0
+    return mx.array(hots)
 
 
 def make_predictor(

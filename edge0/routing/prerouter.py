@@ -159,6 +159,17 @@ class PrerouterSet:
         e = self.config.num_experts
         return head(hidden.astype(dtype), multi_hot(topk_t, e, lead), multi_hot(topk_prev, e, lead))
 
+    def predict_hots(self, layer: int, hidden: mx.array, hots: mx.array) -> mx.array:
+        """`predict` with the multi-hot inputs given as one (..., 2E) float32 array (what
+        `predict` concatenates from `multi_hot(topk_t)` and `multi_hot(topk_prev)`)."""
+        head = self.heads.get(layer)
+        if head is None:
+            raise KeyError(f"no prerouter head for layer {layer}; heads: {sorted(self.heads)}")
+        dtype = head.lin_h.weight.dtype
+        if isinstance(head, RouterCopyHead):
+            return head.lin_h(hidden if hidden.dtype == dtype else hidden.astype(dtype))
+        return head.from_hots(hidden.astype(dtype), hots)
+
     def predict_topk(
         self,
         layer: int,

@@ -36,7 +36,10 @@ class PrerouterHead(nn.Module):
 
     def __call__(self, hidden: mx.array, hot_t: mx.array, hot_prev: mx.array) -> mx.array:
         # hidden (..., d), hot_t / hot_prev (..., E) -> logits (..., E)
-        hots = mx.concatenate([hot_t, hot_prev], axis=-1)  # (..., 2E)
+        return self.from_hots(hidden, mx.concatenate([hot_t, hot_prev], axis=-1))
+
+    def from_hots(self, hidden: mx.array, hots: mx.array) -> mx.array:
+        """The head on hidden (..., d) and both multi-hots concatenated, hots (..., 2E)."""
         x = mx.concatenate([hidden, hots], axis=-1)  # (..., d + 2E)
         mlp = self.fc2(nn.gelu(self.fc1(x)))  # nn.gelu is the erf form
         return self.lin_h(hidden) + self.lin_m(hots) + mlp

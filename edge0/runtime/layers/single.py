@@ -56,6 +56,7 @@ class SingleToken:
             inds = true_inds
         else:
             inds = mx.array([[planned]], dtype=mx.uint32)  # (1, 1, K)
+            stream.made(inds, planned)
             w = fam.weights(block, scores, inds)
         return _experts(block, x, true_inds, inds, w, planned)
 

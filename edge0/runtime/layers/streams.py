@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from edge0.routing.predictors import Predictor
+from edge0.routing.predictors import HostSets, Predictor
 from edge0.runtime.io.source import Arrivals, ExpertSource, FenceNeeded
 from edge0.runtime.layers.clock import Clock, MoEExecutor
 from edge0.runtime.layers.policy import RoutePolicy
@@ -126,11 +126,17 @@ class Lookahead:
         self.width: Width | None = None  # hint: how many predicted experts are prefetched
 
     def graph(
-        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int, ranked: bool = False
+        self,
+        x: mx.array,
+        inds: mx.array,
+        prev: mx.array | None,
+        k: int,
+        ranked: bool = False,
+        sets: HostSets = None,
     ) -> mx.array | None:
         """The lazy (k,) prediction, evaluated with the layer's routing (None: host predictor);
-        `ranked`: best first."""
-        got = self.predictor.graph(self.layer, x, inds, prev, k, ranked)
+        `ranked`: best first; `sets`: the host lists of `inds` and `prev`, when known."""
+        got = self.predictor.graph(self.layer, x, inds, prev, k, ranked, sets=sets)
         self.on_host = got is None
         return got
 
@@ -139,14 +145,14 @@ class Lookahead:
         return self.width is None or self.width.ask(self.steps.step)[0] > 0
 
     def step_graph(
-        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int
+        self, x: mx.array, inds: mx.array, prev: mx.array | None, k: int, sets: HostSets = None
     ) -> mx.array | None:
         """A one-token step's prediction: K experts, or the prefetch width's ask (the `now`
         best, or on a scored step every rank, best first)."""
         width = self.width
         if width is None:
-            return self.graph(x, inds, prev, k)
-        return self.graph(x, inds, prev, *width.ask(self.steps.step))
+            return self.graph(x, inds, prev, k, sets=sets)
+        return self.graph(x, inds, prev, *width.ask(self.steps.step), sets=sets)
 
     def issue(
         self,
@@ -204,6 +210,11 @@ class LayerStream:
         self.prev_inds: mx.array | None = None
         # the owned prediction's prefetch, held until this layer's own reads are issued
         self._held: tuple[Issuing, tuple[Any, ...]] | None = None
+        # (array, the host list it was made from) for this step's routing and for `prev_inds`:
+        # a head reads those sets as host lists (held by identity: an array set elsewhere,
+        # a batch row's or a prompt chunk's, has no list here and takes the graph's way)
+        self._host: tuple[mx.array, list[int]] | None = None
+        self._host_prev: tuple[mx.array, list[int]] | None = None
 
     def attach(self, scheduler: ExpertSource) -> None:
         """The scheduler, once the tier stack is open: for slot acquisition and prefetch."""
@@ -218,6 +229,7 @@ class LayerStream:
         self.ranked = [None, None]
         self.prev_experts = self.prev_inds = None
         self._held = None
+        self._host = self._host_prev = None
 
     def offer(self, step: int, experts: list[int]) -> None:
         """The owner's prediction of this layer's experts at `step`."""
@@ -252,6 +264,25 @@ class LayerStream:
         """Whether this step reads the true router's top-K (the block builds it only then)."""
         return True
 
+    def made(self, inds: mx.array, experts: list[int]) -> None:
+        """This step's routing `inds` (1, 1, K) was made from the host list `experts`."""
+        self._host = (inds, experts)
+
+    def host_sets(self, inds: mx.array) -> HostSets:
+        """The host lists of `inds` and `prev_inds` (None where one is not known), and
+        `inds` becomes the previous step's for the next one."""
+        cur, prev, self._host = self._host, self._host_prev, None
+        known = cur is not None and cur[0] is inds
+        self._host_prev = cur if known else None
+        if not known:
+            return None
+        assert cur is not None
+        if self.prev_inds is None:
+            return (cur[1], None)
+        if prev is not None and prev[0] is self.prev_inds:
+            return (cur[1], prev[1])
+        return None
+
     def route(
         self,
         x: mx.array,
@@ -267,7 +298,10 @@ class LayerStream:
         head = self.head if steps.prefetching else None
         if head is not None and not head.wanted():
             head = None
-        pred = head.step_graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        sets = self.host_sets(inds)
+        pred = None
+        if head is not None:
+            pred = head.step_graph(x, inds, self.prev_inds, self.top_k, sets)
         t0, c0 = time.perf_counter(), time.thread_time()
         mx.eval([a for a in (true_inds, w, pred) if a is not None])  # one eval per layer
         steps.span("eval", self.layer, t0, time.perf_counter(), time.thread_time() - c0)
@@ -377,7 +411,10 @@ class RoutedStream(LayerStream):
                 groups.flush([])
             return super().route(x, true_inds, inds, w, planned, hold)
         head = self.head if steps.prefetching else None
-        pred = head.graph(x, inds, self.prev_inds, self.top_k) if head is not None else None
+        sets = self.host_sets(inds)
+        pred = None
+        if head is not None:
+            pred = head.graph(x, inds, self.prev_inds, self.top_k, sets=sets)
         chosen = inds if steps.policy is not None and steps.policy.on_device else None
         read_true = (
             planned is None
