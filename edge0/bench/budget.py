@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from edge0.bench import pagecache
 from edge0.bench.cgroup import CapError, Cgroup, run_capped
 from edge0.bench.llama_peer import Peer
 from edge0.errors import ConfigError
@@ -64,12 +65,7 @@ def evict(paths: list[Path]) -> None:
     elsewhere, so a run that maps or reads them gets memory its cap does not count. Each
     budget's runs start with their files out of the cache instead."""
     for path in paths:
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        pagecache.drop(path)
 
 
 def model_files(model: str) -> list[Path]:

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from edge0.bench import pagecache
 from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, Manifest
 from edge0.log import get_logger
 from edge0.storage.spec import open_tiers
@@ -53,16 +54,10 @@ class BenchRow:
 
 def drop_page_cache(model_dir: Path) -> bool:
     """Ask the kernel to drop the store's cached pages (POSIX_FADV_DONTNEED); False if it can't."""
-    if not hasattr(os, "posix_fadvise"):
+    if not pagecache.can_drop():
         return False
     for name in (EXPERTS_FILE, ZSTD_FILE):
-        path = Path(model_dir) / name
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        pagecache.drop(Path(model_dir) / name)
     return True
 
 
