@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -137,3 +138,48 @@ def test_one_unit_is_used_without_timing(
     assert got == {"affine": "portable", "mxfp4": "portable"}
     assert mod.isa() == mod.isa("mxfp4") == "portable"
     assert not (tmp_path / "isa.json").exists()
+
+
+class _Spy:
+    """The extension, with `evict` recorded: which arrays each timed pass dropped."""
+
+    def __init__(self, mod: ModuleType) -> None:
+        self._mod = mod
+        self.evicted: list[int] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._mod, name)
+
+    def evict(self, arrays: list[mx.array]) -> bool:
+        self.evicted.append(sum(a.nbytes for a in arrays))
+        return bool(self._mod.evict(arrays))
+
+
+def test_every_timed_pass_reads_its_weights_from_memory(mod: ModuleType) -> None:
+    """Each unit's and each thread count's pass first drops the timed weights from the caches,
+    as a decode step meets its weights: all 2.5 MiB of them, before every pass."""
+    from edge0.kernels import threads
+
+    fast = _simd(mod)
+    _, mats = isa.problem()
+    weights = sum(a.nbytes for m in mats for a in m)
+    spy = _Spy(mod)
+    got = isa.time_units(spy, (fast, "portable"), rounds=2, kind="mxfp4")  # type: ignore[arg-type]
+    assert {u: len(t) for u, t in got.items()} == {fast: 2, "portable": 2}
+    assert len(spy.evicted) == 3 * 2  # (rounds + the warm-up) x units
+    assert all(n >= weights * 0.9 for n in spy.evicted)
+    spy.evicted.clear()
+    threads.time_counts(spy, "decode", (1, 2), rounds=2)  # type: ignore[arg-type]
+    assert len(spy.evicted) == 3 * 2 and all(n == weights for n in spy.evicted)
+
+
+def test_evict_keeps_values_and_refuses_an_unevaluated_array(mod: ModuleType) -> None:
+    x, mats = isa.problem()
+    w, s, b = mats[0]
+    before = mod.qmm(x, w, s, b, 64, 4, "affine")
+    mx.eval(before)
+    assert mod.evict([w, s, b, x]) is (platform.machine() in ("x86_64", "AMD64"))
+    assert mx.array_equal(mod.qmm(x, w, s, b, 64, 4, "affine"), before).item()
+    if platform.machine() in ("x86_64", "AMD64"):
+        with pytest.raises(ValueError, match="evaluate the arrays first"):
+            mod.evict([w + 1])

@@ -44,8 +44,8 @@ def time_counts(
 ) -> dict[int, list[float]]:
     """Seconds of one pass of the phase's int4 products per thread count and round, the counts
     interleaved in each round: a decode step's one row, or a prompt chunk's `PROMPT_ROWS` rows,
-    through isa's 2.5 MiB of weights (two 1024 x 2048 matrices: 256 KiB a thread up to 4).
-    Leaves the count in use as it found it."""
+    through isa's 2.5 MiB of weights (two 1024 x 2048 matrices: 256 KiB a thread up to 4),
+    each pass from memory (`isa.cold`). Leaves the count in use as it found it."""
     first = mod.threads()
     got: dict[int, list[float]] = {n: [] for n in counts}
     try:
@@ -54,6 +54,7 @@ def time_counts(
             for _ in range(rounds + 1):  # the first round warms up the pool's workers, uncounted
                 for n in counts:
                     mod.set_threads(n)
+                    isa.cold(mod, mats)
                     t0 = perf_counter()
                     mx.eval([mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats])
                     got[n].append(perf_counter() - t0)

@@ -49,6 +49,8 @@ NB_MODULE(_native, m) {
         "Quantize x to int8 per block of 32 for 4-bit matrices (opt-in: not exact)");
   m.def("has_int8_inputs", &edge0::has_int8_inputs,
         "Whether the row kernel in use has the int8-input path");
+  m.def("evict", &edge0::evict, "arrays"_a,
+        "Drop the evaluated arrays' lines from every cache level (x86); False where it cannot");
   m.def("threads", &edge0::threads);
   m.def("set_threads", &edge0::set_threads, "n"_a);
 }

@@ -3,6 +3,10 @@
 
 #include <stdexcept>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#endif
+
 #include "pool.h"
 #include "primitives.h"
 
@@ -127,5 +131,21 @@ bool has_int8_inputs() { return g_kernels[0]->rows_q8 != nullptr; }  // affine 4
 bool int8_inputs() { return g_settings.int8_inputs && has_int8_inputs(); }
 
 void set_int8_inputs(bool on) { g_settings.int8_inputs = on; }
+
+bool evict(const std::vector<mx::array>& arrays) {
+#if defined(__x86_64__) || defined(_M_X64)
+  for (const auto& a : arrays) {
+    if (a.data_shared_ptr() == nullptr)
+      throw std::invalid_argument("edge0 evict: evaluate the arrays first");
+    const auto* p = static_cast<const char*>(a.data<void>());
+    for (size_t off = 0; off < a.nbytes(); off += 64) _mm_clflush(p + off);
+  }
+  _mm_mfence();
+  return true;
+#else
+  (void)arrays;
+  return false;
+#endif
+}
 
 }  // namespace edge0

@@ -74,6 +74,9 @@ std::string isa(const std::string& kind);  // kind "" (the affine one), "affine"
 bool use_isa(const std::string& name, const std::string& kind);
 int threads();
 void set_threads(int n);
+// Write back and drop every cache line of these evaluated arrays, so the next read comes from
+// memory, as a decode step's weights do (x86: clflush); false where it cannot (nothing done)
+bool evict(const std::vector<mx::array>& arrays);
 // the opt-in int8-input path (compute.h: Settings::int8_inputs) for 4-bit matrices
 bool int8_inputs();  // asked for and built for the row kernel in use
 void set_int8_inputs(bool on);
