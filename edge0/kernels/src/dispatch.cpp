@@ -13,12 +13,15 @@ bool avx2_ok() {  // the avx2 unit's flags: -mavx2 -mfma
 }
 
 // AVX-512's table with the avx2 unit's int8-input path (kernel.h: rows_q8, 256-bit
-// registers): every CPU that reports AVX-512F has AVX2 and FMA, and it is checked. The
+// registers) and Gated-DeltaNet rows (kernel.h: delta): every CPU that reports AVX-512F has AVX2 and FMA, and it is checked. The
 // int8 path gives the same bits on every variant that has it.
 const Kernels* avx512() {
   static const Kernels k = [] {
     Kernels t = *kernels_avx512();
-    if (avx2_ok()) t.rows_q8 = kernels_avx2()->rows_q8;
+    if (avx2_ok()) {
+      t.rows_q8 = kernels_avx2()->rows_q8;
+      t.delta = kernels_avx2()->delta;  // the Gated-DeltaNet rows: 8 lanes are enough
+    }
     return t;
   }();
   return &k;

@@ -144,6 +144,12 @@ void head(const Dims& d, int64_t b, int64_t h, const float* q, const float* k, c
     float* yt = y + (bt * d.Hv + h) * Dv;
     const float* from = t == 0 ? s0 : s;
     int64_t i = 0;
+    // the SIMD unit's rows where it has them (kernel.h: Kernels::delta, the same bits)
+    if (const auto simd_rows = edge0::kernels(edge0k::Mode::Affine).delta;
+        simd_rows != nullptr && Dk % 8 == 0 && Dv >= 8) {
+      i = Dv / 8 * 8;
+      simd_rows(from, s, i, Dk, qt, kt, vt, gt, bb, yt);
+    }
     for (; i + R <= Dv; i += R)
       rows<R>(from + i * Dk, s + i * Dk, Dk, qt, kt, vt + i, gt, bb, yt + i);
     for (; i < Dv; ++i) rows<1>(from + i * Dk, s + i * Dk, Dk, qt, kt, vt + i, gt, bb, yt + i);

@@ -130,10 +130,83 @@ struct V {
 constexpr uint8_t FP4_PERM[32] = {2,  6,  10, 14, 3,  7,  11, 15, 0,  4,  8,  12, 1,  5,  9,  13,
                                   18, 22, 26, 30, 19, 23, 27, 31, 16, 20, 24, 28, 17, 21, 25, 29};
 
+// r[c] lane a <- r[a] lane c
+inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+constexpr int64_t DELTA_MAX_DK = 512;  // the block's scratch: 8 rows of up to this many
+
+// kernel.h, Kernels::delta: eight rows a pass, one row a lane. A block of 8 x 8 state values
+// is scaled or updated row-wise (elementwise: any order), then transposed so that each row's
+// sum over j takes its products one after another, j ascending, as the scalar code does.
+// The scaled rows wait in a scratch block (L1) for the second pass, which writes the new
+// rows once, streamed past the caches where aligned: the state is read back next token,
+// after the whole model has gone through the caches, and a cached store would first read
+// the line it overwrites.
+void delta_rows(const float* from, float* s, int64_t n, int64_t Dk, const float* q,
+                const float* k, const float* v, float g, float beta, float* y) {
+  alignas(32) float blk[8 * DELTA_MAX_DK];
+  const bool scratch = Dk <= DELTA_MAX_DK;
+  const bool stream = scratch && reinterpret_cast<uintptr_t>(s) % 32 == 0;
+  const __m256 gv = _mm256_set1_ps(g), bv = _mm256_set1_ps(beta);
+  for (int64_t i = 0; i < n; i += 8) {
+    const float* f = from + i * Dk;
+    float* t = s + i * Dk;
+    float* mid = scratch ? blk : t;  // the scaled rows (row a at mid + a * Dk)
+    __m256 acc = _mm256_setzero_ps();  // kv = sum_j (s[i, j] * g) * k[j]
+    for (int64_t j = 0; j < Dk; j += 8) {
+      __m256 r[8];
+      for (int a = 0; a < 8; ++a) {
+        r[a] = _mm256_mul_ps(_mm256_loadu_ps(f + a * Dk + j), gv);
+        _mm256_storeu_ps(mid + a * Dk + j, r[a]);
+      }
+      transpose8(r);
+      for (int c = 0; c < 8; ++c)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(r[c], _mm256_set1_ps(k[j + c])));
+    }
+    alignas(32) float delta[8];  // (v - kv) * beta
+    _mm256_store_ps(delta, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), acc), bv));
+    __m256 out = _mm256_setzero_ps();  // y = sum_j (s[i, j] + k[j] * delta[i]) * q[j]
+    for (int64_t j = 0; j < Dk; j += 8) {
+      const __m256 kj = _mm256_loadu_ps(k + j);
+      __m256 r[8];
+      for (int a = 0; a < 8; ++a) {
+        const __m256 u = _mm256_mul_ps(kj, _mm256_set1_ps(delta[a]));
+        r[a] = _mm256_add_ps(_mm256_loadu_ps(mid + a * Dk + j), u);
+        if (stream)
+          _mm256_stream_ps(t + a * Dk + j, r[a]);
+        else
+          _mm256_storeu_ps(t + a * Dk + j, r[a]);
+      }
+      transpose8(r);
+      for (int c = 0; c < 8; ++c)
+        out = _mm256_add_ps(out, _mm256_mul_ps(r[c], _mm256_set1_ps(q[j + c])));
+    }
+    _mm256_storeu_ps(y + i, out);
+  }
+  if (stream) _mm_sfence();  // the streamed rows are visible before the caller reads them
+}
+
 }  // namespace
 
 const Kernels* kernels_avx2() {
-  static const Kernels k{"avx2", V::W, &rows_entry, FP4_PERM, q8_rows<V>(), &gemm_entry, V::GEMM_R};
+  static const Kernels k{"avx2",      V::W,        &rows_entry, FP4_PERM, q8_rows<V>(),
+                         &gemm_entry, V::GEMM_R,  &delta_rows};
   return &k;
 }
 

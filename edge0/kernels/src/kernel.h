@@ -69,6 +69,12 @@ struct Kernels {
   void (*gemm)(const QMat& q, const float* xp, const float* xs, int M, int r0, int r1,
                float* out, int64_t ldo, float* scratch);
   int gemm_rows;
+  // A Gated-DeltaNet value head's state update for one token (gated_delta.cpp): rows [0, n)
+  // of the (n, Dk) state, n and Dk multiples of 8, `from` the old rows (may be `s` itself).
+  // Each row's operations are the scalar code's, in its order (no FMA): the same bits.
+  // nullptr: not built for this ISA (the scalar code runs).
+  void (*delta)(const float* from, float* s, int64_t n, int64_t Dk, const float* q,
+                const float* k, const float* v, float g, float beta, float* y) = nullptr;
 };
 
 // floats of scratch one `gemm` call needs: its decoded weight rows, their bias terms for
