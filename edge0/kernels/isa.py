@@ -21,7 +21,7 @@ log = structlog.get_logger("edge0.kernels")
 
 UNITS = ("avx512", "avx2", "neon")  # widest first; `portable` runs where none of them can
 KINDS = ("affine", "mxfp4")  # each kind of 4-bit matrix runs the unit timed fastest for it
-ROUNDS = 9  # interleaved rounds of one pass over the matrices per unit
+ROUNDS = 15  # interleaved rounds of one pass over the matrices per unit
 MARGIN = 0.03  # a narrower unit must beat the widest by this share to be chosen
 CACHE_NAME = "kernels-isa.json"
 # 2.5 MiB of int4 g64 with its scales: small, so the timing adds little to a process's peak
