@@ -126,6 +126,37 @@ def test_memory_budget_buys_slots_not_a_ram_cache(
         asyncio.run(main("1KiB"))
 
 
+def test_under_a_budget_the_files_read_once_leave_the_page_cache(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resident weights and the heads are read whole at load and never again: under a
+    memory budget their cached pages are dropped once the model is built (a memory cgroup
+    counts them), and no other file's are; without a budget the page cache is left alone."""
+    import shutil
+
+    from edge0.layout import pagecache
+    from edge0.layout.manifest import RESIDENT_FILE
+    from edge0.routing.prerouter_config import FILES
+
+    model = tmp_path / "m"
+    shutil.copytree(store, model)
+    heads = FILES["layer"][0]
+    (model / heads).write_bytes(b"")  # a heads file this run does not use: dropped all the same
+    dropped: list[str] = []
+    monkeypatch.setattr(pagecache, "drop", lambda p: dropped.append(Path(p).name))
+
+    async def main(**budget: str) -> str:
+        async with Engine.open(model, mode="hint", tiers="pread", **budget) as eng:
+            pieces = [p async for p in eng.generate("hello", max_tokens=3)]
+        return "".join(p for p in pieces if isinstance(p, str))
+
+    plain = asyncio.run(main())
+    assert dropped == []
+    budgeted = asyncio.run(main(memory_budget="4GiB"))
+    assert dropped == [RESIDENT_FILE, heads]
+    assert budgeted == plain  # the dropped pages were never needed again
+
+
 @pytest.mark.parametrize(
     "opts, match",
     [

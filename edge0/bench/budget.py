@@ -10,10 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edge0.bench import pagecache
 from edge0.bench.cgroup import CapError, Cgroup, run_capped
 from edge0.bench.llama_peer import Peer
 from edge0.errors import ConfigError
+from edge0.layout import pagecache
 from edge0.storage.spec import parse_size
 
 _MIB = 1 << 20

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from edge0.bench import pagecache
+from edge0.layout import pagecache
 from edge0.layout.manifest import EXPERTS_FILE, ZSTD_FILE, Manifest
 from edge0.log import get_logger
 from edge0.storage.spec import open_tiers

@@ -13,9 +13,11 @@ import mlx.nn as nn
 
 from edge0.heap import fix_mmap_threshold
 from edge0.kernels import native
-from edge0.layout.manifest import Manifest
+from edge0.layout import pagecache
+from edge0.layout.manifest import RESIDENT_FILE, Manifest
 from edge0.log import get_logger
 from edge0.options.engine import EngineOptions
+from edge0.routing.prerouter_config import FILES as PREROUTER_FILES
 from edge0.runtime.compute.runner import Runner
 from edge0.runtime.compute.steps import Steps
 from edge0.runtime.compute.thread import ComputeThread
@@ -66,6 +68,19 @@ class Setup:
         return Runner(self.model, self.ctx, request, sampler)
 
 
+def drop_read_once(path: Path) -> list[str]:
+    """Drop the page cache of the files that load read whole and never reads again (the
+    resident weights, the heads): under a memory budget their pages would only crowd what
+    the run reads, and a memory cgroup counts them (docs/runtime.md, "Memory budget").
+    Returns the files' names."""
+    names = [RESIDENT_FILE] + [weights for weights, _ in PREROUTER_FILES.values()]
+    dropped = [n for n in names if (path / n).is_file()]
+    for name in dropped:
+        pagecache.drop(path / name)
+    log.info("page_cache_dropped", files=dropped)
+    return dropped
+
+
 async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setup:
     """Load `path` on the compute thread, then open the tier stack and the scheduler."""
     from edge0.layout.load import load_layout
@@ -109,6 +124,8 @@ async def build(path: Path, opts: EngineOptions, compute: ComputeThread) -> Setu
         if memory_plan is not None
         else opts.prefill_chunk or DEFAULT_CHUNK
     )
+    if memory_plan is not None:
+        await compute.run(lambda: drop_read_once(path))
     setup = Setup(opts, path, loaded.model, loaded.tokenizer, manifest, ctx, tracer)
     setup.memory_plan = memory_plan
     if memory is None or table is None:

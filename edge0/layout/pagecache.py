@@ -1,5 +1,6 @@
-"""Dropping a file's pages from the page cache (POSIX_FADV_DONTNEED), for benchmarks that
-must start cold: a tier's reads, or a run inside a memory cgroup."""
+"""Dropping a file's pages from the page cache (POSIX_FADV_DONTNEED): for benchmarks that
+must start cold (a tier's reads, a run inside a memory cgroup), and for the files an engine
+under a memory budget reads once at load and never again."""
 
 from __future__ import annotations
 
