@@ -4,8 +4,10 @@ the validated heads switch the default mode to route."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,17 @@ from edge0.tune.pipeline import TuneOptions, tune
 from edge0.tune.store import TraceStore
 
 SMALL = dict(tokens=512, heldout_tokens=256, validate_tokens=64, seq_len=32, max_steps=40)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_stdlib_walk() -> Iterator[None]:
+    """The standard library's text, walked once for the module (each tune run walks every
+    stdlib file name, ~0.5 s); the same arguments give the same Corpus."""
+    from edge0.tune import corpus
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus, "builtin", functools.cache(corpus.builtin))
+        yield
 
 
 @pytest.fixture()
