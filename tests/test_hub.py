@@ -155,13 +155,14 @@ def test_interrupted_download_resumes_and_converts_once(hub: Hub, tmp_path: Path
 def test_revision_pinning(hub: Hub, tmp_path: Path) -> None:
     env = hub_env(tmp_path, hub)
     v1 = hub.repos["org/tiny"].refs["v1"]
+    nope = start(env, "run", "org/tiny@nope", *PROMPT)  # refused before any download: beside
     pinned = edge0(env, "run", f"org/tiny@{v1}", *PROMPT)  # a commit
     tagged = edge0(env, "run", "org/tiny@v1", *PROMPT)  # the tag that names it
     assert pinned.returncode == tagged.returncode == 0, pinned.stderr + tagged.stderr
     assert pinned.stdout == tagged.stdout
+    one_line(finish(nope), "org/tiny@nope", "no revision 'nope'")
     layouts = [p.parent.name for p in (tmp_path / "e0" / "hub").rglob("edge0.json")]
     assert layouts == [layouts[0]] and layouts[0].startswith(v1[:12])  # converted once, for v1
-    one_line(edge0(env, "run", "org/tiny@nope", *PROMPT), "org/tiny@nope", "no revision 'nope'")
 
 
 def test_unknown_gated_and_token(hub: Hub, tmp_path: Path) -> None:
@@ -195,10 +196,13 @@ def test_offline_run_from_a_hand_built_cache(tiny: Path, tmp_path: Path) -> None
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(sha)
     env = hub_env(tmp_path, None, HF_HUB_OFFLINE="1")
-    res = edge0(env, "run", "org/cached", *PROMPT)
+    runs = [  # side by side: both only read the hand-built cache
+        start(env, "run", "org/cached", *PROMPT),
+        start(env, "convert", "org/cached", str(tmp_path / "out")),
+    ]
+    res, conv = (finish(proc) for proc in runs)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "e0" / "hub" / "org--cached").is_dir()
-    conv = edge0(env, "convert", "org/cached", str(tmp_path / "out"))
     assert conv.returncode == 0 and (tmp_path / "out" / "edge0.json").is_file(), conv.stderr
 
 
