@@ -206,19 +206,49 @@ def test_cli_hosts_and_mlx_launch_print_the_same_text(hybrid4: Path) -> None:
         assert "decode:" in err, name  # rank 0's stats line
 
 
-@pytest.mark.parametrize("fixture", ["gpt_oss-sliding", "llama4-layers"])
-def test_windowed_and_chunked_layers_keep_their_caches_across_ranks(
-    tmp_path: Path, fixture: str
-) -> None:
-    """A rank's sliding-window (gpt-oss) and chunked (Llama 4) attention layers keep the caches
-    one process gives them: windows and chunks of 4 tokens, prompts and outputs past them."""
+WINDOWED = ["gpt_oss-sliding", "llama4-layers"]
+
+
+@pytest.fixture(scope="module")
+def windowed_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[list[list[int]], Any]]:
+    """Each selected windowed fixture converted, its two ranks started, the pipelines side by
+    side; per fixture: one process's tokens and the pipeline's result."""
     from edge0.layout.convert import ConvertOptions, convert
     from edge0.synth.tiny_families import fixture_file, write_family
 
-    hf = write_family(fixture_file(Path(__file__).parent / "fixtures", fixture), tmp_path / "hf")
-    path = tmp_path / "e0"
-    convert(hf, path, ConvertOptions(group_size=32))
+    chosen = [
+        i.callspec.params["fixture"]
+        for i in request.session.items
+        if i.module is request.module
+        and i.originalname == "test_windowed_and_chunked_layers_keep_their_caches_across_ranks"
+    ]
     opts = mode_options("reactive")
-    proc = start(path, hosts=2, rank_timeout=60, max_tokens=8, **opts)
-    want = single(path, **opts)
-    assert result(proc)["tokens"] == want
+    paths, procs = {}, {}
+    for name in chosen:
+        tmp = tmp_path_factory.mktemp(name)
+        hf = write_family(fixture_file(Path(__file__).parent / "fixtures", name), tmp / "hf")
+        paths[name] = tmp / "e0"
+        convert(hf, paths[name], ConvertOptions(group_size=32))
+        procs[name] = start(paths[name], hosts=2, rank_timeout=60, max_tokens=8, **opts)
+    wants = {name: single(path, **opts) for name, path in paths.items()}  # meanwhile, here
+    got: dict[str, tuple[list[list[int]], Any]] = {}
+    for name, proc in procs.items():
+        try:
+            got[name] = wants[name], result(proc)
+        except AssertionError as exc:  # a pipeline that failed fails its own test
+            got[name] = wants[name], exc
+    return got
+
+
+@pytest.mark.parametrize("fixture", WINDOWED)
+def test_windowed_and_chunked_layers_keep_their_caches_across_ranks(
+    windowed_runs: dict[str, tuple[list[list[int]], Any]], fixture: str
+) -> None:
+    """A rank's sliding-window (gpt-oss) and chunked (Llama 4) attention layers keep the caches
+    one process gives them: windows and chunks of 4 tokens, prompts and outputs past them."""
+    want, got = windowed_runs[fixture]
+    if isinstance(got, AssertionError):
+        raise got
+    assert got["tokens"] == want

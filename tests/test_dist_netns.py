@@ -46,7 +46,7 @@ def test_two_ranks_in_their_own_namespaces_match_one_process(tmp_path: Path, mod
     opts = mode_options(mode)
     before = namespaces()
     options = dict(opts, prompts=PROMPTS, hosts="{hosts}", rank_timeout=60)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             str(TOOL),
@@ -63,13 +63,18 @@ def test_two_ranks_in_their_own_namespaces_match_one_process(tmp_path: Path, mod
             str(path),
             json.dumps(options),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=200,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["tokens"] == single(path, **opts)
+    want = single(path, **opts)  # meanwhile, here
+    try:
+        out, err = proc.communicate(timeout=200)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["tokens"] == want
     assert [int(s["rank"]) for s in got["stats"]] == [0, 1]
     for s in got["stats"]:  # the last request's 7 decode steps, timed on every rank
         assert s["decode_steps"] == 7 and 0 < s["decode_wall_s"] < s["wall_s"], s

@@ -60,10 +60,37 @@ def hub(tiny: Path, tiny_b: Path) -> Iterator[Hub]:
     server.server_close()
 
 
-def edge0(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+# `python -m edge0`, with huggingface_hub's one-second pause before each of its own retries of
+# a dropped download (five of them) taken out: the retries and the command's answer stay as they are
+NO_RETRY_PAUSE = (
+    "import sys, time, types\n"
+    "import huggingface_hub.file_download as fd\n"
+    "fd.time = types.SimpleNamespace(**{**vars(time), 'sleep': lambda s: None})\n"
+    "sys.argv[0] = 'edge0'\n"
+    "import edge0.__main__\n"
+)
+
+
+def start(env: dict[str, str], *args: str, retry_pause: bool = True) -> subprocess.Popen[str]:
     full = {**os.environ, **env}
-    cmd = [sys.executable, "-m", "edge0", *args]
-    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, *(["-m", "edge0"] if retry_pause else ["-c", NO_RETRY_PAUSE]), *args]
+    return subprocess.Popen(
+        cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def edge0(
+    env: dict[str, str], *args: str, retry_pause: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return finish(start(env, *args, retry_pause=retry_pause))
 
 
 def hub_env(tmp: Path, hub: Hub | None = None, **extra: str) -> dict[str, str]:
@@ -110,7 +137,7 @@ def test_interrupted_download_resumes_and_converts_once(hub: Hub, tmp_path: Path
     env = hub_env(tmp_path, hub)
     hub.cut_after["model.safetensors"] = 15_000_000
     hub.refuse_resumes["model.safetensors"] = 100  # the network stays down for this process
-    cut = edge0(env, "run", "org/demo", *PROMPT)
+    cut = edge0(env, "run", "org/demo", *PROMPT, retry_pause=False)
     assert hub.refuse_resumes.pop("model.safetensors") < 100  # its own retries came and failed
     one_line(cut, "org/demo", "interrupted", "run the same command again")
     assert not (tmp_path / "e0" / "hub").exists() or not any(
@@ -128,28 +155,34 @@ def test_interrupted_download_resumes_and_converts_once(hub: Hub, tmp_path: Path
 def test_revision_pinning(hub: Hub, tmp_path: Path) -> None:
     env = hub_env(tmp_path, hub)
     v1 = hub.repos["org/tiny"].refs["v1"]
+    nope = start(env, "run", "org/tiny@nope", *PROMPT)  # refused before any download: beside
     pinned = edge0(env, "run", f"org/tiny@{v1}", *PROMPT)  # a commit
     tagged = edge0(env, "run", "org/tiny@v1", *PROMPT)  # the tag that names it
     assert pinned.returncode == tagged.returncode == 0, pinned.stderr + tagged.stderr
     assert pinned.stdout == tagged.stdout
+    one_line(finish(nope), "org/tiny@nope", "no revision 'nope'")
     layouts = [p.parent.name for p in (tmp_path / "e0" / "hub").rglob("edge0.json")]
     assert layouts == [layouts[0]] and layouts[0].startswith(v1[:12])  # converted once, for v1
-    one_line(edge0(env, "run", "org/tiny@nope", *PROMPT), "org/tiny@nope", "no revision 'nope'")
 
 
 def test_unknown_gated_and_token(hub: Hub, tmp_path: Path) -> None:
     env = hub_env(tmp_path, hub)
-    one_line(edge0(env, "run", "org/missing", *PROMPT), "org/missing", "no such model")
-    one_line(edge0(env, "run", "org/gated", *PROMPT), "org/gated is gated", "HF_TOKEN")
+    missing, gated = (
+        start(env, "run", "org/missing", *PROMPT),
+        start(env, "run", "org/gated", *PROMPT),
+    )
+    one_line(finish(missing), "org/missing", "no such model")  # the two refusals side by side
+    one_line(finish(gated), "org/gated is gated", "HF_TOKEN")
     ok = edge0({**env, "HF_TOKEN": "sesame"}, "run", "org/gated", *PROMPT)
     assert ok.returncode == 0, ok.stderr
 
 
 def test_network_down_and_offline(hub: Hub, tmp_path: Path) -> None:
     down = hub_env(tmp_path, None, HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there
-    one_line(edge0(down, "run", "org/tiny", *PROMPT), "org/tiny", "cannot be reached")
     off = hub_env(tmp_path, hub, HF_HUB_OFFLINE="1")
-    one_line(edge0(off, "run", "org/tiny", *PROMPT), "org/tiny", "HF_HUB_OFFLINE")
+    runs = [start(down, "run", "org/tiny", *PROMPT), start(off, "run", "org/tiny", *PROMPT)]
+    one_line(finish(runs[0]), "org/tiny", "cannot be reached")  # side by side: neither writes
+    one_line(finish(runs[1]), "org/tiny", "HF_HUB_OFFLINE")
 
 
 def test_offline_run_from_a_hand_built_cache(tiny: Path, tmp_path: Path) -> None:
@@ -163,10 +196,13 @@ def test_offline_run_from_a_hand_built_cache(tiny: Path, tmp_path: Path) -> None
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(sha)
     env = hub_env(tmp_path, None, HF_HUB_OFFLINE="1")
-    res = edge0(env, "run", "org/cached", *PROMPT)
+    runs = [  # side by side: both only read the hand-built cache
+        start(env, "run", "org/cached", *PROMPT),
+        start(env, "convert", "org/cached", str(tmp_path / "out")),
+    ]
+    res, conv = (finish(proc) for proc in runs)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "e0" / "hub" / "org--cached").is_dir()
-    conv = edge0(env, "convert", "org/cached", str(tmp_path / "out"))
     assert conv.returncode == 0 and (tmp_path / "out" / "edge0.json").is_file(), conv.stderr
 
 

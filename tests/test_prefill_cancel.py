@@ -95,8 +95,10 @@ def test_the_engine_serves_the_next_request_after_a_cancel(store: Path) -> None:
         opts: dict[str, Any] = {"mode": "reactive", "prefill_chunk": 64}
         async with Engine.open(store, tiers=MockTier(store), **opts) as eng:
             fresh = [t async for t in eng.tokens(PROMPT[:80], max_tokens=5, stop=False)]
-        async with Engine.open(store, tiers=MockTier(store, delay=DELAY), **opts) as eng:
+        slow = MockTier(store, delay=DELAY)
+        async with Engine.open(store, tiers=slow, **opts) as eng:
             await _prompt(eng, 0.5)
+            slow.delay = 0.0  # the engine is idle: the next prompt needs no slow reads
             after = [t async for t in eng.tokens(PROMPT[:80], max_tokens=5, stop=False)]
         return fresh, after
 

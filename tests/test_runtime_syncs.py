@@ -92,12 +92,13 @@ def test_prompt_steps_before_the_last_prefetch_nothing(store: Path, chunk: int) 
 
 def test_end_request_cancels_queued_prefetches(store: Path) -> None:
     async def main() -> tuple[MockTier, int, Any]:
-        tier = MockTier(store, delay=0.05)
+        tier = MockTier(store)
         async with Engine.open(
             store, mode="hint", predictor="init", tiers=tier, io_workers=1
         ) as eng:
             _ = [t async for t in eng.tokens(PROMPT, max_tokens=2, stop=False)]
             await eng.wait_idle()  # the request's own end_request runs after its last token
+            tier.delay = 0.05  # slow reads from here on (the request's own needed none)
             sched = eng.setup.scheduler
             reads_before = len(tier.reads)
             layer = eng.setup.manifest.moe_layers[-1]
