@@ -179,11 +179,14 @@ def test_ranked_predictions_come_best_first() -> None:
     logits = mx.array([0.1, 3.0, -1.0, 2.0, 0.5, 2.5, -0.2, 1.0])
 
     class Heads:
+        heads: dict[int, Any] = {}  # no parameters (a one-token step compiles its top-k)
+
         def predict(self, *args: Any) -> mx.array:
             return logits
 
     pred = object.__new__(HeadPredictor)
     pred.heads, pred.hidden_only = Heads(), True  # type: ignore[assignment]
+    pred._compiled = {}
     x = mx.zeros((1, 1, 4))
     assert pred.graph(0, x, x, None, 4, ranked=True).tolist() == [1, 5, 3, 7]  # type: ignore[union-attr]
     assert sorted(pred.graph(0, x, x, None, 4).tolist()) == [1, 3, 5, 7]  # type: ignore[union-attr]

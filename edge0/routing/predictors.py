@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -17,6 +18,9 @@ from edge0.options.engine import PREDICTORS
 from edge0.routing.prerouter import PrerouterSet, RouterCopyHead
 
 log = get_logger("edge0.routing.predictors")
+
+# a one-token step's head runs compiled (tests compare the predictions with this off)
+COMPILED = True
 
 # the host lists `executed` and `prev` were made from, when known (`prev` None: no previous
 # step): a head then takes its multi-hot inputs as one constant instead of building them
@@ -129,6 +133,8 @@ class HeadPredictor:
         self.name = name
         self.targets = dict(heads.target)
         self.hidden_only = all(isinstance(h, RouterCopyHead) for h in heads.heads.values())
+        # (layer, k) -> the head and its top-k compiled (one-token steps, host multi-hots)
+        self._compiled: dict[tuple[int, int], Callable[..., mx.array]] = {}
 
     def graph(
         self,
@@ -142,6 +148,10 @@ class HeadPredictor:
     ) -> mx.array | None:
         """(k,) predicted experts of the target layer at t+1, lazy (x: (1, 1, d)); `ranked`:
         best first (else in no order); `sets`: the host lists of `executed` and `prev`."""
+        one_token = x.size == x.shape[-1]
+        if COMPILED and not ranked and one_token and (self.hidden_only or sets is not None):
+            hots = None if self.hidden_only or sets is None else host_hots(self.heads, sets)
+            return self.compiled(layer, k)(x, hots)
         if self.hidden_only:  # untrained lean heads: the sets are not inputs
             logits = self.heads.predict(layer, x.reshape(-1), None, None)  # (E,)
         elif sets is not None:  # the multi-hot inputs from the host: no nodes to build them
@@ -152,6 +162,27 @@ class HeadPredictor:
         if ranked:  # best first: one sort of the E logits (fewer nodes than sorting the k)
             return mx.argsort(-logits, axis=-1)[:k]
         return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
+
+    def compiled(self, layer: int, k: int) -> Callable[..., mx.array]:
+        """One token's (k,) prediction, compiled: the head's logits then the top-k, the same
+        ops as `graph`'s, its element-wise tail (the adds, the negation) one node and the
+        Python that builds them run once. The head's parameters are the compiled function's
+        implicit inputs (`inputs=`), so replaced weights are read, not stale constants."""
+        fn = self._compiled.get((layer, k))
+        if fn is None:
+            heads = self.heads
+
+            def topk(x: mx.array, hots: mx.array | None) -> mx.array:
+                if hots is None:
+                    logits = heads.predict(layer, x.reshape(-1), None, None)
+                else:
+                    logits = heads.predict_hots(layer, x.reshape(-1), hots)
+                return mx.argpartition(-logits, kth=k - 1, axis=-1)[:k]
+
+            head = heads.heads.get(layer)  # (none: `predict` raises, naming the heads)
+            fn = mx.compile(topk, inputs=head.state if head is not None else {})
+            self._compiled[(layer, k)] = fn
+        return fn
 
     def rows(self, layer: int, x: mx.array, executed: mx.array, prev: mx.array, k: int) -> mx.array:
         """(T, k) predicted experts of the target layer, lazy, one row per token t of a prompt

@@ -168,7 +168,7 @@ class PrerouterSet:
         dtype = head.lin_h.weight.dtype
         if isinstance(head, RouterCopyHead):
             return head.lin_h(hidden if hidden.dtype == dtype else hidden.astype(dtype))
-        return head.from_hots(hidden.astype(dtype), hots)
+        return head.from_hots(hidden if hidden.dtype == dtype else hidden.astype(dtype), hots)
 
     def predict_topk(
         self,

@@ -12,6 +12,9 @@ side with this one; `@G` sets `sync_every` (route; checkouts that have it).
     .venv/bin/python tools/bench/runtime_cost.py MODEL --tree before=BEFORE \\
         --variants before:hint,now:hint --ratio now:hint/before:hint --tiers SPEC
 
+`--gguf FILE` adds llama.cpp on the same model, once a round after the variants (one thread,
+edge0.bench.llama_peer, under `--llama-python`: a Python with llama-cpp-python).
+
 Prints one row per variant (medians over every measured request; `loop CPU
 ms/token` is the event-loop thread's CPU time over a run's measured requests
 per token generated, a figure the machine's load inflates less than lag) and, per tree,
@@ -27,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +156,18 @@ def parse_variant(text: str, trees: dict[str, Path]) -> tuple[str, Path, str, in
     multiple=True,
     help="A/B: per round, variant A's median decode tok/s and blocked ms/step over B's.",
 )
+@click.option(
+    "--gguf",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The same model as a GGUF file: llama.cpp decodes it once a round, after the variants.",
+)
+@click.option(
+    "--llama-python",
+    default=sys.executable,
+    show_default="this Python",
+    help="A Python with llama-cpp-python installed, for --gguf.",
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None)
 @click.option(
     "--profile",
@@ -171,6 +187,8 @@ def main(
     prompts: int,
     tiers: str,
     ratio_specs: tuple[str, ...],
+    gguf: str | None,
+    llama_python: str,
     json_out: str | None,
     profile_dir: str | None,
 ) -> None:
@@ -186,6 +204,7 @@ def main(
             raise click.BadParameter(f"--ratio {'/'.join(pair)}: want A/B, two of the variants")
     runs: dict[str, list[list[dict[str, Any]]]] = {v[0]: [] for v in chosen}
     load = []
+    llama: list[dict[str, Any]] = []
     for r in range(rounds):
         for label, tree, mode, group in chosen:
             prof = None
@@ -199,6 +218,10 @@ def main(
             )
             load.append(os.getloadavg()[0])
             click.echo(f"round {r + 1} {label}: done (load {load[-1]:.1f})", err=True)
+        if gguf is not None:
+            llama.append(run_llama(llama_python, gguf, trees["now"], prompt_len, tokens, prompts))
+            load.append(os.getloadavg()[0])
+            click.echo(f"round {r + 1} llama.cpp: {llama[-1]['decode_tps']:.1f} tok/s", err=True)
     header = ["variant", "requests", *[c[0] for c in COLUMNS], "wasted / issued tickets"]
     click.echo("| " + " | ".join(header) + " |")
     click.echo("|" + "---|" * len(header))
@@ -235,10 +258,37 @@ def main(
                 + ", ".join(f"{x:.3f}" for x in values)
                 + f" (median {statistics.median(values):.3f})"
             )
+    if llama:
+        tps = [x["decode_tps"] for x in llama]
+        click.echo(
+            "llama.cpp (1 thread) decode tok/s per round: "
+            + ", ".join(f"{x:.1f}" for x in tps)
+            + f" (median {statistics.median(tps):.1f})"
+        )
     click.echo(f"load average during the runs: {min(load):.1f}-{max(load):.1f}")
     if json_out:
         out = {"variants": variants, "runs": runs, "load": load, "ratios": ratios}
+        if llama:
+            out["llama"] = llama
         Path(json_out).write_text(json.dumps(out, indent=1))
+
+
+def run_llama(
+    python: str, gguf: str, tree: Path, prompt_len: int, tokens: int, prompts: int
+) -> dict[str, Any]:
+    """llama.cpp's greedy decode of the same model (edge0.bench.llama_peer, one thread), in a
+    process of its own as each variant runs."""
+    with tempfile.TemporaryDirectory(prefix="edge0-llama-") as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [python, "-m", "edge0.bench.llama_peer", str(Path(gguf).resolve())]
+        cmd += ["--json", str(out), "--prompt-len", str(prompt_len), "--tokens", str(tokens)]
+        cmd += ["--prompts", str(prompts), "--threads", "1"]
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0 or not out.exists():
+            raise click.ClickException(f"llama.cpp: {proc.stderr.strip()[-2000:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
 
 
 def per_round(

@@ -4,6 +4,7 @@ helpers that the batching worker shares.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from edge0.log import get_logger
 from edge0.model.generate import Sampler
 from edge0.runtime.compute.runner import Runner, greedy
 from edge0.runtime.compute.steps import StepRecord
+from edge0.runtime.engine.decoding import Decoding
 from edge0.runtime.engine.host import Host
 from edge0.runtime.engine.requests import Request
 from edge0.runtime.engine.summary import RunStats, diff_reads, fill
@@ -129,23 +131,15 @@ async def run_request(engine: Host, req: Request) -> None:
         if sched is not None and reads0 is not None:
             io_at_decode, bytes_at_decode = t1, sched.stats.bytes
             stats.prefill_bytes_per_token = (bytes_at_decode - reads0.bytes) / len(req.ids)
-        n = 0
-        while True:
-            if tok in req.eos:
-                stats.finish_reason = "stop"
-                break
-            n += 1
-            stats.generated_tokens = n
-            stats.decode_s = time.perf_counter() - t1
-            req.put(tok)
-            if n >= req.max_tokens:
-                stats.finish_reason = "length"
-                break
-            if req.cancelled:
-                break
-            more = n + 1 < req.max_tokens  # else no prefetch: no step uses it
-            tok = await compute.run(functools.partial(runner.feed, tok, False, more))
-            stats.decode_steps += 1
+        decoding = Decoding(req, stats, t1)
+        decoding.take(tok, step=False)  # the prompt's last step drew the first token
+        if not decoding.done:  # the decode steps back to back on the compute thread
+            job = functools.partial(decoding.steps, runner, tok, asyncio.get_running_loop())
+            try:
+                await compute.run(job)
+            except asyncio.CancelledError:  # the engine is closing: stop after the step
+                decoding.halt = decoding.done = True
+                raise
         stats.decode_s = time.perf_counter() - t1
     except Exception:
         stats.finish_reason = "error"

@@ -10,8 +10,13 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from edge0.errors import Edge0Error
+from edge0.families import Family
 from edge0.runtime.layers.block import StreamingMoE
 from edge0.runtime.layers.policy_graph import DeviceChoice
+
+# a grouped route step computes its gate weights and weighted sum compiled (tests compare the
+# tokens and logits with this off)
+COMPILED = True
 
 
 class SingleToken:
@@ -57,6 +62,8 @@ class SingleToken:
         else:
             inds = mx.array([[planned]], dtype=mx.uint32)  # (1, 1, K)
             stream.made(inds, planned)
+            if _weights_later(block):
+                return _grouped(block, x, scores, true_inds, inds, planned)
             w = fam.weights(block, scores, inds)
         return _experts(block, x, true_inds, inds, w, planned)
 
@@ -106,6 +113,35 @@ def _experts(
     else:
         y = _arriving(block, fam.expert_input(x, w), groups, len(experts))
     return fam.extra(block, x, fam.combine(y, w))  # y: (1, 1, K, d)
+
+
+def _weights_later(block: StreamingMoE) -> bool:
+    """Whether a route step's gate weights can wait for the experts' outputs: a grouped
+    decode step (its stream reads nothing back before the group's sync, and its slots come
+    in one piece) of a family whose experts run on the block's input itself."""
+    stream = block.stream
+    return (
+        COMPILED
+        and stream.steps.groups is not None
+        and not stream.overlaps()
+        and type(block.family).expert_input is Family.expert_input
+    )
+
+
+def _grouped(
+    block: StreamingMoE,
+    x: mx.array,
+    scores: mx.array,
+    true_inds: mx.array | None,
+    inds: mx.array,
+    planned: list[int],
+) -> mx.array:
+    """A grouped route step's layer: the planned experts over their slots, then their gate
+    weights and weighted sum as one compiled function (`StreamingMoE.weighted_sum`)."""
+    stream, fam = block.stream, block.family
+    experts = stream.route(x, true_inds, inds, None, planned, hold=True)
+    y = block.routed_ffn(x, stream.slots(experts, inds))  # (1, 1, K, d)
+    return fam.extra(block, x, block.weighted_sum(scores, inds, y))
 
 
 def _arriving(

@@ -288,7 +288,7 @@ class LayerStream:
         x: mx.array,
         true_inds: mx.array | None,
         inds: mx.array,
-        w: mx.array,
+        w: mx.array | None,
         planned: list[int] | None,
         hold: bool = False,
     ) -> list[int]:
@@ -401,7 +401,7 @@ class RoutedStream(LayerStream):
         x: mx.array,
         true_inds: mx.array | None,
         inds: mx.array,
-        w: mx.array,
+        w: mx.array | None,
         planned: list[int] | None,
         hold: bool = False,
     ) -> list[int]:
