@@ -5,16 +5,14 @@ graph nodes."""
 from __future__ import annotations
 
 import asyncio
-import io
-import re
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from route_helpers import graph_nodes, store_with_random_heads
+from runtime_helpers import PROMPT, MockTier
 
 import edge0.model.loader
 from edge0.model import generate
@@ -28,29 +26,9 @@ from edge0.runtime.layers import single
 N = 12  # decode tokens
 
 
-def _perturbed(model: Any, seed: int = 0) -> PrerouterSet:
-    """Full heads whose every part is random (an untrained head ignores the sets)."""
-    heads = PrerouterSet.from_model(model, hidden=16)
-    rng = np.random.default_rng(seed)
-    for head in heads.heads.values():
-        assert isinstance(head, PrerouterHead)
-        for lin in (head.fc1, head.fc2, head.lin_m):
-            lin.weight = mx.array(rng.normal(0, 0.5, lin.weight.shape).astype(np.float32))
-    heads.config = attrs.evolve(heads.config, trained=True)
-    return heads
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = build_store(tmp_path_factory.mktemp("route-compiled"), "qwen3_moe", layers=4)
-    _perturbed(edge0.model.loader.load(path).model).save(path)
-    return path
-
-
-def _nodes(out: mx.array) -> int:
-    buf = io.StringIO()
-    mx.export_to_dot(buf, out)
-    return len(re.findall(r'label ="', buf.getvalue()))
+    return store_with_random_heads(tmp_path_factory.mktemp("route-compiled"))
 
 
 def _uncompiled(m: pytest.MonkeyPatch) -> None:
@@ -79,7 +57,7 @@ def test_a_compiled_head_predicts_what_its_ops_do(
                 old = pred.graph(owner, x, cur_mx, prev_mx, 2, sets=(cur, prev))
             assert new is not None and old is not None
             if not lean:  # the lean head is one product: nothing to fuse
-                assert _nodes(new) < _nodes(old)
+                assert graph_nodes(new) < graph_nodes(old)
             assert new.tolist() == old.tolist()
     if not lean:  # the head's inputs the same way, bit for bit: the logits of both paths
         owner = next(iter(heads.heads))

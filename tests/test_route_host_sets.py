@@ -4,50 +4,27 @@ and tokens as the multi-hot built in the graph, in fewer graph nodes."""
 from __future__ import annotations
 
 import asyncio
-import io
-import re
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import numpy as np
 import pytest
-from runtime_helpers import PROMPT, MockTier, build_store
+from route_helpers import graph_nodes, store_with_random_heads
+from runtime_helpers import PROMPT, MockTier
 
-import edge0.model.loader
 from edge0.routing.predictors import HeadPredictor, host_hots
 from edge0.routing.prerouter import PrerouterSet
-from edge0.routing.prerouter_heads import PrerouterHead, multi_hot
+from edge0.routing.prerouter_heads import multi_hot
 from edge0.runtime.engine.api import Engine
 from edge0.runtime.layers.streams import LayerStream
 
 N = 12  # decode tokens
 
 
-def _perturbed(model: Any, seed: int = 0) -> PrerouterSet:
-    """Full heads whose every part is random (an untrained head ignores the sets)."""
-    heads = PrerouterSet.from_model(model, hidden=16)
-    rng = np.random.default_rng(seed)
-    for head in heads.heads.values():
-        assert isinstance(head, PrerouterHead)
-        for lin in (head.fc1, head.fc2, head.lin_m):
-            lin.weight = mx.array(rng.normal(0, 0.5, lin.weight.shape).astype(np.float32))
-    heads.config = attrs.evolve(heads.config, trained=True)
-    return heads
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = build_store(tmp_path_factory.mktemp("host-sets"), "qwen3_moe", layers=4)
-    _perturbed(edge0.model.loader.load(path).model).save(path)
-    return path
-
-
-def _nodes(out: mx.array) -> int:
-    buf = io.StringIO()
-    mx.export_to_dot(buf, out)
-    return len(re.findall(r'label ="', buf.getvalue()))
+    return store_with_random_heads(tmp_path_factory.mktemp("host-sets"))
 
 
 def test_host_hots_are_the_graphs_multi_hots(store: Path) -> None:
@@ -78,7 +55,7 @@ def test_a_head_predicts_the_same_from_host_sets(store: Path, prev: list[int] | 
         old = pred.graph(owner, x, cur_mx, prev_mx, 2, ranked)
         new = pred.graph(owner, x, cur_mx, prev_mx, 2, ranked, sets=(cur, prev))
         assert old is not None and new is not None
-        assert _nodes(new) < _nodes(old)  # the multi-hots cost no nodes
+        assert graph_nodes(new) < graph_nodes(old)  # the multi-hots cost no nodes
         assert old.tolist() == new.tolist()
     prev_flat = None if prev_mx is None else prev_mx.reshape(-1)
     logits_old = heads.predict(owner, x.reshape(-1), cur_mx.reshape(-1), prev_flat)
