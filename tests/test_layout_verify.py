@@ -82,6 +82,22 @@ def test_wrong_format_version(ckpt: Path) -> None:
             fn()
 
 
+@pytest.mark.parametrize("key, value", [("dtype", "\n"), ("name", "up_proj\r.weight")])
+def test_a_field_that_cannot_print_is_one_line(ckpt: Path, key: str, value: str) -> None:
+    """A record field whose name or dtype holds a line break is refused on one line that
+    shows it escaped (a message quoting it raw broke in two)."""
+    m = _manifest(ckpt)
+    m["fields"][1][key] = value
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(m))
+    for fn in (lambda: verify(ckpt), lambda: load_layout(ckpt)):
+        with pytest.raises(
+            CheckpointError, match=r"fields\[1\] 'name' and 'dtype' must be printable"
+        ) as e:
+            fn()
+        assert "\n" not in str(e.value) and "\r" not in str(e.value)
+        assert repr(value) in str(e.value)
+
+
 @pytest.mark.parametrize("name", [MANIFEST_FILE, RESIDENT_FILE, EXPERTS_FILE, ZSTD_FILE])
 def test_missing_files(ckpt: Path, name: str) -> None:
     (ckpt / name).unlink()

@@ -48,6 +48,11 @@ def _fields(raw: Any) -> tuple[RecordField, ...]:
         name, dtype, shape = f.get("name"), f.get("dtype"), f.get("shape")
         if not isinstance(name, str) or not isinstance(dtype, str):
             raise _Bad(f"fields[{i}] needs string 'name' and 'dtype'")
+        if not (name.isprintable() and dtype.isprintable()):  # they are quoted in messages
+            raise _Bad(
+                f"fields[{i}] 'name' and 'dtype' must be printable, not {_show(name)} "
+                f"and {_show(dtype)}"
+            )
         if (
             not isinstance(shape, list)
             or not shape
