@@ -79,11 +79,11 @@ def time_units(
     try:
         with mx.stream(mx.cpu):  # the kernels' only device, whatever the default one is
             x, mats = problem()
-            calls = _calls(mod, kind, x, mats)
+            calls, read = _calls(mod, kind, x, mats)
             for _ in range(rounds + 1):  # the first round warms up, uncounted
                 for unit in units:
                     mod.use_isa(unit, kind)
-                    cold(mod, mats)
+                    cold(mod, read)
                     t0 = time.perf_counter()
                     mx.eval(calls())
                     got[unit].append(time.perf_counter() - t0)
@@ -103,20 +103,19 @@ def cold(mod: ModuleType, mats: Sequence[tuple[mx.array, ...]]) -> bool:
 
 def _calls(
     mod: ModuleType, kind: str, x: mx.array, mats: list[tuple[mx.array, mx.array, mx.array]]
-) -> Callable[[], list[mx.array]]:
-    """The kernel calls one timed pass makes: the affine matrices as they are, or their
-    codes as MXFP4 with e8m0 scales (2^-7 .. 2^-5) per group of 32 and no biases."""
+) -> tuple[Callable[[], list[mx.array]], list[tuple[mx.array, ...]]]:
+    """The kernel calls one timed pass makes, and the operands they read: the affine matrices
+    as they are, or their codes as MXFP4 with e8m0 scales (2^-7 .. 2^-5) per group of 32 and
+    no biases."""
     if kind == "affine":
-        return lambda: [mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats]
+        return lambda: [mod.qmm(x, w, s, b, 64, 4, "affine") for w, s, b in mats], list(mats)
     keys = mx.random.split(mx.random.key(1), len(mats))
-    e8m0 = [
-        mx.random.randint(120, 123, (w.shape[0], _COLS // 32), key=k).astype(mx.uint8)
+    fp4 = [
+        (w, mx.random.randint(120, 123, (w.shape[0], _COLS // 32), key=k).astype(mx.uint8))
         for (w, _, _), k in zip(mats, keys, strict=True)
     ]
-    mx.eval(e8m0)
-    return lambda: [
-        mod.qmm(x, w, e, None, 32, 4, "mxfp4") for (w, _, _), e in zip(mats, e8m0, strict=True)
-    ]
+    mx.eval(fp4)
+    return lambda: [mod.qmm(x, w, e, None, 32, 4, "mxfp4") for w, e in fp4], list(fp4)
 
 
 def pick(times: dict[str, list[float]], units: Sequence[str]) -> str:

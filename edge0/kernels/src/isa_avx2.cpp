@@ -1,5 +1,5 @@
-// The AVX2 + FMA variant of the row kernel (compiled with -mavx2 -mfma, run only where the
-// CPU reports both).
+// The AVX2 + FMA variant of the row kernel and of the Gated-DeltaNet state rows (compiled
+// with -mavx2 -mfma, run only where the CPU reports both).
 #include <immintrin.h>
 
 #include "kernel.h"

@@ -1,4 +1,5 @@
-// The chosen row kernel and settings, and the reading and checking of quantized operands.
+// The chosen row kernel and settings, the reading and checking of quantized operands, and
+// dropping arrays from the caches (the first-use timings read their weights from memory).
 #include "operands.h"
 
 #include <stdexcept>
